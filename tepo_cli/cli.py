@@ -1,0 +1,83 @@
+"""`tepo` command line: subcommands hand their arguments to Hydra; no training logic lives here."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+
+USAGE = """\
+usage: tepo <command> [hydra overrides]
+
+commands:
+  train     train a policy with reinforcement learning from verifiable rewards
+  eval      score a model on a benchmark
+
+examples:
+  tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU
+  tepo train algo=grpo trainer.max_steps=10 rollout.n=4
+  tepo train -m model=tiny algo.eps_high=0.2,0.28     # Hydra multirun sweep
+  tepo train trainer.nproc=2 deepspeed=zero2         # two ranks through the deepspeed launcher
+  tepo eval model.path=outputs/train/<date>/<time>/final
+  tepo train --cfg job                         # print the composed config and exit
+  tepo train --help                            # config groups and their options
+
+Every key of conf/train.yaml and conf/eval.yaml (and of the groups they compose) can be set as
+key=value; the YAML files document each one.
+"""
+
+# The deepspeed launcher may append `--local_rank=N`; tepo reads LOCAL_RANK from the environment.
+_LOCAL_RANK_ARG = re.compile(r"^--local[_-]rank(=\d+)?$")
+
+
+def _jobs() -> dict[str, tuple[str, Callable[..., object]]]:
+    from tepo_cli.eval.job import eval_job
+    from tepo_cli.train.job import train_job
+
+    return {"train": ("train", train_job), "eval": ("eval", eval_job)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    args = _strip_local_rank(args)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        sys.exit(0 if args else 2)
+    if args[0] in ("-V", "--version"):
+        from tepo_cli import __version__
+
+        print(f"tepo {__version__}")
+        return
+    command, overrides = args[0], args[1:]
+    jobs = _jobs()
+    if command not in jobs:
+        print(f"tepo: unknown command '{command}'; the commands are: {', '.join(jobs)}.\n", file=sys.stderr)
+        print(USAGE, end="", file=sys.stderr)
+        sys.exit(2)
+    config_name, job = jobs[command]
+    _run_hydra(config_name, job, overrides)
+
+
+def _strip_local_rank(args: list[str]) -> list[str]:
+    kept: list[str] = []
+    skip_next = False
+    for arg in args:
+        if skip_next:
+            skip_next = False
+            continue
+        if _LOCAL_RANK_ARG.match(arg):
+            skip_next = "=" not in arg
+            continue
+        kept.append(arg)
+    return kept
+
+
+def _run_hydra(config_name: str, job: Callable[..., object], overrides: list[str]) -> None:
+    import hydra
+
+    sys.argv = [f"tepo {config_name}", *overrides]
+    hydra.main(version_base="1.3", config_path="pkg://tepo_cli.conf", config_name=config_name)(job)()
+
+
+if __name__ == "__main__":
+    main()

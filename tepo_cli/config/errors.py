@@ -1,0 +1,15 @@
+"""The one exception type for bad user input, and how it is shown."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration or input mistake the user can fix; shown as one paragraph, no traceback."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def describe_value(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,188 @@
+"""Typed schema of `tepo train` and `tepo eval` configs.
+
+Hydra composes the YAML tree in conf/; these models check the result once, at start-up, before any
+model loads. The YAML files document each knob (a comment per key); the models hold only types and
+ranges, so the documentation is written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tepo_cli.algos.config import AlgoConfig
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(Strict):
+    name: str = Field(min_length=1)
+    source: Literal["gguf_package", "tiny", "hf"]
+    path: str | None = None
+    package: str | None = None
+    gguf_file: str | None = None
+    tokenizer: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    hidden_size: int = Field(default=64, ge=8)
+    intermediate_size: int = Field(default=128, ge=8)
+    num_hidden_layers: int = Field(default=2, ge=1)
+    num_attention_heads: int = Field(default=4, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
+    init_seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelConfig:
+        if self.source == "hf" and not self.path:
+            raise ValueError("model=hf needs model.path (a hub id or a local directory)")
+        if self.source == "gguf_package" and not (self.package and self.gguf_file):
+            raise ValueError("source=gguf_package needs model.package and model.gguf_file")
+        if self.source == "tiny":
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError("model.hidden_size must be a multiple of model.num_attention_heads")
+            if self.num_attention_heads % self.num_key_value_heads:
+                raise ValueError(
+                    "model.num_attention_heads must be a multiple of model.num_key_value_heads"
+                )
+        return self
+
+
+class BenchmarkConfig(Strict):
+    name: str
+    operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+"], min_length=1)
+    digits: int = Field(default=1, ge=1, le=6)
+    eval_size: int = Field(default=100, ge=1)
+    eval_seed: int = 1234
+    prompt: str = "What is {question}? Answer with just the number."
+    system_prompt: str | None = None
+    chat_template: bool = True
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> BenchmarkConfig:
+        if "{question}" not in self.prompt:
+            raise ValueError("benchmark.prompt must contain the placeholder {question}")
+        return self
+
+
+class RewardConfig(Strict):
+    name: Literal["arith"]
+    correct: float = 1.0
+    incorrect: float = 0.0
+
+
+class RolloutConfig(Strict):
+    backend: Literal["hf"] = "hf"
+    n: int = Field(default=8, ge=2)
+    temperature: float = Field(default=0.7, gt=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    max_new_tokens: int = Field(default=16, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+
+
+class DeepSpeedConfig(Strict):
+    stage: int = Field(default=0, ge=0, le=3)
+    offload_optimizer: Literal["none", "cpu"] = "none"
+    offload_param: Literal["none", "cpu"] = "none"
+    overlap_comm: bool = False
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_offload(self) -> DeepSpeedConfig:
+        if self.offload_optimizer != "none" and self.stage == 0:
+            raise ValueError("deepspeed.offload_optimizer needs ZeRO stage 1, 2 or 3")
+        if self.offload_param != "none" and self.stage != 3:
+            raise ValueError("deepspeed.offload_param needs ZeRO stage 3")
+        return self
+
+
+class KernelConfig(Strict):
+    backend: Literal["auto", "torch", "triton", "naive"] = "auto"
+    chunk_size: int = Field(default=4096, ge=1)
+
+
+class TrainerConfig(Strict):
+    max_steps: int = Field(default=30, ge=0)
+    prompts_per_step: int = Field(default=2, ge=1)
+    ppo_epochs: int = Field(default=1, ge=1)
+    minibatches: int = Field(default=1, ge=1)
+    micro_batch_size: int = Field(default=16, ge=1)
+    lr: float = Field(default=1e-5, gt=0.0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(default=1e-8, gt=0.0)
+    grad_clip: float = Field(default=1.0, ge=0.0)
+    nproc: int = Field(default=1, ge=1)
+    num_threads: int | None = Field(default=None, ge=1)
+    eval_before: bool = True
+    eval_after: bool = True
+    eval_every: int = Field(default=0, ge=0)
+    samples_per_step: int = Field(default=4, ge=0)
+    save_final: bool = True
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> TrainerConfig:
+        if self.warmup_steps > self.max_steps > 0:
+            raise ValueError("trainer.warmup_steps must not exceed trainer.max_steps")
+        return self
+
+
+class TrainConfig(Strict):
+    seed: int = 0
+    k: int | None = Field(default=None, ge=1)
+    algo: AlgoConfig
+    model: ModelConfig
+    reward: RewardConfig
+    benchmark: BenchmarkConfig
+    rollout: RolloutConfig
+    deepspeed: DeepSpeedConfig
+    kernel: KernelConfig = Field(default_factory=KernelConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _check_batching(self) -> TrainConfig:
+        t = self.trainer
+        if t.prompts_per_step % t.nproc:
+            raise ValueError(
+                f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
+                f"trainer.nproc ({t.nproc}): each rank takes whole groups"
+            )
+        sequences = t.prompts_per_step // t.nproc * self.rollout.n
+        if sequences % t.minibatches:
+            raise ValueError(
+                f"trainer.minibatches ({t.minibatches}) must divide the sequences per rank and step "
+                f"(prompts_per_step / nproc x rollout.n = {sequences})"
+            )
+        return self
+
+
+class EvalOptions(Strict):
+    limit: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1)
+    greedy: bool = True
+    temperature: float = Field(default=0.7, gt=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=16, ge=1)
+    batch_size: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _check_greedy(self) -> EvalOptions:
+        if self.greedy and self.n > 1:
+            raise ValueError("eval.n > 1 needs sampling: set eval.greedy=false")
+        return self
+
+
+class EvalConfig(Strict):
+    seed: int = 0
+    model: ModelConfig
+    benchmark: BenchmarkConfig
+    reward: RewardConfig
+    eval: EvalOptions = Field(default_factory=EvalOptions)
+    num_threads: int | None = Field(default=None, ge=1)

@@ -1,0 +1,2 @@
+def eval_job(cfg):
+    print(cfg)
