@@ -102,7 +102,7 @@ class DeepSpeedConfig(Strict):
 
 class KernelConfig(Strict):
     backend: Literal["auto", "torch", "triton", "naive"] = "auto"
-    chunk_size: int = Field(default=4096, ge=1)
+    chunk_size: int | None = Field(default=None, ge=1)
 
 
 class TrainerConfig(Strict):
