@@ -1,4 +1,4 @@
-"""`python -m tepo_cli …` is the same as the `tepo` console script (used by the deepspeed launcher)."""
+"""`python -m tepo_cli …` is the `tepo` console script (the deepspeed launcher starts it so)."""
 
 from tepo_cli.cli import main
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -51,10 +52,21 @@ def main(argv: list[str] | None = None) -> None:
     command, overrides = args[0], args[1:]
     jobs = _jobs()
     if command not in jobs:
-        print(f"tepo: unknown command '{command}'; the commands are: {', '.join(jobs)}.\n", file=sys.stderr)
+        print(
+            f"tepo: unknown command '{command}'; the commands are: {', '.join(jobs)}.\n",
+            file=sys.stderr,
+        )
         print(USAGE, end="", file=sys.stderr)
         sys.exit(2)
     config_name, job = jobs[command]
+    from tepo_cli.config.errors import ConfigError
+    from tepo_cli.config.overrides import check_override_keys
+
+    try:
+        check_override_keys(config_name, overrides)
+    except ConfigError as error:
+        print(f"tepo {command}: {error}", file=sys.stderr)
+        sys.exit(2)
     _run_hydra(config_name, job, overrides)
 
 
@@ -72,11 +84,28 @@ def _strip_local_rank(args: list[str]) -> list[str]:
     return kept
 
 
+def _quiet_libraries() -> None:
+    """Keep the console for tepo's own output: no per-file progress bars or accelerator notices."""
+    import torch
+
+    if not torch.cuda.is_available():
+        # DeepSpeed would otherwise detect the CPU itself and print a warning saying so.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def _run_hydra(config_name: str, job: Callable[..., object], overrides: list[str]) -> None:
     import hydra
 
+    _quiet_libraries()
+
     sys.argv = [f"tepo {config_name}", *overrides]
-    hydra.main(version_base="1.3", config_path="pkg://tepo_cli.conf", config_name=config_name)(job)()
+    hydra.main(version_base="1.3", config_path="pkg://tepo_cli.conf", config_name=config_name)(
+        job
+    )()
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ class ModelConfig(Strict):
             raise ValueError("source=gguf_package needs model.package and model.gguf_file")
         if self.source == "tiny":
             if self.hidden_size % self.num_attention_heads:
-                raise ValueError("model.hidden_size must be a multiple of model.num_attention_heads")
+                raise ValueError(
+                    "model.hidden_size must be a multiple of model.num_attention_heads"
+                )
             if self.num_attention_heads % self.num_key_value_heads:
                 raise ValueError(
                     "model.num_attention_heads must be a multiple of model.num_key_value_heads"
@@ -69,9 +71,17 @@ class BenchmarkConfig(Strict):
 
 
 class RewardConfig(Strict):
-    name: Literal["arith"]
+    name: Literal["arith", "custom"]
     correct: float = 1.0
     incorrect: float = 0.0
+    path: str | None = None
+    function: str | None = None
+
+    @model_validator(mode="after")
+    def _check_custom(self) -> RewardConfig:
+        if self.name == "custom" and not (self.path and self.function):
+            raise ValueError("reward=custom needs reward.path (a .py file) and reward.function")
+        return self
 
 
 class RolloutConfig(Strict):
@@ -157,7 +167,8 @@ class TrainConfig(Strict):
         sequences = t.prompts_per_step // t.nproc * self.rollout.n
         if sequences % t.minibatches:
             raise ValueError(
-                f"trainer.minibatches ({t.minibatches}) must divide the sequences per rank and step "
+                f"trainer.minibatches ({t.minibatches}) must divide the sequences per rank and "
+                f"step "
                 f"(prompts_per_step / nproc x rollout.n = {sequences})"
             )
         return self

@@ -1,4 +1,4 @@
-"""Turn a composed Hydra config into a typed one, or into one clear paragraph saying what is wrong."""
+"""Turn a composed Hydra config into a typed one, or into one paragraph saying what is wrong."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ Model = TypeVar("Model", bound=BaseModel)
 GROUPS = ("algo", "model", "reward", "benchmark", "rollout", "deepspeed")
 
 
-def load_train_config(cfg: DictConfig | Mapping[str, Any], choices: Mapping[str, str] | None = None) -> TrainConfig:
+def load_train_config(
+    cfg: DictConfig | Mapping[str, Any], choices: Mapping[str, str] | None = None
+) -> TrainConfig:
     data = _plain(cfg)
     block_size = data.get("k")
     if block_size is not None and isinstance(data.get("algo"), dict):
@@ -26,15 +28,14 @@ def load_train_config(cfg: DictConfig | Mapping[str, Any], choices: Mapping[str,
     return _validate(TrainConfig, data, "train", choices)
 
 
-def load_eval_config(cfg: DictConfig | Mapping[str, Any], choices: Mapping[str, str] | None = None) -> EvalConfig:
+def load_eval_config(
+    cfg: DictConfig | Mapping[str, Any], choices: Mapping[str, str] | None = None
+) -> EvalConfig:
     return _validate(EvalConfig, _plain(cfg), "eval", choices)
 
 
 def _plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(cfg, DictConfig):
-        data = OmegaConf.to_container(cfg, resolve=True)
-    else:
-        data = dict(cfg)
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     data.pop("hydra", None)
     return data  # type: ignore[return-value]
 
@@ -52,7 +53,11 @@ def _explain(
     model: type[BaseModel], exc: ValidationError, config_name: str, choices: Mapping[str, str]
 ) -> str:
     problems = [_explain_one(model, err, config_name, choices) for err in exc.errors()]
-    head = "Invalid configuration: " if len(problems) == 1 else f"Invalid configuration ({len(problems)} problems): "
+    head = (
+        "Invalid configuration: "
+        if len(problems) == 1
+        else f"Invalid configuration ({len(problems)} problems): "
+    )
     return head + " ".join(problems) + " Nothing was run."
 
 

@@ -1,0 +1,60 @@
+"""Check command-line override keys before Hydra composes, for a message that lists what exists.
+
+Hydra's own error for `trainer.lrr=1` says only that the key is "not in struct"; this one names
+the keys allowed at that level and the closest match. Values are checked later, by the schema.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel
+
+from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.schema import EvalConfig, TrainConfig
+
+SCHEMAS: dict[str, type[BaseModel]] = {"train": TrainConfig, "eval": EvalConfig}
+
+
+def check_override_keys(config_name: str, arguments: list[str]) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    candidates = [a for a in arguments if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except HydraException:
+        return  # malformed syntax: Hydra reports it with its own parser's message
+    groups = config_groups()
+    for override in overrides:
+        key = override.key_or_group
+        if override.is_hydra_override() or override.is_add() or override.is_force_add():
+            continue
+        if override.package is not None or key in groups:
+            continue
+        _check_path(SCHEMAS[config_name], key.split("."), config_name)
+
+
+def config_groups() -> set[str]:
+    conf = resources.files("tepo_cli.conf")
+    return {entry.name for entry in conf.iterdir() if entry.is_dir() and not entry.name.startswith("_")}
+
+
+def _check_path(model: type[BaseModel], parts: list[str], config_name: str) -> None:
+    current: Any = model
+    for depth, part in enumerate(parts):
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return  # a free-form mapping (e.g. deepspeed.extra): any key is allowed
+        if part not in current.model_fields:
+            parent = ".".join(parts[:depth])
+            allowed = sorted(current.model_fields)
+            close = difflib.get_close_matches(part, allowed, n=1)
+            hint = f" Did you mean '{'.'.join([*parts[:depth], close[0]])}'?" if close else ""
+            scope = f"under '{parent}'" if parent else "at the top level"
+            raise ConfigError(
+                f"unknown key '{'.'.join(parts)}' in `tepo {config_name}`; the keys allowed {scope} "
+                f"are: {', '.join(allowed)}.{hint}"
+            )
+        current = current.model_fields[part].annotation

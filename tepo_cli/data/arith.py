@@ -1,0 +1,73 @@
+"""The embedded task: generated arithmetic problems ("What is 7*8?"), no download needed.
+
+The held-out split is a fixed, seeded sample of distinct problems; the training stream draws
+only problems outside it, so evaluation never sees a training problem whatever the run's seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.schema import BenchmarkConfig
+
+_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task instance: `question` fills the prompt template; `answer` is the reference."""
+
+    id: str
+    question: str
+    answer: str
+
+
+class ArithTask:
+    def __init__(self, cfg: BenchmarkConfig) -> None:
+        self.cfg = cfg
+        self.operand_count = 10**cfg.digits
+        self.space = len(cfg.operations) * self.operand_count**2
+        if cfg.eval_size * 2 > self.space:
+            raise ConfigError(
+                f"benchmark.eval_size={cfg.eval_size} leaves too few training problems: "
+                f"{cfg.digits}-digit operands with operations {cfg.operations} give only "
+                f"{self.space} distinct problems and at most half may be held out. Lower "
+                f"benchmark.eval_size or raise benchmark.digits / add operations."
+            )
+        self._eval = self._sample_eval()
+        self._eval_keys = {p.question for p in self._eval}
+
+    def eval_problems(self, limit: int | None = None) -> list[Problem]:
+        return self._eval[:limit] if limit else list(self._eval)
+
+    def train_stream(self, seed: int) -> Iterator[Problem]:
+        """An endless stream of training problems, never one of the held-out ones."""
+        rng = random.Random(f"train:{seed}")
+        while True:
+            problem = self._draw(rng)
+            if problem.question not in self._eval_keys:
+                yield problem
+
+    def _sample_eval(self) -> list[Problem]:
+        rng = random.Random(f"eval:{self.cfg.eval_seed}")
+        if self.space <= 100_000:
+            codes = rng.sample(range(self.space), self.cfg.eval_size)
+            return [self._decode(code) for code in codes]
+        seen: dict[str, Problem] = {}
+        while len(seen) < self.cfg.eval_size:
+            problem = self._draw(rng)
+            seen.setdefault(problem.question, problem)
+        return list(seen.values())
+
+    def _draw(self, rng: random.Random) -> Problem:
+        return self._decode(rng.randrange(self.space))
+
+    def _decode(self, code: int) -> Problem:
+        code, b = divmod(code, self.operand_count)
+        op_index, a = divmod(code, self.operand_count)
+        op = self.cfg.operations[op_index]
+        question = f"{a}{op}{b}"
+        return Problem(id=question, question=question, answer=str(_APPLY[op](a, b)))

@@ -1,0 +1,17 @@
+"""Prompt templates: the benchmark's user message, optionally in the model's chat template."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from tepo_cli.config.schema import BenchmarkConfig
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, cfg: BenchmarkConfig, question: str) -> str:
+    message = cfg.prompt.format(question=question)
+    if not cfg.chat_template or tokenizer.chat_template is None:
+        return message
+    messages = [{"role": "user", "content": message}]
+    if cfg.system_prompt:
+        messages.insert(0, {"role": "system", "content": cfg.system_prompt})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

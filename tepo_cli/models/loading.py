@@ -1,0 +1,128 @@
+"""Build the policy (and tokenizer) a `model` config group describes.
+
+Rule: `model.path`, when set, always wins (a saved run's `final/` directory, a hub id or a local
+checkpoint); otherwise `source` says where the weights come from.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.schema import ModelConfig
+from tepo_cli.models.gguf_convert import converted_checkpoint
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` is float32 on CPU (bfloat16 matmuls are ~100x slower without AVX-512 BF16)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def checkpoint_dir(cfg: ModelConfig) -> str | None:
+    """Where `from_pretrained` reads this model from (None for the in-process tiny model)."""
+    if cfg.path:
+        return cfg.path
+    if cfg.source == "gguf_package":
+        assert cfg.package and cfg.gguf_file  # guaranteed by ModelConfig validation
+        return str(converted_checkpoint(cfg.name, cfg.package, cfg.gguf_file))
+    if cfg.source == "hf":
+        return cfg.path
+    return None
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    source = _tokenizer_source(cfg)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot load a tokenizer from '{source}' (model '{cfg.name}'): {exc}"
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # prompts are left-padded so completions start at one column
+    return tokenizer
+
+
+def load_model(
+    cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, device: torch.device
+) -> PreTrainedModel:
+    dtype = resolve_dtype(cfg.dtype, device)
+    source = checkpoint_dir(cfg)
+    if source is None:
+        model = _tiny_model(cfg, tokenizer)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, trust_remote_code=cfg.trust_remote_code
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"Cannot load model '{cfg.name}' from '{source}': {exc}. Set model.path to a "
+                f"directory written by save_pretrained (e.g. <run dir>/final) or a hub id."
+            ) from None
+    model.to(device=device, dtype=dtype)
+    if model.generation_config is not None:
+        # Sampling settings come from the rollout config only, never from a checkpoint's defaults.
+        model.generation_config.top_k = None
+        model.generation_config.top_p = None
+        model.generation_config.temperature = None
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = True
+    return model
+
+
+def _tokenizer_source(cfg: ModelConfig) -> str:
+    name = cfg.tokenizer
+    if name is None:
+        source = checkpoint_dir(cfg)
+        if source is None:
+            raise ConfigError(
+                f"model '{cfg.name}' has no weights to take a tokenizer from: set model.tokenizer."
+            )
+        return source
+    if Path(name).is_dir():
+        return name
+    preset = resources.files("tepo_cli.conf") / "model" / f"{name}.yaml"
+    if preset.is_file():
+        # A model preset name, e.g. the embedded model's tokenizer for `model=tiny`.
+        data = OmegaConf.to_container(OmegaConf.create(preset.read_text()))
+        other = ModelConfig.model_validate(data)
+        return _tokenizer_source(other)
+    return name  # a hub id
+
+
+def _tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.init_seed)
+        return LlamaForCausalLM(config)

@@ -1,0 +1,30 @@
+"""Arithmetic reward: the last number in the completion, compared exactly with the answer.
+
+Small models answer "12 + 35 = 47", "The answer is 47." or "**47**", so a strict whole-string
+match scores 0; the final number is what the model commits to.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+# A number: optional sign, digits with optional thousands separators, optional decimals.
+_NUMBER = re.compile(r"(?<![\w.])[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])[-−]?\d+(?:\.\d+)?")
+
+
+def extract_final_number(text: str) -> str | None:
+    """The last number in `text`, normalised ("1,234" -> "1234", "−5" -> "-5", "47.0" -> "47")."""
+    matches = _NUMBER.findall(text)
+    if not matches:
+        return None
+    raw = matches[-1].replace(",", "").replace("−", "-")
+    value = Fraction(raw)
+    return str(value.numerator) if value.denominator == 1 else raw
+
+
+def is_correct(completion: str, answer: str) -> tuple[bool, str | None]:
+    extracted = extract_final_number(completion)
+    if extracted is None:
+        return False, None
+    return Fraction(extracted) == Fraction(answer), extracted

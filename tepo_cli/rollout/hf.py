@@ -1,0 +1,107 @@
+"""Rollout with transformers' generate(): G samples per prompt, KV cache, CPU or GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass
+class Rollout:
+    """Generated samples, group by group (the n samples of a prompt are consecutive rows)."""
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P] 1 on prompt tokens
+    completion_ids: torch.Tensor  # [N, T] right-padded
+    completion_mask: torch.Tensor  # [N, T] bool: generated tokens up to and including the first EOS
+    texts: list[str]  # decoded completions without special tokens
+    truncated: torch.Tensor  # [N] bool: stopped by the length limit, not by EOS
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    n: int = 1
+    greedy: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    batch_size: int = 64
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    sampling: Sampling,
+) -> Rollout:
+    """Sample `sampling.n` completions for each prompt.
+
+    Runs under no_grad (not inference_mode): the returned ids are later used in autograd graphs.
+    """
+    device = next(model.parameters()).device
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids = encoded["input_ids"].repeat_interleave(sampling.n, dim=0).to(device)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(sampling.n, dim=0).to(device)
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id
+    was_training = model.training
+    model.eval()
+    chunks = []
+    for start in range(0, prompt_ids.shape[0], sampling.batch_size):
+        stop = start + sampling.batch_size
+        output = model.generate(
+            input_ids=prompt_ids[start:stop],
+            attention_mask=prompt_mask[start:stop],
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not sampling.greedy,
+            temperature=None if sampling.greedy else sampling.temperature,
+            top_p=None if sampling.greedy else sampling.top_p,
+            top_k=None if sampling.greedy else sampling.top_k,
+            eos_token_id=eos_ids,
+            pad_token_id=pad_id,
+        )
+        chunks.append(output[:, prompt_ids.shape[1] :])
+    model.train(was_training)
+    width = max(chunk.shape[1] for chunk in chunks)
+    masks, truncated = zip(*(_completion_mask(chunk, eos_ids) for chunk in chunks), strict=True)
+    completion_ids = torch.cat([_pad_right(c, width, pad_id) for c in chunks])
+    completion_mask = torch.cat([_pad_right(m, width, False) for m in masks])
+    texts = tokenizer.batch_decode(
+        [ids[mask].tolist() for ids, mask in zip(completion_ids, completion_mask, strict=True)],
+        skip_special_tokens=True,
+    )
+    return Rollout(
+        prompt_ids, prompt_mask, completion_ids, completion_mask, texts, torch.cat(truncated)
+    )
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    return sorted(i for i in ids if i is not None)
+
+
+def _completion_mask(ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Valid = every generated token up to and including the first EOS (padding may equal EOS).
+
+    Computed per generate() call, before chunks are padded to a common width.
+    """
+    is_eos = torch.isin(ids, torch.tensor(eos_ids, device=ids.device))
+    eos_before = torch.cumsum(is_eos, dim=1) - is_eos.long()
+    return eos_before == 0, ~is_eos.any(dim=1)
+
+
+def _pad_right(values: torch.Tensor, width: int, fill: int | bool) -> torch.Tensor:
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=fill)

@@ -1,0 +1,128 @@
+"""Process topology: one process without a launcher, or ranks started by the deepspeed launcher.
+
+`tepo train trainer.nproc=N` re-launches itself as
+`deepspeed --num_gpus N --no_local_rank --master_port P --module tepo_cli train <overrides>`
+with the parent's run directory, and waits for it. Multi-node runs use the same launcher with a
+hostfile (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tepo_cli.config.errors import ConfigError
+
+_SET_BY_US: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_launcher() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def setup_topology(num_threads: int | None) -> Topology:
+    """Read (or, for a single process, set) the rendezvous variables DeepSpeed expects.
+
+    Without them DeepSpeed falls back to MPI discovery and asks for mpi4py.
+    """
+    if not launched_by_launcher():
+        single = dict(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+        )
+        _SET_BY_US.update(single)
+        os.environ.update(single)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # The deepspeed launcher exports LOCAL_SIZE; torchrun exports LOCAL_WORLD_SIZE.
+    local_world = (
+        int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 0) or world
+    )
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    torch.set_num_threads(num_threads or max(1, cores // local_world))
+    return Topology(rank, world, local_rank, local_world, device)
+
+
+def teardown() -> None:
+    """End the process group and forget the single-process rendezvous variables we set.
+
+    A multirun runs several jobs in one process; each must start from a clean environment.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for key in _SET_BY_US:
+        os.environ.pop(key, None)
+    _SET_BY_US.clear()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def relaunch(nproc: int, overrides: list[str], run_dir: Path) -> int:
+    """Run this training job as `nproc` ranks under the deepspeed launcher; return its exit code."""
+    launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
+    if not Path(launcher).exists():
+        raise ConfigError(
+            "trainer.nproc > 1 needs the `deepspeed` launcher on PATH (it comes with the deepspeed "
+            "package); it was not found."
+        )
+    kept = [
+        o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "trainer.nproc"))
+    ]
+    command = [
+        launcher,
+        "--num_gpus",
+        str(nproc),
+        "--no_local_rank",
+        "--master_port",
+        str(free_port()),
+        "--module",
+        "tepo_cli",
+        "train",
+        *kept,
+        f"trainer.nproc={nproc}",
+        f"hydra.run.dir={run_dir}",
+        "hydra.output_subdir=null",  # the parent already wrote .hydra/
+        "hydra/job_logging=stdout",
+    ]
+    env = dict(os.environ)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
+    return subprocess.call(command, env=env)

@@ -1,0 +1,113 @@
+"""The DeepSpeed engine that owns the policy's parameters, optimizer and learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from tepo_cli.config.schema import DeepSpeedConfig, TrainConfig
+
+
+def deepspeed_config(
+    cfg: DeepSpeedConfig,
+    micro_batch: int,
+    accumulation: int,
+    world: int,
+    grad_clip: float,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": cfg.stage, "overlap_comm": cfg.overlap_comm}
+    if cfg.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": cfg.offload_optimizer}
+    if cfg.offload_param != "none":
+        zero["offload_param"] = {"device": cfg.offload_param}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accumulation,
+        "train_batch_size": micro_batch * accumulation * world,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    return _merge(config, cfg.extra)
+
+
+def build_engine(model: nn.Module, cfg: TrainConfig, accumulation: int, world: int) -> Any:
+    """deepspeed.initialize with a torch AdamW (no op compilation) and a LambdaLR schedule."""
+    import deepspeed
+
+    if not torch.cuda.is_available():
+        _skip_cpu_shm_op()
+    trainer = cfg.trainer
+    dtype = next(model.parameters()).dtype
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=trainer.lr,
+        betas=trainer.adam_betas,
+        eps=trainer.adam_eps,
+        weight_decay=trainer.weight_decay,
+        foreach=True,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    ds_config = deepspeed_config(
+        cfg.deepspeed, trainer.micro_batch_size, accumulation, world, trainer.grad_clip, dtype
+    )
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+    )
+    return engine
+
+
+def optimizer_steps_per_step(cfg: TrainConfig) -> int:
+    return cfg.trainer.ppo_epochs * cfg.trainer.minibatches
+
+
+def _lr_lambda(cfg: TrainConfig):
+    trainer = cfg.trainer
+    total = max(1, trainer.max_steps * optimizer_steps_per_step(cfg))
+    warmup = trainer.warmup_steps
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if trainer.lr_schedule == "linear":
+            return 1.0 - progress
+        if trainer.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def _skip_cpu_shm_op() -> None:
+    """Do not JIT-compile DeepSpeed's CPU shared-memory all-reduce op.
+
+    It serves only `inference_all_reduce` (never used in training); building it takes ~40 s and a
+    C++ compiler on first use. Training collectives go through torch.distributed (gloo) either way.
+    """
+    import importlib
+
+    module = sys.modules.get("deepspeed.comm.torch") or importlib.import_module(
+        "deepspeed.comm.torch"
+    )
+    if hasattr(module, "build_shm_op"):
+        module.build_shm_op = lambda: None
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,112 @@
+"""The update phase: μ epochs x minibatches of the objective, through the DeepSpeed engine.
+
+Loss normalisers are the global counts of the whole optimizer step (all micro-batches, all ranks),
+so gradient accumulation and data parallelism give the same objective as one big batch
+(ALGORITHMS.md §0.5). DeepSpeed averages gradients over ranks, hence the loss is scaled by the
+world size, and its own 1/accumulation scaling is turned off.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tepo_cli.algos import policy_loss
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.train.experience import Experience, on_policy
+from tepo_cli.train.sequences import response_logprobs
+
+
+def accumulation_steps(cfg: TrainConfig) -> int:
+    """Micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps), per rank."""
+    per_minibatch = (
+        cfg.trainer.prompts_per_step // cfg.trainer.nproc * cfg.rollout.n // cfg.trainer.minibatches
+    )
+    return -(-per_minibatch // cfg.trainer.micro_batch_size)
+
+
+def update(
+    cfg: TrainConfig, engine: Any, experience: Experience, generator: torch.Generator
+) -> dict[str, float]:
+    batch = experience.batch
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    sums: dict[str, float] = defaultdict(float)
+    micro_count = 0
+    grad_norms = []
+    for _ in range(cfg.trainer.ppo_epochs):
+        order = (
+            torch.randperm(len(batch), generator=generator)
+            if not on_policy(cfg)
+            else torch.arange(len(batch))
+        )
+        for minibatch in order.chunk(cfg.trainer.minibatches):
+            num_tokens = _global_sum(batch.response_mask[minibatch].sum().item())
+            num_seqs = _global_sum(float(len(minibatch)))
+            for rows in minibatch.split(cfg.trainer.micro_batch_size):
+                metrics = _micro_step(cfg, engine, experience, rows, num_tokens, num_seqs, world)
+                for key, value in metrics.items():
+                    sums[key] += value
+                micro_count += 1
+            norm = engine.get_global_grad_norm()
+            if norm is not None:
+                grad_norms.append(float(norm))
+    result = {key: value / max(1, micro_count) for key, value in sums.items()}
+    if grad_norms:
+        result["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return result
+
+
+def _micro_step(
+    cfg: TrainConfig,
+    engine: Any,
+    experience: Experience,
+    rows: torch.Tensor,
+    num_tokens: float,
+    num_seqs: float,
+    world: int,
+) -> dict[str, float]:
+    part = experience.batch.select(rows)
+    width = part.response_mask.shape[1]
+    logp, entropy = response_logprobs(
+        engine.module, part, cfg.rollout.temperature, cfg.kernel, with_entropy=True
+    )
+    if experience.old_logp is None:
+        old_logp, old_entropy = logp.detach(), entropy
+    else:
+        old_logp = experience.old_logp[rows, :width]
+        old_entropy = (
+            None if experience.old_entropy is None else experience.old_entropy[rows, :width]
+        )
+    ref_logp = None if experience.ref_logp is None else experience.ref_logp[rows, :width]
+    loss, metrics = policy_loss(
+        cfg.algo,
+        logp,
+        old_logp,
+        experience.advantages[rows],
+        part.response_mask,
+        ref_logp=ref_logp,
+        entropy=entropy,
+        old_entropy=old_entropy,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        max_len=cfg.rollout.max_new_tokens,
+    )
+    engine.backward(loss * world, scale_wrt_gas=False)
+    engine.step()
+    valid = part.response_mask
+    metrics = dict(metrics)
+    metrics["loss"] = float(loss.detach())
+    if entropy is not None:
+        metrics["entropy"] = float((entropy * valid).sum() / valid.sum().clamp(min=1))
+    return metrics
+
+
+def _global_sum(value: float) -> float:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return float(value)
+    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return float(tensor.item())

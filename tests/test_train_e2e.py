@@ -1,0 +1,123 @@
+"""End to end through the real CLI, Hydra, DeepSpeed and the tiny model (slow: subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+METRIC_KEYS = {
+    "step",
+    "reward_mean",
+    "reward_std",
+    "accuracy",
+    "response_length",
+    "entropy",
+    "clip_frac",
+    "kl",
+    "grad_norm",
+    "step_seconds",
+    "tokens_per_second",
+    "rollout_seconds",
+    "update_seconds",
+}
+
+
+def tepo(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tepo_cli", *args],
+        cwd=cwd,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def parity_reward(directory: Path) -> list[str]:
+    """A verifiable reward a random tiny model scores unevenly, so advantages are non-zero."""
+    (directory / "parity.py").write_text(
+        "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
+    )
+    return ["reward=custom", f"reward.path={directory / 'parity.py'}"]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("metrics.jsonl"))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_train_tiny_then_eval_the_saved_model(tmp_path):
+    tepo("train", "model=tiny", "trainer.max_steps=2", *parity_reward(tmp_path), cwd=tmp_path)
+    (run,) = run_dirs(tmp_path / "outputs")
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert METRIC_KEYS <= set(metrics[0])
+    assert metrics[0]["grad_norm"] > 0
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()
+    assert len(read_jsonl(run / "samples.jsonl")) == 8  # samples_per_step=4 x 2 steps
+    assert [e["when"] for e in read_jsonl(run / "eval.jsonl")] == ["before", "after"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and 0.0 <= summary["eval_after"] <= 1.0
+    assert (run / "final" / "model.safetensors").is_file()
+    assert not (run / "final.tmp").exists()
+
+    tepo("eval", "model=tiny", f"model.path={run / 'final'}", "eval.limit=10", cwd=tmp_path)
+    (evaluation,) = (tmp_path / "outputs" / "eval").rglob("summary.json")
+    result = json.loads(evaluation.read_text())
+    assert result["problems"] == 10 and result["samples"] == 10
+    assert len(read_jsonl(evaluation.parent / "samples.jsonl")) == 10
+
+
+def test_multirun_sweep_writes_one_run_dir_per_job(tmp_path):
+    tepo(
+        "train",
+        "-m",
+        "model=tiny",
+        "trainer.max_steps=1",
+        "trainer.eval_before=false",
+        "trainer.eval_after=false",
+        "trainer.save_final=false",
+        "algo.eps_high=0.2,0.28",
+        cwd=tmp_path,
+    )
+    runs = run_dirs(tmp_path / "multirun")
+    assert [r.name for r in runs] == ["0_algo.eps_high=0.2", "1_algo.eps_high=0.28"]
+    assert [yaml.safe_load((r / "config.yaml").read_text())["algo"]["eps_high"] for r in runs] == [
+        0.2,
+        0.28,
+    ]
+
+
+def test_two_ranks_zero2_keep_identical_parameters(tmp_path):
+    tepo(
+        "train",
+        "model=tiny",
+        "trainer.nproc=2",
+        "deepspeed=zero2",
+        "trainer.max_steps=2",
+        "trainer.eval_before=false",
+        "trainer.save_final=false",
+        *parity_reward(tmp_path),
+        cwd=tmp_path,
+        timeout=600,
+    )
+    (run,) = run_dirs(tmp_path / "outputs")
+    summary = json.loads((run / "summary.json").read_text())
+    checksums = summary["rank_param_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert metrics[-1]["grad_norm"] > 0
