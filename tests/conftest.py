@@ -26,7 +26,6 @@ def compose_config() -> Callable[..., DictConfig]:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from tepo_cli.config.schema import ModelConfig
     from tepo_cli.models.loading import load_tokenizer
 
     return load_tokenizer(_tiny_model_config())

@@ -31,7 +31,10 @@ def test_default_eval_config_is_valid(compose_config):
     ("override", "expected"),
     [
         ("rollout.n=1", ["rollout.n=1", "greater than or equal to 2", "conf/rollout/hf.yaml"]),
-        ("algo.eps_low=-1", ["algo.eps_low=-1", "greater than or equal to 0", "conf/algo/grpo.yaml"]),
+        (
+            "algo.eps_low=-1",
+            ["algo.eps_low=-1", "greater than or equal to 0", "conf/algo/grpo.yaml"],
+        ),
         ("trainer.lr=abc", ["trainer.lr='abc'", "valid number", "conf/train.yaml"]),
         ("trainer.lr=0", ["trainer.lr=0", "greater than 0"]),
         ("algo.unit=blocks", ["algo.unit='blocks'", "'token', 'block' or 'sequence'"]),
@@ -45,7 +48,9 @@ def test_default_eval_config_is_valid(compose_config):
 )
 def test_bad_values_name_key_value_and_rule(compose_config, override, expected):
     with pytest.raises(ConfigError) as caught:
-        load_train_config(compose_config("train", override.split()), {"algo": "grpo", "rollout": "hf"})
+        load_train_config(
+            compose_config("train", override.split()), {"algo": "grpo", "rollout": "hf"}
+        )
     message = str(caught.value)
     assert "\n" not in message
     for fragment in expected:
@@ -82,7 +87,10 @@ def _tepo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["train", "rollout.n=1"], "rollout.n=1 is not allowed"),
         (["train", "algo.eps_low=-1"], "algo.eps_low=-1 is not allowed"),
         (["train", "trainer.lr=abc"], "trainer.lr='abc' is not allowed"),
-        (["train", "badkey=1"], "unknown key 'badkey' in `tepo train`; the keys allowed at the top"),
+        (
+            ["train", "badkey=1"],
+            "unknown key 'badkey' in `tepo train`; the keys allowed at the top",
+        ),
         (["train", "-m", "trainer.lrr=1,2"], "Did you mean 'trainer.lr'?"),
         (["train", "+badkey=1"], "unknown key 'badkey'"),
         (["eval", "eval.n=4"], "eval.n > 1 needs sampling"),

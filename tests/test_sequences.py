@@ -22,7 +22,11 @@ def batch(tiny_model, tiny_tokenizer) -> SequenceBatch:
 def test_response_logprobs_match_full_logits(tiny_model, batch, temperature):
     tiny_model.double()
     logp, entropy = response_logprobs(
-        tiny_model, batch, temperature, KernelConfig(backend="torch", chunk_size=5), with_entropy=True
+        tiny_model,
+        batch,
+        temperature,
+        KernelConfig(backend="torch", chunk_size=5),
+        with_entropy=True,
     )
     logits = tiny_model(
         input_ids=batch.input_ids,
@@ -54,7 +58,11 @@ def test_padding_tokens_do_not_change_values_or_gradients(tiny_model, batch):
     completion = scrambled_ids[:, batch.prompt_width :]
     completion[masked] = torch.randint(3, 1000, (int(masked.sum()),))
     scrambled = SequenceBatch(
-        scrambled_ids, batch.attention_mask, batch.position_ids, batch.response_mask, batch.prompt_width
+        scrambled_ids,
+        batch.attention_mask,
+        batch.position_ids,
+        batch.response_mask,
+        batch.prompt_width,
     )
     scrambled_logp, scrambled_grads = grads(scrambled)
     assert torch.equal(logp, scrambled_logp)
@@ -66,4 +74,6 @@ def test_select_trims_to_the_longest_completion(batch):
     part = batch.select(rows)
     lengths = batch.response_mask[rows].sum(dim=1)
     assert part.response_mask.shape[1] == int(lengths.max())
-    assert torch.equal(part.input_ids, batch.input_ids[rows, : batch.prompt_width + int(lengths.max())])
+    assert torch.equal(
+        part.input_ids, batch.input_ids[rows, : batch.prompt_width + int(lengths.max())]
+    )

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("preset", ["zero0", "zero1", "zero2", "zero3", "zero2_offload"])
 def test_one_step_in_every_zero_stage(compose_config, tmp_path, preset):
-    (tmp_path / "parity.py").write_text("def score(completion, problem):\n    return len(completion) % 2\n")
+    (tmp_path / "parity.py").write_text(
+        "def score(completion, problem):\n    return len(completion) % 2\n"
+    )
     overrides = [
         "model=tiny",
         "reward=custom",
