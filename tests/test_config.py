@@ -62,9 +62,22 @@ def test_several_problems_are_reported_together(compose_config):
         load_train_config(compose_config("train", ["rollout.n=1", "trainer.lr=abc"]))
 
 
-def test_top_level_k_sets_the_block_size(compose_config):
-    config = load_train_config(compose_config("train", ["algo.unit=block", "k=4"]))
-    assert config.algo.k == 4 and config.algo.block_size == 4
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "gspo", "tepo", "mpo"])
+def test_top_level_k_makes_any_objective_block_level(compose_config, algo):
+    config = load_train_config(compose_config("train", [f"algo={algo}", "k=4"]))
+    assert (config.algo.unit, config.algo.k, config.algo.block_size) == ("block", 4, 4)
+
+
+def test_mpo_defaults_to_blocks_of_four(compose_config):
+    config = load_train_config(compose_config("train", ["algo=mpo"]))
+    assert (config.algo.unit, config.algo.k) == ("block", 4)
+
+
+def test_cross_field_errors_name_the_group_not_its_whole_dict(compose_config):
+    with pytest.raises(ConfigError) as caught:
+        load_train_config(compose_config("train", ["algo.unit=block"]), {"algo": "grpo"})
+    message = str(caught.value)
+    assert message.startswith("Invalid configuration: algo: ") and "{" not in message
 
 
 def _tepo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -112,6 +125,6 @@ def test_cli_help_and_cfg_job(tmp_path):
     top = _tepo("--help", cwd=tmp_path)
     assert top.returncode == 0 and "tepo train" in top.stdout
     hydra_help = _tepo("train", "--help", cwd=tmp_path)
-    assert hydra_help.returncode == 0 and "algo: grpo" in hydra_help.stdout
+    assert hydra_help.returncode == 0 and "algo: dapo, grpo, gspo, mpo, tepo" in hydra_help.stdout
     job = _tepo("train", "algo.eps_high=0.28", "--cfg", "job", cwd=tmp_path)
     assert job.returncode == 0 and "eps_high: 0.28" in job.stdout

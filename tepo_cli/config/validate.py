@@ -23,8 +23,8 @@ def load_train_config(
     data = _plain(cfg)
     block_size = data.get("k")
     if block_size is not None and isinstance(data.get("algo"), dict):
-        # The top-level `k` is the command-line spelling of the objective's block size.
-        data["algo"]["k"] = block_size
+        # `tepo train algo=NAME k=K`: any objective with K-token blocks as its action unit.
+        data["algo"].update(unit="block", k=block_size)
     return _validate(TrainConfig, data, "train", choices)
 
 
@@ -81,7 +81,7 @@ def _explain_one(
         return f"'{key}' is required but not set (see {where})."
     message = err["msg"][0].lower() + err["msg"][1:]
     message = message.removeprefix("value error, ")
-    if not loc or loc[-1] not in _fields_of(model, loc[:-1]):
+    if not loc or loc[-1] not in _fields_of(model, loc[:-1]) or isinstance(err["input"], dict):
         return f"{key}: {message} (see {where})."
     return f"{key}={describe_value(err['input'])} is not allowed: {message} (see {where})."
 

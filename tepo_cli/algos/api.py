@@ -1,0 +1,61 @@
+"""`policy_loss`: the public, stable entry point to the objectives (ALGORITHMS.md §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from tepo_cli.algos import objectives as _objectives  # noqa: F401  (registers the presets)
+from tepo_cli.algos.batch import make_policy_batch, require_inputs
+from tepo_cli.algos.presets import AlgoSpec, resolve_algo
+from tepo_cli.algos.registry import get_policy_loss
+
+NORMALISERS = ("num_tokens", "num_seqs", "max_len")
+
+
+def policy_loss(
+    algo: AlgoSpec,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+    old_entropy: Tensor | None = None,
+    **overrides: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """Loss (0-dim: policy term + KL term) and float metrics of objective `algo` on B responses.
+
+    algo:        a preset name from conf/algo/ ("grpo", "dapo", "gspo", "tepo", "mpo"), or an
+                 algo config (dict, DictConfig, AlgoConfig) whose `name` is a registered loss.
+    logp:        [B, T] current token log-probs (with grad); old_logp: [B, T] rollout log-probs.
+    advantages:  [B] one advantage per response.
+    mask:        [B, T] bool / 0-1 response tokens; padding may be on either side.
+    ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
+    entropy, old_entropy: [B, T], required by TEPO's KL mask (old_entropy; entropy too for
+                 mask_criterion=entropy_drop).
+    overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
+                 normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
+                 `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
+                 default T). With global normalisers, the sum of the micro-batch losses is the
+                 loss of one big batch.
+
+    Metrics: pg_loss, kl_loss, kl, clip_frac (+ _low, _high), dual_clip_frac, ratio_mean (token
+    means over these rows), and kl_mask_frac when TEPO's mask is computed.
+    Raises ValueError naming the argument on a missing input or a shape mismatch.
+    """
+    normalisers = {name: overrides.pop(name) for name in NORMALISERS if name in overrides}
+    cfg = resolve_algo(algo, overrides)
+    batch = make_policy_batch(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        ref_logp=ref_logp,
+        entropy=entropy,
+        old_entropy=old_entropy,
+        **normalisers,
+    )
+    require_inputs(batch, cfg)
+    return get_policy_loss(cfg.name)(batch, cfg)

@@ -1,0 +1,142 @@
+"""`PolicyBatch`: the checked inputs of one policy-loss call (ALGORITHMS.md §4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Real
+
+import torch
+from torch import Tensor
+
+from tepo_cli.algos.aggregate import Count
+from tepo_cli.algos.config import AlgoConfig
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """Per-token inputs [B, T] (advantages [B]) of B responses, as every loss plugin receives them.
+
+    Built by `make_policy_batch`, which checks shapes and makes padding harmless: `mask` is bool,
+    every [B, T] tensor is 0 on padding (so padding gets exactly zero gradient, whatever the caller
+    left there), and old_logp, ref_logp, old_entropy and advantages are detached.
+    `num_tokens`, `num_seqs`, `max_len` override the aggregation normalisers (§0.5); None means
+    "count these rows".
+    """
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    ref_logp: Tensor | None = None
+    entropy: Tensor | None = None
+    old_entropy: Tensor | None = None
+    num_tokens: Count | None = None
+    num_seqs: Count | None = None
+    max_len: Count | None = None
+
+    @property
+    def normalisers(self) -> dict[str, Count | None]:
+        return {"num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "max_len": self.max_len}
+
+
+def make_policy_batch(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+    old_entropy: Tensor | None = None,
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    max_len: Count | None = None,
+) -> PolicyBatch:
+    """Check the inputs (ValueError naming the argument) and build a `PolicyBatch`."""
+    if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
+        raise ValueError(f"logp must be a [B, T] float tensor, got {_describe(logp)}")
+    shape = tuple(logp.shape)
+    if not isinstance(mask, Tensor) or tuple(mask.shape) != shape:
+        raise ValueError(
+            f"mask must be a [B, T] tensor shaped like logp {shape}, got {_describe(mask)}"
+        )
+    if mask.dtype != torch.bool:
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("mask must be bool or hold only 0 and 1")
+        mask = mask != 0
+    if not isinstance(advantages, Tensor) or tuple(advantages.shape) != shape[:1]:
+        raise ValueError(
+            f"advantages must be [B] = ({shape[0]},), one per response, got {_describe(advantages)}"
+        )
+    tensors = {
+        "old_logp": old_logp,
+        "ref_logp": ref_logp,
+        "entropy": entropy,
+        "old_entropy": old_entropy,
+    }
+    for name, tensor in tensors.items():
+        if tensor is None:
+            if name == "old_logp":
+                raise ValueError("old_logp is required (the rollout policy's token log-probs)")
+            continue
+        if not isinstance(tensor, Tensor) or tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{name} must be [B, T] shaped like logp {shape}, got {_describe(tensor)}"
+            )
+    counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "max_len": max_len}
+    for name, count in counts.items():
+        _check_count(name, count)
+
+    def clean(tensor: Tensor | None, detach: bool) -> Tensor | None:
+        if tensor is None:
+            return None
+        tensor = tensor.detach() if detach else tensor
+        return torch.where(mask, tensor, 0.0)
+
+    return PolicyBatch(
+        logp=clean(logp, detach=False),  # type: ignore[arg-type]
+        old_logp=clean(old_logp, detach=True),  # type: ignore[arg-type]
+        advantages=advantages.detach().to(logp.dtype),
+        mask=mask,
+        ref_logp=clean(ref_logp, detach=True),
+        entropy=clean(entropy, detach=False),
+        old_entropy=clean(old_entropy, detach=True),
+        **counts,
+    )
+
+
+def require_inputs(batch: PolicyBatch, cfg: AlgoConfig) -> None:
+    """Fail early, naming the missing argument, when the objective's knobs need an input."""
+    if cfg.needs_ref and batch.ref_logp is None:
+        raise ValueError(
+            f"ref_logp is required: algo {cfg.name} has a KL term to the reference "
+            f"(beta={cfg.beta}, kl_target=ref); pass ref_logp, or set beta=0 or kl_target=old"
+        )
+    if cfg.needs_old_entropy and batch.old_entropy is None:
+        raise ValueError(
+            f"old_entropy is required: algo {cfg.name} masks its KL term with kl_mask=tepo "
+            f"(beta={cfg.beta}); pass the rollout policy's token entropies"
+        )
+    if cfg.needs_entropy and batch.entropy is None:
+        raise ValueError(
+            f"entropy is required: algo {cfg.name} uses mask_criterion=entropy_drop; pass the "
+            "current policy's token entropies"
+        )
+
+
+def _check_count(name: str, count: Count | None) -> None:
+    if count is None:
+        return
+    if isinstance(count, Tensor):
+        if count.numel() != 1:
+            raise ValueError(
+                f"{name} must be a single count, got a tensor of shape {tuple(count.shape)}"
+            )
+        return
+    if isinstance(count, bool) or not isinstance(count, Real) or not count > 0:
+        raise ValueError(f"{name} must be a positive number (a global count), got {count!r}")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__

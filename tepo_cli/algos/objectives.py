@@ -1,0 +1,145 @@
+"""The shipped objectives (ALGORITHMS.md §1), each a registered plugin built from the shared parts.
+
+All five are the same composition, driven by the knobs of their preset:
+ratio per unit (§0.2) → routing (§0.3) → clipped surrogate (§0.4) → aggregation (§0.5) → + KL
+(§0.6). They are registered under their own names so that a preset can later get code of its own
+without touching the others, and so that a new objective is one more decorated function.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tepo_cli.algos.aggregate import aggregate
+from tepo_cli.algos.batch import PolicyBatch
+from tepo_cli.algos.clip import clipped_surrogate
+from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.algos.kl import kl_estimate
+from tepo_cli.algos.ratio import route_ratio, unit_log_ratio, unit_ratio
+from tepo_cli.algos.registry import register_policy_loss
+from tepo_cli.algos.tepo_mask import tepo_kl_mask
+
+
+def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
+    """[B, T] the ratio each token's surrogate uses: its unit's ρ_u, routed per `cfg.route`."""
+    log_ratio = unit_log_ratio(
+        batch.logp,
+        batch.old_logp,
+        batch.mask,
+        unit=cfg.unit,
+        k=cfg.k,
+        ratio_norm=cfg.ratio_norm,
+        layout=cfg.layout,
+        block_weights=cfg.block_weights,
+    )
+    return route_ratio(unit_ratio(log_ratio), batch.logp, cfg.route)
+
+
+def policy_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """The clipped surrogate aggregated over the batch, and its clip / ratio metrics."""
+    ratio = token_ratios(batch, cfg)
+    advantages = batch.advantages.unsqueeze(1)
+    surrogate, flags = clipped_surrogate(
+        ratio, advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip
+    )
+    loss = aggregate(surrogate, batch.mask, cfg.loss_agg, **batch.normalisers)
+    mask = batch.mask
+    metrics = {
+        "pg_loss": float(loss.detach()),
+        "clip_frac": _share(flags.low | flags.high, mask),
+        "clip_frac_low": _share(flags.low, mask),
+        "clip_frac_high": _share(flags.high, mask),
+        "dual_clip_frac": _share(flags.dual, mask),
+        "ratio_mean": _masked_mean(ratio.detach(), mask, empty=1.0),
+    }
+    return loss, metrics
+
+
+def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """β · agg(M ⊙ D): over all valid tokens with the policy term's aggregation; masked-out
+    tokens count in the normaliser, so an empty mask gives exactly 0 (§0.6).
+
+    The `kl` metric is the plain token mean of D (unmasked) whenever the target is available,
+    even with β = 0; 0.0 when it is not.
+    """
+    target = batch.ref_logp if cfg.kl_target == "ref" else batch.old_logp
+    metrics: dict[str, float] = {"kl": 0.0, "kl_loss": 0.0}
+    zero = batch.logp.new_zeros(())
+    mask = batch.mask
+    kl_mask = mask
+    has_entropies = batch.old_entropy is not None and (
+        cfg.mask_criterion == "covariance" or batch.entropy is not None
+    )
+    if cfg.kl_mask == "tepo" and has_entropies:
+        kl_mask = tepo_kl_mask(
+            batch.advantages,
+            mask,
+            batch.old_logp,
+            batch.old_entropy,  # type: ignore[arg-type]
+            batch.entropy,
+            cfg.mask_criterion,
+        )
+        metrics["kl_mask_frac"] = _share(kl_mask, mask)
+    if target is None:
+        return zero, metrics
+    if cfg.beta == 0:
+        with torch.no_grad():
+            metrics["kl"] = _masked_mean(kl_estimate(batch.logp, target, cfg.kl_estimator), mask)
+        return zero, metrics
+    divergence = kl_estimate(batch.logp, target, cfg.kl_estimator)
+    metrics["kl"] = _masked_mean(divergence.detach(), mask)
+    masked = torch.where(kl_mask, divergence, 0.0)
+    loss = cfg.beta * aggregate(masked, mask, cfg.loss_agg, **batch.normalisers)
+    metrics["kl_loss"] = float(loss.detach())
+    return loss, metrics
+
+
+def clipped_policy_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """Policy term + KL term, everything set by the knobs of `cfg`."""
+    pg_loss, pg_metrics = policy_term(batch, cfg)
+    kl_loss, kl_metrics = kl_term(batch, cfg)
+    return pg_loss + kl_loss, {**pg_metrics, **kl_metrics}
+
+
+@register_policy_loss("grpo")
+def grpo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """GRPO (§1.1): token ratios, symmetric clip, seq-mean-token-mean, k3 KL to the reference."""
+    return clipped_policy_loss(batch, cfg)
+
+
+@register_policy_loss("dapo")
+def dapo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """DAPO (§1.2): clip-higher, token-mean, no KL; sampling and reward knobs act in the loop."""
+    return clipped_policy_loss(batch, cfg)
+
+
+@register_policy_loss("gspo")
+def gspo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (§1.3): one length-normalised ratio per response; GSPO-token with route=token."""
+    return clipped_policy_loss(batch, cfg)
+
+
+@register_policy_loss("tepo")
+def tepo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """TEPO (§1.4): sequence ratio routed to tokens, token-mean, k3 KL on TEPO's token mask."""
+    return clipped_policy_loss(batch, cfg)
+
+
+@register_policy_loss("mpo")
+def mpo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """MPO (§1.5): K-token blocks (disjoint or sliding) each clipped as one action."""
+    return clipped_policy_loss(batch, cfg)
+
+
+def _share(flags: Tensor, mask: Tensor) -> float:
+    """Fraction of the valid tokens where `flags` holds (0.0 without valid tokens)."""
+    count = int(mask.sum())
+    return int((flags & mask).sum()) / count if count else 0.0
+
+
+def _masked_mean(values: Tensor, mask: Tensor, empty: float = 0.0) -> float:
+    count = int(mask.sum())
+    if count == 0:
+        return empty
+    return float(torch.where(mask, values, 0).sum() / count)

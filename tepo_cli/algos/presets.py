@@ -1,0 +1,73 @@
+"""Algo configs from a preset name, a mapping or an `AlgoConfig`, plus knob overrides (§0.7)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tepo_cli.algos.config import AlgoConfig
+
+AlgoSpec = str | Mapping[str, Any] | DictConfig | AlgoConfig
+
+
+def preset_names() -> tuple[str, ...]:
+    """The presets shipped in conf/algo/ (the package `tepo_cli.conf`)."""
+    folder = files("tepo_cli.conf") / "algo"
+    return tuple(sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")))
+
+
+@cache
+def _load_preset(name: str) -> dict[str, Any]:
+    path = files("tepo_cli.conf") / "algo" / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(preset_names())
+        raise ValueError(f"algo: no preset {name!r} in conf/algo/; presets: {known}")
+    data = OmegaConf.to_container(OmegaConf.create(path.read_text(encoding="utf-8")), resolve=True)
+    if not isinstance(data, dict):
+        raise ValueError(f"algo preset {name!r} is not a mapping of knobs")
+    return data
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """The knobs of preset `name` (conf/algo/<name>.yaml) as a plain dict (a fresh copy)."""
+    return copy.deepcopy(_load_preset(name))
+
+
+def resolve_algo(algo: AlgoSpec, overrides: Mapping[str, Any] | None = None) -> AlgoConfig:
+    """A validated `AlgoConfig` from `algo` with `overrides` (any AlgoConfig knob) applied.
+
+    Overriding `unit` to token or sequence without giving `k` drops the preset's block size (so
+    `policy_loss("mpo", ..., unit="token")` means what it says); a `k` override alone does not
+    change the unit: pass `unit="block"` with it for an objective whose unit is not a block.
+    """
+    if isinstance(algo, AlgoConfig):
+        data = algo.model_dump()
+    elif isinstance(algo, str):
+        data = load_preset(algo)
+    elif isinstance(algo, DictConfig):
+        data = OmegaConf.to_container(algo, resolve=True)  # type: ignore[assignment]
+    elif isinstance(algo, Mapping):
+        data = dict(algo)
+    else:
+        raise ValueError(
+            "algo must be a preset name, a dict / DictConfig of knobs or an AlgoConfig, "
+            f"got {type(algo).__name__}"
+        )
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(AlgoConfig.model_fields))
+    if unknown:
+        raise ValueError(
+            f"unknown override {', '.join(unknown)}; the knobs are: "
+            f"{', '.join(AlgoConfig.model_fields)}, plus num_tokens, num_seqs, max_len"
+        )
+    if overrides.get("unit", "block") != "block" and "k" not in overrides:
+        data["k"] = None
+    data.update(overrides)
+    if not data.get("name"):
+        raise ValueError("algo needs a 'name': the registered policy loss to use (e.g. 'grpo')")
+    return AlgoConfig.model_validate(data)

@@ -1,0 +1,309 @@
+"""The public API (ALGORITHMS.md §4): presets, configs, registry, input checks, padding, edge cases."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from pydantic import ValidationError
+
+from tepo_cli.algos import (
+    AlgoConfig,
+    PolicyBatch,
+    load_preset,
+    policy_loss,
+    preset_names,
+    register_policy_loss,
+    registered_policy_losses,
+    resolve_algo,
+)
+
+F64 = torch.float64
+PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo"]
+
+
+def inputs(rows: int = 4, columns: int = 7, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (rows, columns)
+    logp = (-torch.rand(shape, generator=gen, dtype=F64) * 2 - 0.1).requires_grad_(True)
+    old = logp.detach() + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
+    ref = logp.detach() + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
+    ent = torch.rand(shape, generator=gen, dtype=F64) * 2
+    adv = torch.randn(rows, generator=gen, dtype=F64)
+    lengths = torch.randint(1, columns + 1, (rows,), generator=gen)
+    mask = torch.arange(columns) < lengths[:, None]  # right padding
+    return logp, old, adv, mask, ref, ent
+
+
+# presets ------------------------------------------------------------------------------------------
+def test_every_preset_is_shipped_registered_and_documented() -> None:
+    assert set(PRESETS) <= set(preset_names())
+    assert set(PRESETS) <= set(registered_policy_losses())
+    folder = files("tepo_cli.conf") / "algo"
+    for name in PRESETS:
+        text = (folder / f"{name}.yaml").read_text(encoding="utf-8")
+        keys = [line.split(":")[0] for line in text.splitlines() if line and line[0] != "#"]
+        assert keys == list(AlgoConfig.model_fields), name  # every knob, in the model's order
+        for line in text.splitlines():
+            assert line.startswith("#") or " # " in line, f"{name}.yaml: no comment on {line!r}"
+        assert AlgoConfig.model_validate(load_preset(name)).name == name
+
+
+def test_preset_table_of_section_1() -> None:
+    cfg = {name: resolve_algo(name) for name in PRESETS}
+    assert (cfg["grpo"].unit, cfg["grpo"].beta, cfg["grpo"].kl_estimator) == ("token", 0.04, "k3")
+    assert cfg["grpo"].loss_agg == "seq-mean-token-mean" and cfg["grpo"].needs_ref
+    dapo = cfg["dapo"]
+    assert (dapo.eps_low, dapo.eps_high, dapo.loss_agg, dapo.beta) == (0.2, 0.28, "token-mean", 0)
+    assert dapo.dynamic_sampling and dapo.overlong_penalty and not dapo.needs_ref
+    assert (dapo.reward_correct, dapo.reward_incorrect) == (1.0, -1.0)
+    gspo = cfg["gspo"]
+    assert (gspo.unit, gspo.ratio_norm, gspo.eps_low, gspo.eps_high) == (
+        "sequence",
+        "mean",
+        3e-4,
+        4e-4,
+    )
+    assert gspo.loss_agg == "seq-mean-token-mean" and gspo.beta == 0
+    tepo = cfg["tepo"]
+    assert (tepo.unit, tepo.ratio_norm, tepo.route, tepo.loss_agg) == (
+        "sequence",
+        "mean",
+        "token",
+        "token-mean",
+    )
+    assert (tepo.kl_mask, tepo.beta, tepo.kl_estimator, tepo.eps_high) == ("tepo", 0.05, "k3", 0.28)
+    assert tepo.needs_old_entropy and not tepo.needs_entropy
+    mpo = cfg["mpo"]
+    assert (mpo.unit, mpo.k, mpo.ratio_norm, mpo.loss_agg, mpo.beta) == (
+        "block",
+        4,
+        "sum",
+        "token-mean",
+        0,
+    )
+    for name in ("grpo", "gspo", "tepo", "mpo"):
+        assert not cfg[name].dynamic_sampling and not cfg[name].overlong_penalty
+
+
+# configs: dict, DictConfig, AlgoConfig, overrides ------------------------------------------------
+def test_algo_given_as_dict_dictconfig_or_model_equals_the_preset() -> None:
+    logp, old, adv, mask, ref, _ = inputs()
+    expected, _ = policy_loss("grpo", logp, old, adv, mask, ref_logp=ref)
+    data = load_preset("grpo")
+    for algo in (data, OmegaConf.create(data), AlgoConfig.model_validate(data)):
+        got, _ = policy_loss(algo, logp, old, adv, mask, ref_logp=ref)
+        assert torch.equal(got, expected)
+
+
+def test_overrides_and_their_k_rules() -> None:
+    assert resolve_algo("mpo", {"k": 8}).k == 8
+    assert resolve_algo("mpo", {"unit": "token"}).k is None  # the preset's k goes with its unit
+    assert resolve_algo("dapo", {"unit": "block", "k": 4}).block_size == 4
+    with pytest.raises(ValueError, match="set unit=block"):
+        resolve_algo("grpo", {"k": 4})
+    with pytest.raises(ValueError, match="unknown override kk"):
+        resolve_algo("mpo", {"kk": 4})
+    with pytest.raises(ValueError, match="no preset 'ppo'"):
+        resolve_algo("ppo")
+    with pytest.raises(ValueError, match="needs a 'name'"):
+        resolve_algo({"unit": "token"})
+    with pytest.raises(ValueError, match="algo must be"):
+        resolve_algo(42)  # type: ignore[arg-type]
+
+
+def test_block_of_one_and_unit_block_on_any_objective() -> None:
+    logp, old, adv, mask, _, _ = inputs()
+    token, _ = policy_loss("dapo", logp, old, adv, mask)
+    block1, _ = policy_loss("dapo", logp, old, adv, mask, unit="block", k=1)
+    block4, _ = policy_loss("dapo", logp, old, adv, mask, unit="block", k=4)
+    assert torch.equal(token, block1)
+    assert not torch.equal(token, block4)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"unit": "block"}, "needs a block size"),
+        ({"unit": "sequence", "k": 2}, "set unit=block"),
+        ({"layout": "sliding"}, "layout=sliding needs unit=block"),
+        ({"block_weights": "future:0.5"}, "needs layout=sliding"),
+        (
+            {
+                "unit": "block",
+                "k": 2,
+                "layout": "sliding",
+                "block_weights": "geometric:0.5",
+                "ratio_norm": "mean",
+            },
+            "use ratio_norm=sum",
+        ),
+        ({"block_weights": "future:2"}, "future:p"),
+        ({"eps_low": 1.0}, "less than 1"),
+        ({"dual_clip": 1.0}, "greater than 1"),
+        ({"loss_agg": "mean"}, "token-mean"),
+        ({"overlong_max_len": 10, "overlong_cache_len": 10}, "smaller than overlong_max_len"),
+        ({"reward_correct": 1.0}, "set both"),
+        ({"reward_correct": -1.0, "reward_incorrect": 1.0}, "larger than"),
+        ({"max_refill_rounds": 0}, "greater than or equal to 1"),
+        ({"typo": 1}, "Extra inputs"),
+    ],
+)
+def test_config_errors_name_the_problem(knobs: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        AlgoConfig.model_validate({"name": "grpo", **knobs})
+
+
+def test_sliding_layout_with_weights_is_valid() -> None:
+    cfg = AlgoConfig(name="mpo", unit="block", k=4, layout="sliding", block_weights="future:0.25")
+    assert cfg.block_size == 4
+
+
+# registry ------------------------------------------------------------------------------------------
+def test_register_a_new_objective_and_reregistering_raises() -> None:
+    name = "test_half_dapo"
+    if name not in registered_policy_losses():
+
+        @register_policy_loss(name)
+        def half(batch: PolicyBatch, cfg: AlgoConfig):
+            from tepo_cli.algos.objectives import clipped_policy_loss
+
+            loss, metrics = clipped_policy_loss(batch, cfg)
+            return loss / 2, metrics
+
+    logp, old, adv, mask, _, _ = inputs()
+    full, _ = policy_loss("dapo", logp, old, adv, mask)
+    half_loss, _ = policy_loss({**load_preset("dapo"), "name": name}, logp, old, adv, mask)
+    assert torch.allclose(half_loss, full / 2, rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy_loss("grpo")(lambda batch, cfg: None)
+    with pytest.raises(ValueError, match="no policy loss registered under name 'nope'"):
+        policy_loss({"name": "nope"}, logp, old, adv, mask)
+
+
+# input checks --------------------------------------------------------------------------------------
+def test_missing_inputs_raise_naming_the_argument() -> None:
+    logp, old, adv, mask, ref, ent = inputs()
+    with pytest.raises(ValueError, match="ref_logp is required"):
+        policy_loss("grpo", logp, old, adv, mask)
+    policy_loss("grpo", logp, old, adv, mask, beta=0.0)  # beta = 0 needs no reference
+    policy_loss("grpo", logp, old, adv, mask, kl_target="old")  # nor does a KL to old
+    with pytest.raises(ValueError, match="old_entropy is required"):
+        policy_loss("tepo", logp, old, adv, mask, ref_logp=ref)
+    with pytest.raises(ValueError, match="entropy is required"):
+        policy_loss(
+            "tepo",
+            logp,
+            old,
+            adv,
+            mask,
+            ref_logp=ref,
+            old_entropy=ent,
+            mask_criterion="entropy_drop",
+        )
+    policy_loss("tepo", logp, old, adv, mask, beta=0.0)  # no KL: the mask is not needed
+    with pytest.raises(ValueError, match="old_logp is required"):
+        policy_loss("dapo", logp, None, adv, mask)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argument", "bad"),
+    [
+        ("logp", lambda x: x[0]),
+        ("old_logp", lambda x: x[:, :-1]),
+        ("mask", lambda x: x[:-1]),
+        ("advantages", lambda x: x[:-1]),
+        ("advantages", lambda x: x[:, None]),
+        ("ref_logp", lambda x: x.T),
+        ("old_entropy", lambda x: x[:, 1:]),
+    ],
+)
+def test_shape_mismatch_raises_naming_the_argument(argument: str, bad) -> None:
+    logp, old, adv, mask, ref, ent = inputs()
+    args = {"logp": logp, "old_logp": old, "advantages": adv, "mask": mask}
+    kwargs = {"ref_logp": ref, "old_entropy": ent}
+    if argument in args:
+        args[argument] = bad(args[argument])
+    else:
+        kwargs[argument] = bad(kwargs[argument])
+    with pytest.raises(ValueError, match=f"^{argument} must"):
+        policy_loss("tepo", *args.values(), **kwargs)
+
+
+def test_bad_mask_values_and_normalisers() -> None:
+    logp, old, adv, mask, _, _ = inputs()
+    policy_loss("dapo", logp, old, adv, mask.long())  # 0/1 integers are fine
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        policy_loss("dapo", logp, old, adv, mask.long() * 2)
+    for name in ("num_tokens", "num_seqs", "max_len"):
+        with pytest.raises(ValueError, match=f"{name} must be a positive number"):
+            policy_loss("dapo", logp, old, adv, mask, **{name: 0})
+    loss, _ = policy_loss("dapo", logp, old, adv, mask, num_tokens=torch.tensor(100))
+    assert loss.dim() == 0
+
+
+# padding side, tiny batches, empty masks ----------------------------------------------------------
+def _left_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Move each row's first `length` entries to the end of the row (right → left padding)."""
+    out = torch.zeros_like(x)
+    columns = x.shape[1]
+    for b, n in enumerate(lengths.tolist()):
+        out[b, columns - n :] = x[b, :n]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra"),
+    [(p, {}) for p in PRESETS] + [("mpo", {"k": 3}), ("mpo", {"k": 3, "layout": "sliding"})],
+)
+def test_left_and_right_padding_give_identical_results(preset: str, extra: dict) -> None:
+    logp, old, adv, mask, ref, ent = inputs(rows=5, columns=8, seed=3)
+    lengths = mask.sum(1)
+    right, right_metrics = policy_loss(
+        preset, logp, old, adv, mask, ref_logp=ref, old_entropy=ent, **extra
+    )
+    (right_grad,) = torch.autograd.grad(right, logp)
+    left_logp = _left_padded(logp.detach(), lengths).requires_grad_(True)
+    left, left_metrics = policy_loss(
+        preset,
+        left_logp,
+        _left_padded(old, lengths),
+        adv,
+        _left_padded(mask, lengths),
+        ref_logp=_left_padded(ref, lengths),
+        old_entropy=_left_padded(ent, lengths),
+        **extra,
+    )
+    (left_grad,) = torch.autograd.grad(left, left_logp)
+    torch.testing.assert_close(left, right, rtol=0, atol=1e-14)
+    torch.testing.assert_close(left_grad, _left_padded(right_grad, lengths), rtol=0, atol=1e-14)
+    assert left_metrics == pytest.approx(right_metrics, abs=1e-12)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_single_row_and_single_token(preset: str) -> None:
+    logp, old, adv, mask, ref, ent = inputs(rows=1, columns=1)
+    loss, metrics = policy_loss(preset, logp, old, adv, mask, ref_logp=ref, old_entropy=ent)
+    assert torch.isfinite(loss) and loss.shape == ()
+    assert set(metrics) >= {"clip_frac", "kl", "ratio_mean", "pg_loss", "kl_loss"}
+
+
+def test_empty_tepo_mask_gives_exactly_zero_kl() -> None:
+    logp, old, _, mask, ref, ent = inputs()
+    adv = -torch.rand(4, dtype=F64)  # no positive advantage: the mask is empty
+    loss, metrics = policy_loss("tepo", logp, old, adv, mask, ref_logp=ref, old_entropy=ent)
+    no_kl, _ = policy_loss("tepo", logp, old, adv, mask, beta=0.0)
+    assert metrics["kl_mask_frac"] == 0.0 and metrics["kl_loss"] == 0.0
+    assert torch.equal(loss, no_kl)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_batch_without_any_response_token(preset: str) -> None:
+    logp, old, adv, mask, ref, ent = inputs()
+    empty = torch.zeros_like(mask)
+    loss, metrics = policy_loss(preset, logp, old, adv, empty, ref_logp=ref, old_entropy=ent)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert float(loss.detach()) == 0.0 and torch.all(grad == 0)
+    assert metrics["clip_frac"] == 0.0 and metrics["kl"] == 0.0
