@@ -47,3 +47,31 @@ def test_greedy_generation_is_deterministic(tiny_model, tiny_tokenizer):
     first = generate(tiny_model, tiny_tokenizer, ["What is 3+4?"], sampling)
     second = generate(tiny_model, tiny_tokenizer, ["What is 3+4?"], sampling)
     assert torch.equal(first.completion_ids, second.completion_ids)
+
+
+def test_take_and_concat_repad_prompts_left_and_completions_right():
+    from tepo_cli.rollout.hf import Rollout
+
+    short = Rollout(
+        prompt_ids=torch.tensor([[7, 8]]),
+        prompt_mask=torch.tensor([[1, 1]]),
+        completion_ids=torch.tensor([[5, 2]]),
+        completion_mask=torch.tensor([[True, True]]),
+        texts=["a"],
+        truncated=torch.tensor([False]),
+    )
+    long = Rollout(
+        prompt_ids=torch.tensor([[6, 7, 8], [0, 7, 9]]),
+        prompt_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]),
+        completion_ids=torch.tensor([[4, 4, 4], [3, 2, 0]]),
+        completion_mask=torch.tensor([[True, True, True], [True, True, False]]),
+        texts=["b", "c"],
+        truncated=torch.tensor([True, False]),
+    )
+    merged = Rollout.concat([short, long.take(torch.tensor([1, 0]))], pad_id=0)
+    assert merged.prompt_ids.tolist() == [[0, 7, 8], [0, 7, 9], [6, 7, 8]]
+    assert merged.prompt_mask.tolist() == [[0, 1, 1], [0, 1, 1], [1, 1, 1]]
+    assert merged.completion_ids.tolist() == [[5, 2, 0], [3, 2, 0], [4, 4, 4]]
+    assert merged.lengths.tolist() == [2, 2, 3]
+    assert merged.texts == ["a", "c", "b"]
+    assert merged.truncated.tolist() == [False, False, True]

@@ -15,6 +15,9 @@ def batch(tiny_model, tiny_tokenizer) -> SequenceBatch:
     torch.manual_seed(1)
     prompts = ["Hi", "What is 7*8? Answer with just the number, please."]  # different lengths
     rollout = generate(tiny_model, tiny_tokenizer, prompts, Sampling(n=2, max_new_tokens=7))
+    # A random model rarely says EOS: cut the completions to uneven lengths, as EOS would.
+    width = rollout.completion_ids.shape[1]
+    rollout.completion_mask = torch.arange(width) < torch.tensor([[width], [3], [5], [1]])
     return SequenceBatch.from_rollout(rollout)
 
 

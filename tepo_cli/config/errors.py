@@ -10,6 +10,13 @@ class ConfigError(ValueError):
         super().__init__(" ".join(message.split()))
 
 
+class RunError(RuntimeError):
+    """A run cannot go on for a reason the user can act on (not a bug); shown without traceback."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
 def describe_value(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

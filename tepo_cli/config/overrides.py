@@ -39,7 +39,9 @@ def check_override_keys(config_name: str, arguments: list[str]) -> None:
 
 def config_groups() -> set[str]:
     conf = resources.files("tepo_cli.conf")
-    return {entry.name for entry in conf.iterdir() if entry.is_dir() and not entry.name.startswith("_")}
+    return {
+        entry.name for entry in conf.iterdir() if entry.is_dir() and not entry.name.startswith("_")
+    }
 
 
 def _check_path(model: type[BaseModel], parts: list[str], config_name: str) -> None:

@@ -164,6 +164,14 @@ class TrainConfig(Strict):
                 f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
                 f"trainer.nproc ({t.nproc}): each rank takes whole groups"
             )
+        if self.algo.overlong_penalty:
+            from tepo_cli.algos.overlong import resolve_overlong_lengths
+
+            resolve_overlong_lengths(
+                self.algo.overlong_max_len,
+                self.algo.overlong_cache_len,
+                self.rollout.max_new_tokens,
+            )
         sequences = t.prompts_per_step // t.nproc * self.rollout.n
         if sequences % t.minibatches:
             raise ValueError(

@@ -23,6 +23,31 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
 
+    def take(self, rows: torch.Tensor) -> Rollout:
+        """The given rows (a LongTensor of indices), in that order."""
+        return Rollout(
+            self.prompt_ids[rows],
+            self.prompt_mask[rows],
+            self.completion_ids[rows],
+            self.completion_mask[rows],
+            [self.texts[i] for i in rows.tolist()],
+            self.truncated[rows],
+        )
+
+    @staticmethod
+    def concat(parts: list[Rollout], pad_id: int) -> Rollout:
+        """Stack rollouts of different widths: prompts re-padded left, completions right."""
+        prompt_width = max(p.prompt_ids.shape[1] for p in parts)
+        width = max(p.completion_ids.shape[1] for p in parts)
+        return Rollout(
+            torch.cat([_pad_left(p.prompt_ids, prompt_width, pad_id) for p in parts]),
+            torch.cat([_pad_left(p.prompt_mask, prompt_width, 0) for p in parts]),
+            torch.cat([_pad_right(p.completion_ids, width, pad_id) for p in parts]),
+            torch.cat([_pad_right(p.completion_mask, width, False) for p in parts]),
+            [text for p in parts for text in p.texts],
+            torch.cat([p.truncated for p in parts]),
+        )
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -105,3 +130,7 @@ def _completion_mask(ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tenso
 
 def _pad_right(values: torch.Tensor, width: int, fill: int | bool) -> torch.Tensor:
     return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=fill)
+
+
+def _pad_left(values: torch.Tensor, width: int, fill: int | bool) -> torch.Tensor:
+    return torch.nn.functional.pad(values, (width - values.shape[1], 0), value=fill)

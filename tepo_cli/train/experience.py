@@ -7,18 +7,22 @@ Groups never straddle ranks (each rank owns whole prompts), so group statistics 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from tepo_cli.algos import group_advantages
+from tepo_cli.algos import group_advantages, informative_groups
+from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import RewardFn
 from tepo_cli.rollout.hf import Rollout, Sampling, generate
+from tepo_cli.train.grading import Graded, grade
 from tepo_cli.train.sequences import SequenceBatch, response_logprobs
 
 
@@ -27,13 +31,16 @@ class Experience:
     problems: list[Problem]  # one per group
     rollout: Rollout
     batch: SequenceBatch
-    rewards: torch.Tensor  # [N]
+    rewards: torch.Tensor  # [N] shaped rewards
     correct: torch.Tensor  # [N] bool
     advantages: torch.Tensor  # [N]
     old_logp: torch.Tensor | None = None  # [N, T]; None when the update is on-policy
     old_entropy: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
+    refill_rounds: int = 0
+    overlong_mean: float = 0.0
 
 
 def on_policy(cfg: TrainConfig) -> bool:
@@ -48,8 +55,63 @@ def collect(
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
     reward_fn: RewardFn,
+    refill: Iterator[Problem] | None = None,
 ) -> Experience:
+    """Sample, grade and score one step's groups for this rank.
+
+    With `algo.dynamic_sampling` (DAPO), groups whose answers are all right or all wrong are
+    dropped and replaced by groups of fresh prompts from `refill`, up to `algo.max_refill_rounds`.
+    """
     timer = _Timer()
+    wanted = len(problems)
+    kept: list[tuple[Rollout, Graded, list[Problem]]] = []
+    kept_groups, sampled, rounds = 0, 0, 0
+    batch_problems = problems
+    while True:
+        with timer("rollout"):
+            rollout = _sample(cfg, policy, tokenizer, batch_problems)
+        with timer("reward"):
+            graded = grade(cfg, rollout, batch_problems, reward_fn)
+        sampled += len(batch_problems)
+        keep = torch.ones(len(batch_problems), dtype=torch.bool)
+        if cfg.algo.dynamic_sampling:
+            keep = informative_groups(graded.correct, cfg.rollout.n).cpu()
+            keep &= keep.cumsum(0) <= wanted - kept_groups
+        if keep.any():
+            rows = _group_rows(keep, cfg.rollout.n)
+            part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
+            kept.append((rollout.take(rows), _take_graded(graded, rows), part))
+            kept_groups += len(part)
+        if kept_groups >= wanted or not _can_refill(cfg, rounds, refill):
+            break
+        rounds += 1
+        batch_problems = [next(refill) for _ in range(wanted)]  # type: ignore[arg-type]
+    if not _all_ranks_agree(kept_groups >= wanted):
+        raise RunError(_refill_failure(cfg, wanted, kept_groups, sampled, rounds))
+    rollout = Rollout.concat([r for r, _, _ in kept], tokenizer.pad_token_id)
+    rewards = torch.cat([g.rewards for _, g, _ in kept])
+    correct = torch.cat([g.correct for _, g, _ in kept])
+    advantages = group_advantages(rewards, cfg.rollout.n, scale=cfg.algo.advantage_scale)
+    experience = Experience(
+        problems=[p for _, _, part in kept for p in part],
+        rollout=rollout,
+        batch=SequenceBatch.from_rollout(rollout),
+        rewards=rewards,
+        correct=correct,
+        advantages=advantages,
+        sampled_groups=sampled,
+        refill_rounds=rounds,
+        overlong_mean=float(torch.cat([g.overlong for _, g, _ in kept]).mean()),
+    )
+    with timer("score"):
+        _score(cfg, policy, reference, experience)
+    experience.seconds = timer.seconds
+    return experience
+
+
+def _sample(
+    cfg: TrainConfig, policy: nn.Module, tokenizer: PreTrainedTokenizerBase, problems: list[Problem]
+) -> Rollout:
     rollout_cfg = cfg.rollout
     prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
     sampling = Sampling(
@@ -60,22 +122,42 @@ def collect(
         max_new_tokens=rollout_cfg.max_new_tokens,
         batch_size=rollout_cfg.batch_size,
     )
-    with timer("rollout"):
-        rollout = generate(policy, tokenizer, prompts, sampling)
-    with timer("reward"):
-        results = [
-            reward_fn(text, problems[i // rollout_cfg.n]) for i, text in enumerate(rollout.texts)
-        ]
-        device = rollout.completion_ids.device
-        rewards = torch.tensor([r.reward for r in results], dtype=torch.float32, device=device)
-        correct = torch.tensor([r.correct for r in results], dtype=torch.bool, device=device)
-        advantages = group_advantages(rewards, rollout_cfg.n, scale=cfg.algo.advantage_scale)
-    batch = SequenceBatch.from_rollout(rollout)
-    experience = Experience(problems, rollout, batch, rewards, correct, advantages)
-    with timer("score"):
-        _score(cfg, policy, reference, experience)
-    experience.seconds = timer.seconds
-    return experience
+    return generate(policy, tokenizer, prompts, sampling)
+
+
+def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Row indices of the kept groups (rows are laid out group by group)."""
+    return torch.arange(keep.numel() * group_size).view(-1, group_size)[keep].reshape(-1)
+
+
+def _take_graded(graded: Graded, rows: torch.Tensor) -> Graded:
+    return Graded(graded.rewards[rows], graded.correct[rows], graded.overlong[rows])
+
+
+def _can_refill(cfg: TrainConfig, rounds: int, refill: Iterator[Problem] | None) -> bool:
+    return cfg.algo.dynamic_sampling and refill is not None and rounds < cfg.algo.max_refill_rounds
+
+
+def _all_ranks_agree(ok: bool) -> bool:
+    """Every rank learns whether any rank failed, so no rank waits forever in a collective."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return ok
+    flag = torch.tensor([0.0 if ok else 1.0])
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() == 0.0)
+
+
+def _refill_failure(cfg: TrainConfig, wanted: int, kept: int, sampled: int, rounds: int) -> str:
+    return (
+        f"DAPO dynamic sampling could not fill the step: after {rounds} refill rounds "
+        f"(algo.max_refill_rounds={cfg.algo.max_refill_rounds}) only {kept} of the {wanted} groups "
+        f"this rank needs had mixed correctness, out of {sampled} groups sampled. The task is too "
+        f"easy or too hard for the model at this point: raise algo.max_refill_rounds, raise "
+        f"rollout.n (more chances of a mixed group), or turn it off with "
+        f"algo.dynamic_sampling=false."
+    )
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.errors import ConfigError, RunError
 from tepo_cli.config.validate import load_train_config
 
 
@@ -40,6 +40,9 @@ def train_job(cfg: DictConfig) -> None:
     except ConfigError as error:
         print(f"tepo train: {error}", file=sys.stderr)
         sys.exit(2)
+    except RunError as error:
+        print(f"tepo train: {error}", file=sys.stderr)
+        sys.exit(1)
     finally:
         from tepo_cli.train.distributed import teardown
 

@@ -49,6 +49,10 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
         else None
     )
     stream = task.train_stream(cfg.seed)
+    # DAPO refills come from a per-rank stream, so ranks never wait on each other's draws.
+    refill = (
+        task.train_stream(cfg.seed * 1000 + 1 + topo.rank) if cfg.algo.dynamic_sampling else None
+    )
     per_rank = cfg.trainer.prompts_per_step // topo.world_size
     generator = torch.Generator().manual_seed(cfg.seed)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": 0}
@@ -62,7 +66,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
             start = time.perf_counter()
             problems = [next(stream) for _ in range(cfg.trainer.prompts_per_step)]
             local = problems[topo.rank * per_rank : (topo.rank + 1) * per_rank]
-            experience = exp.collect(cfg, policy, reference, tokenizer, local, reward_fn)
+            experience = exp.collect(cfg, policy, reference, tokenizer, local, reward_fn, refill)
             update_start = time.perf_counter()
             metrics = update(cfg, engine, experience, generator)
             metrics["update_seconds"] = time.perf_counter() - update_start
@@ -154,12 +158,25 @@ def _step_record(
             (groups.max(dim=1).values == groups.min(dim=1).values).float().sum(),
             torch.tensor(float(rewards.numel())),
             torch.tensor(float(groups.shape[0])),
+            torch.tensor(float(experience.sampled_groups)),
+            torch.tensor(experience.overlong_mean * rewards.numel()),
         ]
     ).double()
     if dist.is_initialized() and dist.get_world_size() > 1:
         stats = stats.to(engine.device)
         dist.all_reduce(stats)
-    total, total_sq, correct, length, truncated, flat_groups, count, group_count = stats.tolist()
+    (
+        total,
+        total_sq,
+        correct,
+        length,
+        truncated,
+        flat_groups,
+        count,
+        group_count,
+        sampled,
+        overlong,
+    ) = stats.tolist()
     mean = total / count
     record: dict[str, Any] = {
         "step": step,
@@ -169,6 +186,9 @@ def _step_record(
         "response_length": length / count,
         "truncated_frac": truncated / count,
         "zero_std_group_frac": flat_groups / group_count,
+        "dropped_group_frac": 1.0 - group_count / sampled,
+        "refill_rounds": experience.refill_rounds,
+        "overlong_penalty_mean": overlong / count,
         "lr": float(engine.get_lr()[0]),
         "step_seconds": seconds,
         "tokens_per_second": length / seconds,
@@ -201,7 +221,9 @@ def _rank_checksums(engine: Any, topo: Topology) -> list[float]:
         return []  # parameters are partitioned; there is nothing identical to compare
     with torch.no_grad():
         local = sum(p.double().sum() + p.double().pow(2).sum() for p in engine.module.parameters())
-    gathered = [torch.zeros(1, dtype=torch.float64, device=topo.device) for _ in range(topo.world_size)]
+    gathered = [
+        torch.zeros(1, dtype=torch.float64, device=topo.device) for _ in range(topo.world_size)
+    ]
     dist.all_gather(gathered, local.reshape(1).to(topo.device))
     return [float(x) for x in gathered]
 

@@ -1,0 +1,47 @@
+"""Turn completions into training rewards: the verifier, then the objective's reward shaping.
+
+Correctness always comes from the reward group's verifier. DAPO's shaping (ALGORITHMS.md §1.2)
+sits on top: a ±1 correctness reward (`algo.reward_correct/incorrect`) and the soft overlong
+punishment. Dynamic sampling filters on correctness, never on the shaped reward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tepo_cli.algos import overlong_penalty, resolve_overlong_lengths
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.data.arith import Problem
+from tepo_cli.rewards import RewardFn
+from tepo_cli.rollout.hf import Rollout
+
+
+@dataclass
+class Graded:
+    rewards: torch.Tensor  # [N] float32, shaped
+    correct: torch.Tensor  # [N] bool
+    overlong: torch.Tensor  # [N] float32, the overlong term included in rewards (0 when off)
+
+
+def grade(
+    cfg: TrainConfig, rollout: Rollout, problems: list[Problem], reward_fn: RewardFn
+) -> Graded:
+    group = cfg.rollout.n
+    results = [reward_fn(text, problems[i // group]) for i, text in enumerate(rollout.texts)]
+    device = rollout.completion_ids.device
+    correct = torch.tensor([r.correct for r in results], dtype=torch.bool, device=device)
+    algo = cfg.algo
+    if algo.reward_correct is not None and algo.reward_incorrect is not None:
+        rewards = torch.where(correct, algo.reward_correct, algo.reward_incorrect).float()
+    else:
+        rewards = torch.tensor([r.reward for r in results], dtype=torch.float32, device=device)
+    overlong = torch.zeros_like(rewards)
+    if algo.overlong_penalty:
+        max_len, cache_len = resolve_overlong_lengths(
+            algo.overlong_max_len, algo.overlong_cache_len, cfg.rollout.max_new_tokens
+        )
+        overlong = overlong_penalty(rollout.lengths, max_len, cache_len).float()
+        rewards = rewards + overlong
+    return Graded(rewards, correct, overlong)
