@@ -14,6 +14,7 @@ from tepo_cli.rewards import RewardResult, build_reward
 from tepo_cli.rollout.hf import Rollout
 from tepo_cli.train import experience as exp
 from tepo_cli.train.grading import grade
+from tepo_cli.train.policy import Policy
 
 
 def mixed_on_even_answers(completion: str, problem) -> RewardResult:
@@ -53,7 +54,13 @@ def test_dynamic_sampling_keeps_only_mixed_groups(compose_config, tiny_model, ti
     stream = task.train_stream(0)
     problems = [next(stream) for _ in range(2)]
     result = exp.collect(
-        cfg, tiny_model, None, tiny_tokenizer, problems, mixed_on_even_answers, stream
+        cfg,
+        Policy(tiny_model, cfg.kernel),
+        None,
+        tiny_tokenizer,
+        problems,
+        mixed_on_even_answers,
+        stream,
     )
     assert len(result.problems) == 2
     assert all(int(p.answer) % 2 == 0 for p in result.problems)
@@ -72,14 +79,16 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(compose_config, tiny_model
     with pytest.raises(
         RunError, match=r"after 2 refill rounds .* 0 of the 2 groups .* 6 groups sampled"
     ):
-        exp.collect(cfg, tiny_model, None, tiny_tokenizer, problems, never, stream)
+        exp.collect(
+            cfg, Policy(tiny_model, cfg.kernel), None, tiny_tokenizer, problems, never, stream
+        )
 
 
 def test_without_dynamic_sampling_every_group_is_kept(compose_config, tiny_model, tiny_tokenizer):
     cfg = config(compose_config, "algo=grpo", "algo.beta=0", "rollout.n=2")
     problems = ArithTask(cfg.benchmark).eval_problems()[:3]
     never = lambda completion, problem: RewardResult(0.0, False, None)  # noqa: E731
-    result = exp.collect(cfg, tiny_model, None, tiny_tokenizer, problems, never)
+    result = exp.collect(cfg, Policy(tiny_model, cfg.kernel), None, tiny_tokenizer, problems, never)
     assert result.problems == problems and result.refill_rounds == 0
     assert torch.equal(result.advantages, torch.zeros(6))
     assert result.old_logp is None and result.ref_logp is None  # on-policy, no reference

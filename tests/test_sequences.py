@@ -7,7 +7,8 @@ import torch
 
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.rollout.hf import Sampling, generate
-from tepo_cli.train.sequences import SequenceBatch, response_logprobs
+from tepo_cli.train.policy import Policy
+from tepo_cli.train.sequences import SequenceBatch
 
 
 @pytest.fixture()
@@ -22,15 +23,10 @@ def batch(tiny_model, tiny_tokenizer) -> SequenceBatch:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_response_logprobs_match_full_logits(tiny_model, batch, temperature):
+def test_policy_logprobs_match_the_models_full_logits(tiny_model, batch, temperature):
     tiny_model.double()
-    logp, entropy = response_logprobs(
-        tiny_model,
-        batch,
-        temperature,
-        KernelConfig(backend="torch", chunk_size=5),
-        with_entropy=True,
-    )
+    policy = Policy(tiny_model, KernelConfig(backend="torch", chunk_size=5))
+    logp, entropy = policy(batch, temperature, with_entropy=True)
     logits = tiny_model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -52,7 +48,7 @@ def test_padding_tokens_do_not_change_values_or_gradients(tiny_model, batch):
 
     def grads(sequences: SequenceBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
         tiny_model.zero_grad()
-        logp, _ = response_logprobs(tiny_model, sequences, 1.0, KernelConfig(backend="torch"))
+        logp, _ = Policy(tiny_model, KernelConfig(backend="torch"))(sequences, 1.0)
         logp.sum().backward()
         return logp.detach(), [p.grad.clone() for p in tiny_model.parameters()]
 

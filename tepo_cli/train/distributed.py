@@ -37,7 +37,7 @@ class Topology:
 
 
 def launched_by_launcher() -> bool:
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ and not _SET_BY_US
 
 
 def setup_topology(num_threads: int | None) -> Topology:
@@ -45,7 +45,7 @@ def setup_topology(num_threads: int | None) -> Topology:
 
     Without them DeepSpeed falls back to MPI discovery and asks for mpi4py.
     """
-    if not launched_by_launcher():
+    if not launched_by_launcher() and not _SET_BY_US:
         single = dict(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(free_port()),
@@ -74,17 +74,15 @@ def setup_topology(num_threads: int | None) -> Topology:
 
 
 def teardown() -> None:
-    """End the process group and forget the single-process rendezvous variables we set.
+    """End the process group of launcher-started ranks (the process exits next).
 
-    A multirun runs several jobs in one process; each must start from a clean environment.
+    A single process keeps its one-rank group for the next job of a multirun sweep: DeepSpeed
+    caches process groups globally, and a second group in the same process would not match them.
     """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not _SET_BY_US and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    for key in _SET_BY_US:
-        os.environ.pop(key, None)
-    _SET_BY_US.clear()
 
 
 def free_port() -> int:

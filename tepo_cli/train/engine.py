@@ -34,6 +34,8 @@ def deepspeed_config(
         "bf16": {"enabled": dtype == torch.bfloat16},
         "fp16": {"enabled": dtype == torch.float16},
         "zero_allow_untested_optimizer": True,
+        # tepo passes a torch AdamW (no op compilation); with offload it runs on the host copy.
+        "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

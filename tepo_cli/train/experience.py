@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.algos import group_advantages, informative_groups
@@ -23,7 +22,8 @@ from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import RewardFn
 from tepo_cli.rollout.hf import Rollout, Sampling, generate
 from tepo_cli.train.grading import Graded, grade
-from tepo_cli.train.sequences import SequenceBatch, response_logprobs
+from tepo_cli.train.policy import Policy
+from tepo_cli.train.sequences import SequenceBatch
 
 
 @dataclass
@@ -50,8 +50,8 @@ def on_policy(cfg: TrainConfig) -> bool:
 
 def collect(
     cfg: TrainConfig,
-    policy: nn.Module,
-    reference: nn.Module | None,
+    policy: Policy,
+    reference: Policy | None,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
     reward_fn: RewardFn,
@@ -110,7 +110,7 @@ def collect(
 
 
 def _sample(
-    cfg: TrainConfig, policy: nn.Module, tokenizer: PreTrainedTokenizerBase, problems: list[Problem]
+    cfg: TrainConfig, policy: Policy, tokenizer: PreTrainedTokenizerBase, problems: list[Problem]
 ) -> Rollout:
     rollout_cfg = cfg.rollout
     prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
@@ -122,7 +122,7 @@ def _sample(
         max_new_tokens=rollout_cfg.max_new_tokens,
         batch_size=rollout_cfg.batch_size,
     )
-    return generate(policy, tokenizer, prompts, sampling)
+    return generate(policy.lm, tokenizer, prompts, sampling)
 
 
 def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -162,7 +162,7 @@ def _refill_failure(cfg: TrainConfig, wanted: int, kept: int, sampled: int, roun
 
 @torch.no_grad()
 def _score(
-    cfg: TrainConfig, policy: nn.Module, reference: nn.Module | None, experience: Experience
+    cfg: TrainConfig, policy: Policy, reference: Policy | None, experience: Experience
 ) -> None:
     """Old-policy (when off-policy) and reference log-probs, in micro-batches, without gradient."""
     need_old = not on_policy(cfg)
@@ -174,14 +174,12 @@ def _score(
     for rows in torch.arange(len(batch)).split(cfg.trainer.micro_batch_size):
         part = batch.select(rows)
         if need_old:
-            logp, entropy = response_logprobs(
-                policy, part, cfg.rollout.temperature, cfg.kernel, with_entropy=need_old_entropy
-            )
+            logp, entropy = policy(part, cfg.rollout.temperature, with_entropy=need_old_entropy)
             old.append(_widen(logp, width))
             if entropy is not None:
                 old_entropy.append(_widen(entropy, width))
         if reference is not None:
-            logp, _ = response_logprobs(reference, part, cfg.rollout.temperature, cfg.kernel)
+            logp, _ = reference(part, cfg.rollout.temperature)
             ref.append(_widen(logp, width))
     experience.old_logp = torch.cat(old) if old else None
     experience.old_entropy = torch.cat(old_entropy) if old_entropy else None

@@ -25,6 +25,7 @@ from tepo_cli.train import experience as exp
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine
 from tepo_cli.train.metrics import RunLog
+from tepo_cli.train.policy import Policy
 from tepo_cli.train.update import accumulation_steps, update
 
 
@@ -39,10 +40,10 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     task = ArithTask(cfg.benchmark)
     reward_fn = build_reward(cfg.reward)
     tokenizer = load_tokenizer(cfg.model)
-    model = load_model(cfg.model, tokenizer, topo.device)
+    model = Policy(load_model(cfg.model, tokenizer, topo.device), cfg.kernel)
     reference = _frozen_copy(model) if cfg.algo.needs_ref else None
     engine = build_engine(model, cfg, accumulation_steps(cfg), topo.world_size)
-    policy = engine.module
+    policy: Policy = engine.module
     log = (
         RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress and topo.is_main)
         if topo.is_main
@@ -100,7 +101,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     return summary
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+def _frozen_copy(model: Policy) -> Policy:
     reference = copy.deepcopy(model)
     reference.eval()
     reference.requires_grad_(False)
@@ -118,7 +119,7 @@ def _evaluate(
         max_new_tokens=cfg.rollout.max_new_tokens,
         batch_size=cfg.rollout.batch_size,
     )
-    result = evaluate(policy, tokenizer, problems, cfg.benchmark, reward_fn, sampling)
+    result = evaluate(policy.lm, tokenizer, problems, cfg.benchmark, reward_fn, sampling)
     totals = torch.tensor([result.accuracy * result.samples, result.samples], dtype=torch.float64)
     if dist.is_initialized() and topo.world_size > 1:
         totals = totals.to(topo.device)
@@ -230,16 +231,16 @@ def _rank_checksums(engine: Any, topo: Topology) -> list[float]:
 
 def _save_final(engine: Any, tokenizer: Any, target: Path, topo: Topology) -> None:
     """save_pretrained into a staging directory renamed into place (never a half-written model)."""
+    policy: Policy = engine.module
     state_dict = None
     if engine.zero_optimization_stage() == 3:
-        state_dict = (
-            engine._zero3_consolidated_16bit_state_dict()
-        )  # collective: every rank calls it
+        # Collective: every rank calls it; rank 0 gets the full weights.
+        state_dict = policy.hf_state_dict(engine._zero3_consolidated_16bit_state_dict())
     if not topo.is_main:
         return
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    engine.module.save_pretrained(staging, state_dict=state_dict)
+    policy.lm.save_pretrained(staging, state_dict=state_dict)
     tokenizer.save_pretrained(staging)
     if target.exists():
         shutil.rmtree(target)

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from tepo_cli.algos import policy_loss
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.train.experience import Experience, on_policy
-from tepo_cli.train.sequences import response_logprobs
 
 
 def accumulation_steps(cfg: TrainConfig) -> int:
@@ -43,14 +42,22 @@ def update(
             else torch.arange(len(batch))
         )
         for minibatch in order.chunk(cfg.trainer.minibatches):
-            num_tokens = _global_sum(batch.response_mask[minibatch].sum().item())
-            num_seqs = _global_sum(float(len(minibatch)))
-            for rows in minibatch.split(cfg.trainer.micro_batch_size):
-                metrics = _micro_step(cfg, engine, experience, rows, num_tokens, num_seqs, world)
+            num_tokens = _global_sum(batch.response_mask[minibatch].sum().item(), engine.device)
+            num_seqs = _global_sum(float(len(minibatch)), engine.device)
+            micro_batches = minibatch.split(cfg.trainer.micro_batch_size)
+            own_norm = None
+            for index, rows in enumerate(micro_batches):
+                metrics = _forward_backward(
+                    cfg, engine, experience, rows, num_tokens, num_seqs, world
+                )
                 for key, value in metrics.items():
                     sums[key] += value
                 micro_count += 1
+                if index == len(micro_batches) - 1 and engine.zero_optimization_stage() == 0:
+                    own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
+                engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
             norm = engine.get_global_grad_norm()
+            norm = own_norm if norm is None else norm
             if norm is not None:
                 grad_norms.append(float(norm))
     result = {key: value / max(1, micro_count) for key, value in sums.items()}
@@ -59,7 +66,7 @@ def update(
     return result
 
 
-def _micro_step(
+def _forward_backward(
     cfg: TrainConfig,
     engine: Any,
     experience: Experience,
@@ -70,9 +77,7 @@ def _micro_step(
 ) -> dict[str, float]:
     part = experience.batch.select(rows)
     width = part.response_mask.shape[1]
-    logp, entropy = response_logprobs(
-        engine.module, part, cfg.rollout.temperature, cfg.kernel, with_entropy=True
-    )
+    logp, entropy = engine(part, cfg.rollout.temperature, with_entropy=True)
     if experience.old_logp is None:
         old_logp, old_entropy = logp.detach(), entropy
     else:
@@ -95,18 +100,22 @@ def _micro_step(
         max_len=cfg.rollout.max_new_tokens,
     )
     engine.backward(loss * world, scale_wrt_gas=False)
-    engine.step()
     valid = part.response_mask
     metrics = dict(metrics)
     metrics["loss"] = float(loss.detach())
     if entropy is not None:
-        metrics["entropy"] = float((entropy * valid).sum() / valid.sum().clamp(min=1))
+        metrics["entropy"] = float((entropy.detach() * valid).sum() / valid.sum().clamp(min=1))
     return metrics
 
 
-def _global_sum(value: float) -> float:
+def _grad_norm(model: torch.nn.Module) -> float:
+    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def _global_sum(value: float, device: torch.device) -> float:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return float(value)
-    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return float(tensor.item())
