@@ -7,8 +7,9 @@ only problems outside it, so evaluation never sees a training problem whatever t
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import BenchmarkConfig
@@ -18,11 +19,16 @@ _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a 
 
 @dataclass(frozen=True)
 class Problem:
-    """One task instance: `question` fills the prompt template; `answer` is the reference."""
+    """One task instance: `question` fills the prompt template; `answer` is the reference.
+
+    `extra` holds what a benchmark's grader needs beyond the answer (e.g. a code problem's tests
+    and entry point, a maths problem's full solution).
+    """
 
     id: str
     question: str
     answer: str
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 class ArithTask:
