@@ -147,6 +147,7 @@ class TrainerConfig(Strict):
 class TrainConfig(Strict):
     seed: int = 0
     k: int | None = Field(default=None, ge=1)
+    plugins: list[str] = Field(default_factory=list)
     algo: AlgoConfig
     model: ModelConfig
     reward: RewardConfig

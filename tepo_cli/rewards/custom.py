@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.user_code import import_user_code
 
 
 def load_user_function(path: str, name: str) -> Callable[..., Any]:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(
-            f"reward.path='{path}' is not a file; it must be a .py file defining {name}."
-        )
-    spec = importlib.util.spec_from_file_location(f"tepo_user_reward_{file.stem}", file)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"reward.path='{path}' cannot be imported as a Python module.")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file: report what went wrong, briefly
-        raise ConfigError(
-            f"reward.path='{path}' failed to import: {type(exc).__name__}: {exc}"
-        ) from None
+    module = import_user_code(path, "reward.path")
     function = getattr(module, name, None)
     if not callable(function):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))

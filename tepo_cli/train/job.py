@@ -17,6 +17,9 @@ def train_job(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
+        from tepo_cli.algos.plugins import load_objectives
+
+        load_objectives(config.plugins, config.algo.name)
         from tepo_cli.train import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
