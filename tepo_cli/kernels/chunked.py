@@ -1,0 +1,319 @@
+"""The chunked torch path: token log-probs without materialising the [N, V] logits.
+
+Logits are produced one block of `rows x vocab_tile` at a time (blocking.py) into one reused
+buffer. The forward pass keeps, per row, only a running log-sum-exp (and entropy) and saves the
+per-row lse; the backward pass recomputes each block and turns it into the softmax gradient in
+place. That is four big matmuls against naive's three, so every block is touched as few times
+as possible:
+
+* forward: `mm`, then `exp2_` and `sum` straight on the (log2 e-scaled) logits, with no max
+  pass, accepted when the row totals are well inside float range (always, for a real model's
+  logits); otherwise, and with entropy, the rows are redone max-shifted: one in-place fused
+  `log_softmax` per block, tiles merged with `logaddexp`. The target logit is a row-wise dot
+  product with the gathered target embedding, not a gather from the block;
+* backward: `mm` and one `exp2_` give P * e^lse in place (a shifted `addmm` when |lse| is
+  large), and that block feeds both gradient matmuls as is: the per-row factors (g, e^-lse,
+  1/T) are folded into the small [rows, H] operands, and the one-hot part of `onehot - P` is
+  subtracted in place at the few (row, target) entries of each tile (no one-hot tensor, no
+  scatter into the [V, H] gradient).
+
+Tiling the vocabulary (rather than only the rows) writes each grad_weight tile once per row chunk
+instead of accumulating the whole [V, H] gradient once per chunk. Rows whose upstream gradients
+are all zero (padding) are dropped before the backward pass, so they cost nothing and their
+gradient is exactly zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from tepo_cli.kernels.blocking import Blocking
+
+LOG2E = 1.4426950408889634  # log2(e)
+
+
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """float64 if any input is float64, else float32 (bf16/fp16 statistics run in float32)."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def _merge_tile(
+    lse: torch.Tensor,
+    ent: torch.Tensor | None,
+    tile_lse: torch.Tensor,
+    tile_ent: torch.Tensor | None,
+) -> None:
+    """Fold one vocabulary tile's (lse, entropy) into the running row statistics, in place.
+
+    With w_a = exp(lse_a - lse), the entropy of the union is
+    sum_a w_a * (H_a + lse - lse_a), an exact identity.
+    """
+    new_lse = torch.logaddexp(lse, tile_lse)
+    if ent is not None and tile_ent is not None:
+        w_run = torch.exp(lse - new_lse)
+        w_tile = torch.exp(tile_lse - new_lse)
+        merged = w_run * (ent + (new_lse - lse)) + w_tile * (tile_ent + (new_lse - tile_lse))
+        ent.copy_(merged)
+    lse.copy_(new_lse)
+
+
+def chunked_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    blocking: Blocking,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(logp [N], entropy [N] or None, lse [N]) in the compute dtype; nothing saved."""
+    cd = compute_dtype(hidden.dtype, weight.dtype)
+    n_rows, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    lse = torch.empty(n_rows, dtype=cd, device=device)
+    logp = torch.empty(n_rows, dtype=cd, device=device)
+    ent = torch.empty(n_rows, dtype=cd, device=device) if with_entropy else None
+    if n_rows == 0:
+        return logp, ent, lse
+    rows, tile = blocking.rows, blocking.vocab_tile
+    scaled = _scaled_hidden(hidden, cd, temperature)
+    base2 = None if with_entropy else scaled * LOG2E
+    buf = torch.empty(min(rows, n_rows) * min(tile, vocab), dtype=cd, device=device)
+    buf2 = torch.empty_like(buf) if with_entropy else None
+    for r0 in range(0, n_rows, rows):
+        r1 = min(n_rows, r0 + rows)
+        h_rows = scaled[r0:r1]
+        if base2 is None or not _lse_unshifted(base2[r0:r1], weight, tile, buf, lse[r0:r1]):
+            _lse_and_entropy(
+                h_rows, weight, tile, buf, buf2, lse[r0:r1], ent[r0:r1] if ent is not None else None
+            )
+        target_w = weight[targets[r0:r1]].to(cd)
+        target_logit = torch.linalg.vecdot(h_rows, target_w, dim=1)
+        # The target logit comes from a dot product, the lse from the matmul: their rounding
+        # differs by an ulp or so, which must not make a certain token's log-prob positive.
+        torch.sub(target_logit, lse[r0:r1], out=logp[r0:r1]).clamp_(max=0.0)
+    return logp, ent, lse
+
+
+def _lse_unshifted(
+    h_base2: torch.Tensor, weight: torch.Tensor, tile: int, buf: torch.Tensor, out: torch.Tensor
+) -> bool:
+    """lse = ln(sum_v 2^(z_v log2 e)) with no max pass and no shift: `exp2_` and `sum` per tile.
+
+    Exact whenever the total lies well inside the dtype's range (logits of a real model do:
+    |z| of a few tens); returns False otherwise (an overflow, an underflow that could lose
+    mass, or a NaN) and the caller redoes the rows with the shifted path.
+    """
+    n, vocab = h_base2.shape[0], weight.shape[0]
+    total = torch.zeros(n, dtype=buf.dtype, device=buf.device)
+    for v0 in range(0, vocab, tile):
+        v1 = min(vocab, v0 + tile)
+        z = buf[: n * (v1 - v0)].view(n, v1 - v0)
+        torch.mm(h_base2, weight[v0:v1].to(buf.dtype).t(), out=z)
+        total += z.exp2_().sum(dim=1)
+    # Below `low` the entries lost to underflow (< 2^-126 each, float32) could matter.
+    low, high = (2.0**-900, 2.0**900) if buf.dtype == torch.float64 else (2.0**-70, 2.0**100)
+    if not bool(((total >= low) & (total <= high)).all()):
+        return False
+    torch.log(total, out=out)
+    return True
+
+
+def _lse_and_entropy(
+    h_rows: torch.Tensor,
+    weight: torch.Tensor,
+    tile: int,
+    buf: torch.Tensor,
+    buf2: torch.Tensor | None,
+    run_lse: torch.Tensor,
+    run_ent: torch.Tensor | None,
+) -> None:
+    """Per-row lse (and entropy) over vocabulary tiles, max-shifted: any logits, any range."""
+    n, vocab = h_rows.shape[0], weight.shape[0]
+    for v0 in range(0, vocab, tile):
+        v1 = min(vocab, v0 + tile)
+        z = buf[: n * (v1 - v0)].view(n, v1 - v0)
+        torch.mm(h_rows, weight[v0:v1].to(buf.dtype).t(), out=z)
+        # One fused pass (max, sum-exp, write) turns the block into the tile's log-softmax in
+        # place; the tile's lse is then z - log_softmax(z) at any column (the first here:
+        # its rounding error, eps * |log p|, is that of a float32 log_softmax itself).
+        first = z[:, 0].clone()
+        torch.log_softmax(z, dim=1, out=z)
+        tile_lse = first.sub_(z[:, 0])
+        tile_ent = None
+        if buf2 is not None:
+            p = buf2[: z.numel()].view_as(z)
+            torch.exp(z, out=p)
+            tile_ent = p.mul_(z).sum(dim=1).neg_()  # -sum p log p within the tile
+        if v0 == 0:
+            run_lse.copy_(tile_lse)
+            if run_ent is not None and tile_ent is not None:
+                run_ent.copy_(tile_ent)
+        else:
+            _merge_tile(run_lse, run_ent, tile_lse, tile_ent)
+
+
+def _scaled_hidden(hidden: torch.Tensor, cd: torch.dtype, temperature: float) -> torch.Tensor:
+    scaled = hidden.to(cd)
+    if temperature != 1.0:
+        scaled = scaled * (1.0 / temperature)
+    return scaled
+
+
+def chunked_backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    ent: torch.Tensor | None,
+    grad_logp: torch.Tensor,
+    grad_ent: torch.Tensor | None,
+    temperature: float,
+    blocking: Blocking,
+    need_hidden: bool = True,
+    need_weight: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients w.r.t. hidden and weight, recomputing each block of logits."""
+    cd = compute_dtype(hidden.dtype, weight.dtype)
+    n_rows, width = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    g = grad_logp.to(cd)
+    ent_grad = ent is not None and grad_ent is not None and bool(grad_ent.ne(0).any())
+    g_ent = grad_ent.to(cd) if ent_grad and grad_ent is not None else None
+    active = g.ne(0) if g_ent is None else g.ne(0) | g_ent.ne(0)
+    n_active = int(active.sum())
+    grad_hidden = grad_weight = None
+    if n_active == 0:
+        if need_hidden:
+            grad_hidden = torch.zeros_like(hidden)
+        if need_weight:
+            grad_weight = torch.zeros_like(weight)
+        return grad_hidden, grad_weight
+    index = None
+    if n_active < n_rows:
+        index = active.nonzero().squeeze(1)
+        hidden, targets, lse, g = hidden[index], targets[index], lse[index], g[index]
+        if g_ent is not None and ent is not None:
+            g_ent, ent = g_ent[index], ent[index]
+    acc_h = torch.zeros(n_active, width, dtype=cd, device=device) if need_hidden else None
+    acc_w = torch.empty(vocab, width, dtype=cd, device=device) if need_weight else None
+    h, lse, inv_t = hidden.to(cd), lse.to(cd), 1.0 / temperature
+    row_factor = None
+    if g_ent is None:
+        # d loss / d z = g (Y - P), z = logits / T. Blocks are built in base 2 (exp2 is cheaper
+        # than exp): block = 2^(z log2(e) - shift). When |lse| is moderate the shift is 0 and
+        # block = P e^lse: the per-row factor e^-lse joins g on the small operands and the block
+        # needs no bias pass (z <= lse <= limit cannot overflow; an entry that underflows,
+        # z < -87 in float32, has p = e^(z - lse) < e^(limit - 87)).
+        limit = 300.0 if cd == torch.float64 else 40.0
+        unshifted = bool(lse.abs().max() <= limit)
+        mm_operand = h * (LOG2E * inv_t)
+        shift = None if unshifted else lse * -LOG2E
+        row_g = g * torch.exp(-lse) if unshifted else g
+        one_hot = torch.exp(lse) if unshifted else torch.ones_like(lse)
+        h_factor: torch.Tensor | float = (row_g * -inv_t).unsqueeze(1)
+        w_operand = h * h_factor if need_weight else None  # grad_W = (P - Y)^T (-g h / T)
+    else:
+        # d loss / d z = g Y - M with M = P * (g + g_H * (H + log P)) per element;
+        # grad_W = (M - g Y)^T (-h / T). Natural log here: log P is needed itself.
+        mm_operand = h * inv_t
+        shift = lse.neg()
+        row_factor = g + g_ent * ent
+        one_hot = g
+        h_factor = -inv_t
+        w_operand = h * h_factor if need_weight else None
+    rows, tile = blocking.rows, blocking.vocab_tile
+    buf = torch.empty(min(rows, n_active) * min(tile, vocab), dtype=cd, device=device)
+    p_buf = torch.empty_like(buf) if g_ent is not None else None
+    for r0 in range(0, n_active, rows):
+        r1 = min(n_active, r0 + rows)
+        n = r1 - r0
+        row_targets = targets[r0:r1]
+        for v0 in range(0, vocab, tile):
+            v1 = min(vocab, v0 + tile)
+            w_tile = weight[v0:v1].to(cd)
+            block = buf[: n * (v1 - v0)].view(n, v1 - v0)
+            if shift is None:
+                torch.mm(mm_operand[r0:r1], w_tile.t(), out=block)
+            else:
+                bias = shift[r0:r1].unsqueeze(1).expand(n, v1 - v0)
+                torch.addmm(bias, mm_operand[r0:r1], w_tile.t(), out=block)
+            if p_buf is None or g_ent is None or row_factor is None:
+                block.exp2_()
+            else:
+                p = p_buf[: block.numel()].view_as(block)
+                torch.exp(block, out=p)
+                block.mul_(g_ent[r0:r1].unsqueeze(1)).add_(row_factor[r0:r1].unsqueeze(1))
+                block.mul_(p)
+            # The one-hot part, in place on the few entries whose target lies in this tile:
+            # block becomes M - Y (in the block's scaling), so no one-hot tensor and no scatter.
+            hit = ((row_targets >= v0) & (row_targets < v1)).nonzero().squeeze(1)
+            if hit.numel() > 0:
+                block[hit, row_targets[hit] - v0] -= one_hot[r0:r1][hit]
+            if acc_h is not None:
+                acc_h[r0:r1].addmm_(block, w_tile)
+            if acc_w is not None and w_operand is not None:
+                if r0 == 0:
+                    torch.mm(block.t(), w_operand[r0:r1], out=acc_w[v0:v1])
+                else:
+                    acc_w[v0:v1].addmm_(block.t(), w_operand[r0:r1])
+    if acc_h is not None:
+        acc_h.mul_(h_factor)  # grad_hidden = (Y - M) W g / T, or (g Y - M) W / T
+        if index is None:
+            grad_hidden = acc_h.to(hidden.dtype)
+        else:
+            grad_hidden = torch.zeros((n_rows, width), dtype=hidden.dtype, device=device)
+            grad_hidden[index] = acc_h.to(hidden.dtype)
+    if acc_w is not None:
+        grad_weight = acc_w.to(weight.dtype)
+    return grad_hidden, grad_weight
+
+
+class ChunkedTokenLogprobs(torch.autograd.Function):
+    """autograd wrapper: saves hidden, weight, targets, the per-row lse (and entropy)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        blocking: Blocking,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logp, ent, lse = chunked_forward(
+            hidden, weight, targets, temperature, with_entropy, blocking
+        )
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.temperature = temperature  # type: ignore[attr-defined]
+        ctx.blocking = blocking  # type: ignore[attr-defined]
+        if ent is None:
+            ent = logp.new_empty(0)
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_logp: torch.Tensor,
+        grad_ent: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, targets, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
+        need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
+        grad_hidden, grad_weight = chunked_backward(
+            hidden,
+            weight,
+            targets,
+            lse,
+            ent,
+            grad_logp,
+            grad_ent if ent is not None else None,
+            ctx.temperature,  # type: ignore[attr-defined]
+            ctx.blocking,  # type: ignore[attr-defined]
+            need_hidden=need_h,
+            need_weight=need_w,
+        )
+        return grad_hidden, grad_weight, None, None, None, None

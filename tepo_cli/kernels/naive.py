@@ -1,0 +1,35 @@
+"""The reference path: full [N, V] logits, log_softmax, gather. For tests and benchmarks only.
+
+It is the one place allowed to run log_softmax over the whole vocabulary; it materialises
+O(N x V) memory (logits, log-probs and, in backward, their gradients). Inputs of the same dtype
+are multiplied in that dtype (bf16 logits, as a plain `lm_head(hidden).float()` would give),
+then the softmax statistics run in float32 (float64 for float64 inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tepo_cli.kernels.chunked import compute_dtype
+
+
+def naive_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cd = compute_dtype(hidden.dtype, weight.dtype)
+    if hidden.dtype == weight.dtype:
+        logits = (hidden @ weight.t()).to(cd)
+    else:
+        logits = hidden.to(cd) @ weight.to(cd).t()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    logp = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
+    entropy = None
+    if with_entropy:
+        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
+    return logp, entropy

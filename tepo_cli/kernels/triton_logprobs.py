@@ -1,0 +1,299 @@
+"""The CUDA path: cuBLAS matmuls per row chunk, the softmax work fused in two Triton kernels.
+
+Importing this module imports triton; `tepo_cli.kernels.dispatch` imports it lazily and falls
+back to the torch path when that fails. For each chunk of `rows` tokens the logits
+[rows, V] (float32) come from one matmul; then
+
+* `_row_stats_kernel` (forward) reads each row once, tile by tile over the vocabulary, with an
+  online max / sum-exp (and sum p*z for the entropy), and writes lse, the target log-prob and
+  the entropy: one pass instead of torch's several;
+* `_grad_logits_kernel` (backward) recomputes p = exp(z/T - lse) and overwrites the chunk in
+  place with d loss / d logits = (g * onehot - p * (g + g_H * (H + log p))) / T,
+  after which two matmuls give the chunk's grad_hidden rows and its grad_weight contribution
+  (accumulated in float32).
+
+Only the per-row lse (and entropy) is saved for backward; peak extra memory is one
+[rows, V] float32 chunk (plus its half-precision copy for the gradient matmuls with bf16
+weights) and the float32 grad_weight accumulator. Float64 inputs never come here (the dispatcher
+sends them to the torch path). The kernels run on CPU tensors under TRITON_INTERPRET=1, which is
+how they are tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+MAX_BLOCK_V = 4096
+
+
+@triton.jit
+def _row_stats_kernel(
+    logits_ptr,
+    stride_row,
+    targets_ptr,
+    lse_ptr,
+    logp_ptr,
+    ent_ptr,
+    inv_t,
+    V,
+    BLOCK_V: tl.constexpr,
+    WITH_ENTROPY: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride_row
+    offs = tl.arange(0, BLOCK_V)
+    # First tile peeled off so the running max is finite from the start (V >= 1).
+    mask = offs < V
+    z = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+    m = tl.max(z, axis=0)
+    e = tl.where(mask, tl.exp(z - m), 0.0)
+    s = tl.sum(e, axis=0)
+    d = tl.sum(e * tl.where(mask, z - m, 0.0), axis=0)  # sum exp(z - m) * (z - m)
+    for start in range(BLOCK_V, V, BLOCK_V):
+        cols = start + offs
+        mask = cols < V
+        z = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        scale = tl.exp(m - m_new)
+        e = tl.where(mask, tl.exp(z - m_new), 0.0)
+        if WITH_ENTROPY:
+            tile_d = tl.sum(e * tl.where(mask, z - m_new, 0.0), axis=0)
+            d = scale * (d + (m - m_new) * s) + tile_d
+        s = s * scale + tl.sum(e, axis=0)
+        m = m_new
+    log_s = tl.log(s)
+    lse = m + log_s
+    target = tl.load(targets_ptr + row)
+    z_target = tl.load(base + target).to(tl.float32) * inv_t
+    tl.store(lse_ptr + row, lse)
+    tl.store(logp_ptr + row, tl.minimum(z_target - lse, 0.0))
+    if WITH_ENTROPY:
+        tl.store(ent_ptr + row, log_s - d / s)
+
+
+@triton.jit
+def _grad_logits_kernel(
+    logits_ptr,
+    stride_row,
+    targets_ptr,
+    lse_ptr,
+    ent_ptr,
+    g_ptr,
+    g_ent_ptr,
+    inv_t,
+    V,
+    BLOCK_V: tl.constexpr,
+    ENT_GRAD: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride_row
+    offs = tl.arange(0, BLOCK_V)
+    g = tl.load(g_ptr + row)
+    lse = tl.load(lse_ptr + row)
+    target = tl.load(targets_ptr + row)
+    g_ent = tl.load(g_ent_ptr + row)  # a dummy row of g when ENT_GRAD is off
+    row_factor = g + g_ent * tl.load(ent_ptr + row)
+    for start in range(0, V, BLOCK_V):
+        cols = start + offs
+        mask = cols < V
+        z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+        logp = z - lse
+        p = tl.exp(logp)
+        if ENT_GRAD:  # noqa: SIM108 (a static branch: triton resolves it at compile time)
+            grad = -p * (row_factor + g_ent * logp)
+        else:
+            grad = -p * g
+        grad = tl.where(cols == target, grad + g, grad) * inv_t
+        tl.store(base + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def _block_v(vocab: int) -> int:
+    return min(MAX_BLOCK_V, triton.next_power_of_2(vocab))
+
+
+def _num_warps(block_v: int) -> int:
+    return 8 if block_v >= 2048 else 4
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out (float32) = a @ b, half-precision operands accumulated into a float32 result."""
+    if a.dtype == out.dtype and b.dtype == out.dtype:
+        torch.mm(a, b, out=out)
+        return
+    try:
+        torch.ops.aten.mm.dtype_out(a, b, out.dtype, out=out)
+    except (RuntimeError, NotImplementedError):  # no fp32-output kernel: round then widen
+        out.copy_(torch.mm(a, b))
+
+
+def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (float32) += a @ b."""
+    if a.dtype == acc.dtype and b.dtype == acc.dtype:
+        acc.addmm_(a, b)
+        return
+    try:
+        torch.ops.aten.addmm.dtype_out(acc, a, b, acc.dtype, out=acc)
+    except (RuntimeError, NotImplementedError):
+        acc.add_(torch.mm(a, b))
+
+
+def _operands(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same-dtype matmul operands (the wider of the two when they differ)."""
+    if hidden.dtype == weight.dtype:
+        return hidden, weight
+    common = torch.promote_types(hidden.dtype, weight.dtype)
+    return hidden.to(common), weight.to(common)
+
+
+def triton_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    rows: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    n_rows, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    f32 = torch.float32
+    lse = torch.empty(n_rows, dtype=f32, device=device)
+    logp = torch.empty(n_rows, dtype=f32, device=device)
+    ent = torch.empty(n_rows, dtype=f32, device=device) if with_entropy else None
+    if n_rows == 0:
+        return logp, ent, lse
+    h, w = _operands(hidden, weight)
+    buf = torch.empty(min(rows, n_rows), vocab, dtype=f32, device=device)
+    block_v = _block_v(vocab)
+    for r0 in range(0, n_rows, rows):
+        r1 = min(n_rows, r0 + rows)
+        logits = buf[: r1 - r0]
+        _mm_f32(h[r0:r1], w.t(), logits)
+        _row_stats_kernel[(r1 - r0,)](
+            logits,
+            logits.stride(0),
+            targets[r0:r1],
+            lse[r0:r1],
+            logp[r0:r1],
+            ent[r0:r1] if ent is not None else lse[r0:r1],
+            1.0 / temperature,
+            vocab,
+            BLOCK_V=block_v,
+            WITH_ENTROPY=ent is not None,
+            num_warps=_num_warps(block_v),
+        )
+    return logp, ent, lse
+
+
+def triton_backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    ent: torch.Tensor | None,
+    grad_logp: torch.Tensor,
+    grad_ent: torch.Tensor | None,
+    temperature: float,
+    rows: int,
+    need_hidden: bool = True,
+    need_weight: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    n_rows, width = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    f32 = torch.float32
+    g = grad_logp.to(f32).contiguous()
+    ent_grad = ent is not None and grad_ent is not None and bool(grad_ent.ne(0).any())
+    g_ent = grad_ent.to(f32).contiguous() if ent_grad and grad_ent is not None else None
+    active = g.ne(0) if g_ent is None else g.ne(0) | g_ent.ne(0)
+    n_active = int(active.sum())
+    grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+    acc_w = torch.zeros(vocab, width, dtype=f32, device=device) if need_weight else None
+    if n_active > 0:
+        index = None
+        if n_active < n_rows:
+            index = active.nonzero().squeeze(1)
+            hidden, targets, lse, g = hidden[index], targets[index], lse[index], g[index]
+            if g_ent is not None and ent is not None:
+                g_ent, ent = g_ent[index], ent[index]
+        h, w = _operands(hidden, weight)
+        acc_h = torch.empty(n_active, width, dtype=f32, device=device) if need_hidden else None
+        buf = torch.empty(min(rows, n_active), vocab, dtype=f32, device=device)
+        block_v = _block_v(vocab)
+        for r0 in range(0, n_active, rows):
+            r1 = min(n_active, r0 + rows)
+            logits = buf[: r1 - r0]
+            _mm_f32(h[r0:r1], w.t(), logits)
+            _grad_logits_kernel[(r1 - r0,)](
+                logits,
+                logits.stride(0),
+                targets[r0:r1],
+                lse[r0:r1],
+                ent[r0:r1] if ent is not None else lse[r0:r1],
+                g[r0:r1],
+                g_ent[r0:r1] if g_ent is not None else g[r0:r1],
+                1.0 / temperature,
+                vocab,
+                BLOCK_V=block_v,
+                ENT_GRAD=g_ent is not None,
+                num_warps=_num_warps(block_v),
+            )
+            grad_logits = logits if w.dtype == f32 else logits.to(w.dtype)
+            if acc_h is not None:
+                _mm_f32(grad_logits, w, acc_h[r0:r1])
+            if acc_w is not None:
+                _addmm_f32(acc_w, grad_logits.t(), h[r0:r1])
+        if grad_hidden is not None and acc_h is not None:
+            if index is None:
+                grad_hidden = acc_h.to(hidden.dtype)
+            else:
+                grad_hidden[index] = acc_h.to(hidden.dtype)
+    grad_weight = acc_w.to(weight.dtype) if acc_w is not None else None
+    return grad_hidden, grad_weight
+
+
+class TritonTokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        rows: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logp, ent, lse = triton_forward(hidden, weight, targets, temperature, with_entropy, rows)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.temperature = temperature  # type: ignore[attr-defined]
+        ctx.rows = rows  # type: ignore[attr-defined]
+        if ent is None:
+            ent = logp.new_empty(0)
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_logp: torch.Tensor,
+        grad_ent: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, targets, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
+        need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
+        grad_hidden, grad_weight = triton_backward(
+            hidden,
+            weight,
+            targets,
+            lse,
+            ent,
+            grad_logp,
+            grad_ent if ent is not None else None,
+            ctx.temperature,  # type: ignore[attr-defined]
+            ctx.rows,  # type: ignore[attr-defined]
+            need_hidden=need_h,
+            need_weight=need_w,
+        )
+        return grad_hidden, grad_weight, None, None, None, None
