@@ -94,7 +94,7 @@ def test_multirun_sweep_writes_one_run_dir_per_job(tmp_path):
         cwd=tmp_path,
     )
     runs = run_dirs(tmp_path / "multirun")
-    assert [r.name for r in runs] == ["0_algo.eps_high=0.2", "1_algo.eps_high=0.28"]
+    assert [r.name.split(",")[0] for r in runs] == ["0_algo.eps_high=0.2", "1_algo.eps_high=0.28"]
     assert [yaml.safe_load((r / "config.yaml").read_text())["algo"]["eps_high"] for r in runs] == [
         0.2,
         0.28,
