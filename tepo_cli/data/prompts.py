@@ -8,7 +8,8 @@ from tepo_cli.config.schema import BenchmarkConfig
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, cfg: BenchmarkConfig, question: str) -> str:
-    message = cfg.prompt.format(question=question)
+    # Plain substitution, not str.format: prompts may hold braces of their own (\boxed{}).
+    message = cfg.prompt.replace("{question}", question)
     if not cfg.chat_template or tokenizer.chat_template is None:
         return message
     messages = [{"role": "user", "content": message}]

@@ -1,8 +1,9 @@
-"""Score a model on a list of problems: generate, grade, report accuracy and per-sample records."""
+"""Generate and grade: per-sample records for a list of problems (n samples each)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
-from tepo_cli.rewards import RewardFn
+from tepo_cli.rewards import Reward
 from tepo_cli.rollout.hf import Sampling, generate
 
 
@@ -24,14 +25,40 @@ class EvalResult:
     seconds: float
     records: list[dict[str, Any]] = field(repr=False)
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "accuracy": self.accuracy,
-            "problems": self.problems,
-            "samples": self.samples,
-            "seconds": self.seconds,
-            "samples_per_second": self.samples / self.seconds if self.seconds else None,
-        }
+
+def sample_and_grade(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    benchmark: BenchmarkConfig,
+    reward: Reward,
+    sampling: Sampling,
+) -> Iterator[list[dict[str, Any]]]:
+    """Yield the records of each generation batch (so callers can write them as they come)."""
+    per_batch = max(1, sampling.batch_size // sampling.n)
+    for start in range(0, len(problems), per_batch):
+        chunk = problems[start : start + per_batch]
+        prompts = [render_prompt(tokenizer, benchmark, p.question) for p in chunk]
+        rollout = generate(model, tokenizer, prompts, sampling)
+        owners = [p for p in chunk for _ in range(sampling.n)]
+        results = reward.score_many(rollout.texts, owners)
+        yield [
+            {
+                "id": problem.id,
+                "sample": index % sampling.n,
+                "prompt": prompts[index // sampling.n],
+                "completion": text,
+                "answer": problem.answer,
+                "extracted": result.extracted,
+                "reward": result.reward,
+                "passed": result.correct,
+                "length": int(length),
+                "truncated": bool(truncated),
+            }
+            for index, (problem, text, result, length, truncated) in enumerate(
+                zip(owners, rollout.texts, results, rollout.lengths, rollout.truncated, strict=True)
+            )
+        ]
 
 
 def evaluate(
@@ -39,27 +66,16 @@ def evaluate(
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
     benchmark: BenchmarkConfig,
-    reward_fn: RewardFn,
+    reward: Reward,
     sampling: Sampling,
 ) -> EvalResult:
     """Accuracy = the share of samples graded correct (pass@1 averaged over `sampling.n`)."""
     start = time.perf_counter()
-    prompts = [render_prompt(tokenizer, benchmark, p.question) for p in problems]
-    rollout = generate(model, tokenizer, prompts, sampling)
-    records = []
-    for index, completion in enumerate(rollout.texts):
-        problem = problems[index // sampling.n]
-        result = reward_fn(completion, problem)
-        records.append(
-            {
-                "id": problem.id,
-                "prompt": prompts[index // sampling.n],
-                "completion": completion,
-                "answer": problem.answer,
-                "extracted": result.extracted,
-                "passed": result.correct,
-            }
-        )
+    records = [
+        record
+        for batch in sample_and_grade(model, tokenizer, problems, benchmark, reward, sampling)
+        for record in batch
+    ]
     correct = sum(r["passed"] for r in records)
     return EvalResult(
         accuracy=correct / max(1, len(records)),

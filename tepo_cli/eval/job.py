@@ -1,11 +1,17 @@
-"""`tepo eval`: score a model on a benchmark's held-out problems and write the results."""
+"""`tepo eval`: sample, grade and summarise a model on a benchmark; resumable.
+
+Per-sample records are appended to `samples.jsonl` as each generation batch finishes; running the
+same command again with `hydra.run.dir=<that dir>` skips the problems already complete there.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -13,8 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.config.schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
+
+SAMPLES = "samples.jsonl"
 
 
 def eval_job(cfg: DictConfig) -> None:
@@ -22,46 +31,93 @@ def eval_job(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         config = load_eval_config(cfg, hydra_cfg.runtime.choices)
-        from tepo_cli.data.arith import ArithTask
-        from tepo_cli.eval.accuracy import evaluate
-        from tepo_cli.models.loading import load_model, load_tokenizer
-        from tepo_cli.rewards import build_reward
-        from tepo_cli.rollout.hf import Sampling
+        summary = run_eval(config, run_dir)
+    except (ConfigError, RunError) as error:
+        print(f"tepo eval: {error}", file=sys.stderr)
+        sys.exit(2 if isinstance(error, ConfigError) else 1)
+    _print_table(summary, run_dir)
 
-        task = ArithTask(config.benchmark)
+
+def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
+    from tepo_cli.data.tasks import build_task
+    from tepo_cli.eval.accuracy import sample_and_grade
+    from tepo_cli.eval.summary import summarize
+    from tepo_cli.models.loading import load_model, load_tokenizer
+    from tepo_cli.rewards import build_reward
+    from tepo_cli.rollout.hf import Sampling
+
+    options, benchmark = config.eval, config.benchmark
+    problems = build_task(benchmark).eval_problems(options.limit)
+    reward = build_reward(config.reward, benchmark)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config.model_dump(mode="json")))
+    done = _completed_records(run_dir / SAMPLES, options.n)
+    todo = [p for p in problems if p.id not in done]
+    sampling = Sampling(
+        n=options.n,
+        greedy=options.greedy,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        max_new_tokens=options.max_new_tokens or benchmark.max_new_tokens,
+        batch_size=options.batch_size,
+    )
+    start = time.perf_counter()
+    if todo:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = load_tokenizer(config.model)
         model = load_model(config.model, tokenizer, device)
-        options = config.eval
-        sampling = Sampling(
-            n=options.n,
-            greedy=options.greedy,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            max_new_tokens=options.max_new_tokens,
-            batch_size=options.batch_size,
-        )
-        problems = task.eval_problems(options.limit)
-        result = evaluate(
-            model, tokenizer, problems, config.benchmark, build_reward(config.reward), sampling
-        )
-    except ConfigError as error:
-        print(f"tepo eval: {error}", file=sys.stderr)
-        sys.exit(2)
+        with (run_dir / SAMPLES).open("a", encoding="utf-8") as handle:
+            for batch in sample_and_grade(model, tokenizer, todo, benchmark, reward, sampling):
+                for record in batch:
+                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    done.setdefault(record["id"], []).append(record)
+                handle.flush()
+    seconds = time.perf_counter() - start
+    records = [r for p in problems for r in done[p.id]]
     summary = {
         "model": config.model.path or config.model.name,
-        "benchmark": config.benchmark.name,
-        "prompt": config.benchmark.prompt,
-        "sampling": config.eval.model_dump(),
-        **result.summary(),
+        "benchmark": benchmark.name,
+        "split": benchmark.split if benchmark.name != "arith" else "held-out",
+        "grader": reward.name if reward.name != "gsm8k" else f"gsm8k-{config.reward.mode}",
+        "prompt": benchmark.prompt,
+        "system_prompt": benchmark.system_prompt,
+        "chat_template": benchmark.chat_template,
+        "sampling": {**options.model_dump(), "max_new_tokens": sampling.max_new_tokens},
+        **summarize(records, problems, options.n, options.pass_k, reward.name),
+        "resumed_problems": len(problems) - len(todo),
+        "seconds": seconds,
+        "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,
     }
-    _write_jsonl(run_dir / "samples.jsonl", result.records)
     _write_json(run_dir / "summary.json", summary)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config.model_dump(mode="json")))
-    _print_table(summary, run_dir)
+    return summary
+
+
+def _completed_records(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
+    """Records of problems with all n samples already written; a torn last line is dropped."""
+    if not path.exists():
+        return {}
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    good_bytes = 0
+    with path.open("rb") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                break
+            by_id.setdefault(record["id"], []).append(record)
+            good_bytes += len(line)
+    with path.open("r+b") as handle:
+        handle.truncate(good_bytes)
+    complete = {key: rows for key, rows in by_id.items() if len(rows) >= n}
+    if len(complete) != len(by_id):  # rewrite without the incomplete problems' samples
+        kept = [row for rows in complete.values() for row in rows]
+        staging = path.with_suffix(".tmp")
+        staging.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        os.replace(staging, path)
+    return complete
 
 
 def _write_json(path: Path, data: object) -> None:
@@ -70,25 +126,22 @@ def _write_json(path: Path, data: object) -> None:
     os.replace(staging, path)
 
 
-def _write_jsonl(path: Path, records: list[dict]) -> None:
-    staging = path.with_suffix(path.suffix + ".tmp")
-    with staging.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(staging, path)
-
-
-def _print_table(summary: dict, run_dir: Path) -> None:
-    table = Table(title=f"tepo eval: {summary['benchmark']}")
-    for column in ("model", "problems", "samples", "accuracy", "samples/s"):
+def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
+    table = Table(title=f"tepo eval: {summary['benchmark']} ({summary['grader']} grader)")
+    metrics = [k for k in summary if k.startswith(("pass@", "maj@"))]
+    columns = ["model", "problems", "samples", "accuracy", *metrics, "mean length", "samples/s"]
+    for column in columns:
         table.add_column(column)
+    rate = summary["samples_per_second"]
     table.add_row(
         str(summary["model"]),
         str(summary["problems"]),
         str(summary["samples"]),
         f"{summary['accuracy']:.3f}",
-        f"{summary['samples_per_second']:.1f}",
+        *(f"{summary[m]:.3f}" for m in metrics),
+        f"{summary['mean_length']:.1f}",
+        f"{rate:.2f}" if rate else "-",
     )
     console = Console()
     console.print(table)
-    console.print(f"results: {run_dir}/summary.json, per-sample: {run_dir}/samples.jsonl")
+    console.print(f"summary: {run_dir / 'summary.json'}   per-sample records: {run_dir / SAMPLES}")

@@ -19,7 +19,7 @@ from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
-from tepo_cli.rewards import RewardFn
+from tepo_cli.rewards import Reward
 from tepo_cli.rollout.hf import Rollout, Sampling, generate
 from tepo_cli.train.grading import Graded, grade
 from tepo_cli.train.policy import Policy
@@ -54,7 +54,7 @@ def collect(
     reference: Policy | None,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
-    reward_fn: RewardFn,
+    reward: Reward,
     refill: Iterator[Problem] | None = None,
 ) -> Experience:
     """Sample, grade and score one step's groups for this rank.
@@ -71,7 +71,7 @@ def collect(
         with timer("rollout"):
             rollout = _sample(cfg, policy, tokenizer, batch_problems)
         with timer("reward"):
-            graded = grade(cfg, rollout, batch_problems, reward_fn)
+            graded = grade(cfg, rollout, batch_problems, reward)
         sampled += len(batch_problems)
         keep = torch.ones(len(batch_problems), dtype=torch.bool)
         if cfg.algo.dynamic_sampling:

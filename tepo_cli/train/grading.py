@@ -14,7 +14,7 @@ import torch
 from tepo_cli.algos import overlong_penalty, resolve_overlong_lengths
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
-from tepo_cli.rewards import RewardFn
+from tepo_cli.rewards import Reward
 from tepo_cli.rollout.hf import Rollout
 
 
@@ -25,11 +25,10 @@ class Graded:
     overlong: torch.Tensor  # [N] float32, the overlong term included in rewards (0 when off)
 
 
-def grade(
-    cfg: TrainConfig, rollout: Rollout, problems: list[Problem], reward_fn: RewardFn
-) -> Graded:
+def grade(cfg: TrainConfig, rollout: Rollout, problems: list[Problem], reward: Reward) -> Graded:
     group = cfg.rollout.n
-    results = [reward_fn(text, problems[i // group]) for i, text in enumerate(rollout.texts)]
+    owners = [problems[i // group] for i in range(len(rollout.texts))]
+    results = reward.score_many(rollout.texts, owners)
     device = rollout.completion_ids.device
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool, device=device)
     algo = cfg.algo

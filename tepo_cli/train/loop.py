@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import ArithTask, Problem
+from tepo_cli.data.arith import Problem
+from tepo_cli.data.tasks import DatasetTask, build_task
 from tepo_cli.eval.accuracy import evaluate
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.rewards import build_reward
@@ -37,8 +38,10 @@ def seed_everything(seed: int) -> None:
 
 def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     seed_everything(cfg.seed + topo.rank)
-    task = ArithTask(cfg.benchmark)
-    reward_fn = build_reward(cfg.reward)
+    task = build_task(cfg.benchmark)
+    if isinstance(task, DatasetTask):
+        task.check_training()
+    reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     model = Policy(load_model(cfg.model, tokenizer, topo.device), cfg.kernel)
     reference = _frozen_copy(model) if cfg.algo.needs_ref else None
@@ -60,14 +63,14 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     with log or contextlib.nullcontext():
         if cfg.trainer.eval_before:
             summary["eval_before"] = _evaluate(
-                cfg, policy, tokenizer, task, reward_fn, topo, log, 0, "before"
+                cfg, policy, tokenizer, task, reward, topo, log, 0, "before"
             )
         step_seconds = []
         for step in range(1, cfg.trainer.max_steps + 1):
             start = time.perf_counter()
             problems = [next(stream) for _ in range(cfg.trainer.prompts_per_step)]
             local = problems[topo.rank * per_rank : (topo.rank + 1) * per_rank]
-            experience = exp.collect(cfg, policy, reference, tokenizer, local, reward_fn, refill)
+            experience = exp.collect(cfg, policy, reference, tokenizer, local, reward, refill)
             update_start = time.perf_counter()
             metrics = update(cfg, engine, experience, generator)
             metrics["update_seconds"] = time.perf_counter() - update_start
@@ -83,10 +86,10 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 and step % cfg.trainer.eval_every == 0
                 and step < cfg.trainer.max_steps
             ):
-                _evaluate(cfg, policy, tokenizer, task, reward_fn, topo, log, step, "during")
+                _evaluate(cfg, policy, tokenizer, task, reward, topo, log, step, "during")
         if cfg.trainer.eval_after:
             summary["eval_after"] = _evaluate(
-                cfg, policy, tokenizer, task, reward_fn, topo, log, cfg.trainer.max_steps, "after"
+                cfg, policy, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"
             )
         if step_seconds:
             summary["median_step_seconds"] = float(np.median(step_seconds))
@@ -109,7 +112,7 @@ def _frozen_copy(model: Policy) -> Policy:
 
 
 def _evaluate(
-    cfg, policy, tokenizer, task, reward_fn, topo: Topology, log, step: int, when: str
+    cfg, policy, tokenizer, task, reward, topo: Topology, log, step: int, when: str
 ) -> float:
     """Greedy accuracy on the held-out split; ranks evaluate disjoint shards and add up."""
     problems: list[Problem] = task.eval_problems()[topo.rank :: topo.world_size]
@@ -119,7 +122,7 @@ def _evaluate(
         max_new_tokens=cfg.rollout.max_new_tokens,
         batch_size=cfg.rollout.batch_size,
     )
-    result = evaluate(policy.lm, tokenizer, problems, cfg.benchmark, reward_fn, sampling)
+    result = evaluate(policy.lm, tokenizer, problems, cfg.benchmark, reward, sampling)
     totals = torch.tensor([result.accuracy * result.samples, result.samples], dtype=torch.float64)
     if dist.is_initialized() and topo.world_size > 1:
         totals = totals.to(topo.device)

@@ -1,0 +1,58 @@
+"""Headline numbers of an evaluation: pass@1, unbiased pass@k, maj@k (answer-graded benchmarks)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+from tepo_cli.data.arith import Problem
+from tepo_cli.eval.passk import maj_at_k, mean_pass_at_k
+
+
+def answer_matcher(grader: str) -> Callable[[str, str], bool] | None:
+    """How two extracted answers are compared, for majority voting; None: no answer to vote on."""
+    if grader == "math":
+        from tepo_cli.rewards.math import answers_equivalent
+
+        return answers_equivalent
+    if grader == "gsm8k":
+        from tepo_cli.rewards.gsm8k import same_number
+
+        return same_number
+    if grader == "arith":
+        return lambda a, b: Fraction(a) == Fraction(b)
+    return None
+
+
+def summarize(
+    records: Sequence[dict[str, Any]],
+    problems: Sequence[Problem],
+    n: int,
+    pass_k: Sequence[int],
+    grader: str,
+) -> dict[str, Any]:
+    by_problem: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_problem[record["id"]].append(record)
+    ordered = [sorted(by_problem[p.id], key=lambda r: r["sample"]) for p in problems]
+    counts = [(len(samples), sum(r["passed"] for r in samples)) for samples in ordered]
+    summary: dict[str, Any] = {
+        "problems": len(problems),
+        "samples": len(records),
+        "accuracy": sum(c for _, c in counts) / max(1, len(records)),
+    }
+    for k in sorted(set(pass_k)):
+        if k <= n:
+            summary[f"pass@{k}"] = mean_pass_at_k(counts, k)
+    matcher = answer_matcher(grader)
+    if matcher is not None and n > 1:
+        answers = [[r["extracted"] for r in samples] for samples in ordered]
+        summary[f"maj@{n}"] = maj_at_k(
+            answers, n, lambda i, answer: matcher(answer, problems[i].answer), equivalent=matcher
+        )
+    lengths = [r["length"] for r in records]
+    summary["mean_length"] = sum(lengths) / max(1, len(lengths))
+    summary["truncated_frac"] = sum(r["truncated"] for r in records) / max(1, len(records))
+    return summary
