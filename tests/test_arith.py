@@ -44,7 +44,9 @@ def test_is_correct_compares_numbers_not_strings():
 
 
 def test_reward_values_follow_config():
-    reward = build_reward(RewardConfig(name="arith", correct=1.0, incorrect=-1.0))
+    reward = build_reward(
+        RewardConfig(name="auto", correct=1.0, incorrect=-1.0), BenchmarkConfig(name="arith")
+    )
     problem = Problem(id="7*8", question="7*8", answer="56")
     assert reward("7*8=56", problem).reward == 1.0
     assert reward("7*8=54", problem).reward == -1.0

@@ -8,19 +8,28 @@ import pytest
 import torch
 
 from tepo_cli.config.errors import RunError
+from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.data.arith import ArithTask
-from tepo_cli.rewards import RewardResult, build_reward
+from tepo_cli.rewards import Reward, RewardResult, build_reward
 from tepo_cli.rollout.hf import Rollout
 from tepo_cli.train import experience as exp
 from tepo_cli.train.grading import grade
 from tepo_cli.train.policy import Policy
 
 
+def as_reward(function) -> Reward:
+    return Reward("test", function, RewardConfig(name="arith"))
+
+
+@as_reward
 def mixed_on_even_answers(completion: str, problem) -> RewardResult:
     """Groups of even-answer problems get mixed outcomes; odd-answer groups are all wrong."""
     correct = int(problem.answer) % 2 == 0 and len(completion) % 2 == 0
     return RewardResult(float(correct), correct, None)
+
+
+never = as_reward(lambda completion, problem: RewardResult(0.0, False, None))
 
 
 def config(compose_config, *overrides: str):
@@ -40,7 +49,7 @@ def test_dapo_shaping_pm1_and_overlong(compose_config):
         texts=[problems[0].answer, "nope", problems[1].answer, "nope"],
         truncated=torch.tensor([False, False, False, True]),
     )
-    graded = grade(cfg, rollout, problems, build_reward(cfg.reward))
+    graded = grade(cfg, rollout, problems, build_reward(cfg.reward, cfg.benchmark))
     # L_max = max_new_tokens = 8, L_cache = 4: lengths 2, 5, 6, 8 -> 0, -0.25, -0.5, -1.0
     assert graded.overlong.tolist() == [0.0, -0.25, -0.5, -1.0]
     assert graded.correct.tolist() == [True, False, True, False]
@@ -75,7 +84,6 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(compose_config, tiny_model
     cfg = config(compose_config, "algo=dapo", "rollout.n=2", "algo.max_refill_rounds=2")
     stream = ArithTask(cfg.benchmark).train_stream(0)
     problems = list(itertools.islice(stream, 2))
-    never = lambda completion, problem: RewardResult(0.0, False, None)  # noqa: E731
     with pytest.raises(
         RunError, match=r"after 2 refill rounds .* 0 of the 2 groups .* 6 groups sampled"
     ):
@@ -87,7 +95,6 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(compose_config, tiny_model
 def test_without_dynamic_sampling_every_group_is_kept(compose_config, tiny_model, tiny_tokenizer):
     cfg = config(compose_config, "algo=grpo", "algo.beta=0", "rollout.n=2")
     problems = ArithTask(cfg.benchmark).eval_problems()[:3]
-    never = lambda completion, problem: RewardResult(0.0, False, None)  # noqa: E731
     result = exp.collect(cfg, Policy(tiny_model, cfg.kernel), None, tiny_tokenizer, problems, never)
     assert result.problems == problems and result.refill_rounds == 0
     assert torch.equal(result.advantages, torch.zeros(6))
