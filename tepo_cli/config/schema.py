@@ -20,7 +20,7 @@ class Strict(BaseModel):
 
 class ModelConfig(Strict):
     name: str = Field(min_length=1)
-    source: Literal["gguf_package", "tiny", "hf"]
+    source: Literal["gguf_package", "tiny", "hf", "reference", "replay"]
     path: str | None = None
     package: str | None = None
     gguf_file: str | None = None
@@ -39,6 +39,8 @@ class ModelConfig(Strict):
     def _check_source(self) -> ModelConfig:
         if self.source == "hf" and not self.path:
             raise ValueError("model=hf needs model.path (a hub id or a local directory)")
+        if self.source == "replay" and not self.path:
+            raise ValueError("model=replay needs model.path (a JSONL file of completions)")
         if self.source == "gguf_package" and not (self.package and self.gguf_file):
             raise ValueError("source=gguf_package needs model.package and model.gguf_file")
         if self.source == "tiny":
@@ -186,6 +188,10 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _check_batching(self) -> TrainConfig:
+        if self.model.source in ("reference", "replay"):
+            raise ValueError(
+                f"model={self.model.source} has no weights to train; it is for tepo eval"
+            )
         t = self.trainer
         if t.prompts_per_step % t.nproc:
             raise ValueError(

@@ -22,6 +22,8 @@ from rich.table import Table
 from tepo_cli.config.errors import ConfigError, RunError
 from tepo_cli.config.schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
+from tepo_cli.data.arith import Problem
+from tepo_cli.rewards import Reward
 
 SAMPLES = "samples.jsonl"
 
@@ -62,19 +64,18 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         batch_size=options.batch_size,
     )
     start = time.perf_counter()
-    if todo:
+    if todo and config.model.source in ("reference", "replay"):
+        batch = _offline_records(config, todo, reward, options.n)
+        _append(run_dir / SAMPLES, batch, done)
+    elif todo:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = load_tokenizer(config.model)
         model = load_model(config.model, tokenizer, device)
-        with (run_dir / SAMPLES).open("a", encoding="utf-8") as handle:
-            for batch in sample_and_grade(model, tokenizer, todo, benchmark, reward, sampling):
-                for record in batch:
-                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    done.setdefault(record["id"], []).append(record)
-                handle.flush()
+        for batch in sample_and_grade(model, tokenizer, todo, benchmark, reward, sampling):
+            _append(run_dir / SAMPLES, batch, done)
     seconds = time.perf_counter() - start
     records = [r for p in problems for r in done[p.id]]
     summary = {
@@ -93,6 +94,45 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     }
     _write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def _append(path: Path, batch: list[dict[str, Any]], done: dict[str, list[dict[str, Any]]]) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        for record in batch:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            done.setdefault(record["id"], []).append(record)
+
+
+def _offline_records(
+    config: EvalConfig, problems: list[Problem], reward: Reward, n: int
+) -> list[dict[str, Any]]:
+    """Records for model=reference (the dataset's solutions) or model=replay (a JSONL file)."""
+    from tepo_cli.eval.offline import reference_completion, replay_completions
+
+    if config.model.source == "replay":
+        assert config.model.path  # ModelConfig validation
+        texts = replay_completions(config.model.path, problems, n)
+    else:
+        texts = {p.id: [reference_completion(config.benchmark.name, p)] * n for p in problems}
+    owners = [p for p in problems for _ in range(n)]
+    completions = [text for p in problems for text in texts[p.id]]
+    results = reward.score_many(completions, owners)
+    return [
+        {
+            "id": problem.id,
+            "sample": index % n,
+            "completion": text,
+            "answer": problem.answer,
+            "extracted": result.extracted,
+            "reward": result.reward,
+            "passed": result.correct,
+            "length": None,
+            "truncated": False,
+        }
+        for index, (problem, text, result) in enumerate(
+            zip(owners, completions, results, strict=True)
+        )
+    ]
 
 
 def _completed_records(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
@@ -139,7 +179,7 @@ def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
         str(summary["samples"]),
         f"{summary['accuracy']:.3f}",
         *(f"{summary[m]:.3f}" for m in metrics),
-        f"{summary['mean_length']:.1f}",
+        "-" if summary["mean_length"] is None else f"{summary['mean_length']:.1f}",
         f"{rate:.2f}" if rate else "-",
     )
     console = Console()

@@ -52,7 +52,7 @@ def summarize(
         summary[f"maj@{n}"] = maj_at_k(
             answers, n, lambda i, answer: matcher(answer, problems[i].answer), equivalent=matcher
         )
-    lengths = [r["length"] for r in records]
-    summary["mean_length"] = sum(lengths) / max(1, len(lengths))
+    lengths = [r["length"] for r in records if r.get("length") is not None]
+    summary["mean_length"] = sum(lengths) / len(lengths) if lengths else None
     summary["truncated_frac"] = sum(r["truncated"] for r in records) / max(1, len(records))
     return summary
