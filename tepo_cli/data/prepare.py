@@ -18,7 +18,6 @@ edited file makes it prepared again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from zipfile import ZipFile
 
+from tepo_cli.cache import cache_root, sha256_file
 from tepo_cli.config.errors import ConfigError, RunError
 from tepo_cli.data import sources
 from tepo_cli.data.sources import Source, Wheel
-from tepo_cli.models.gguf_convert import cache_root
 
 FORMAT = 1
 DATA_FILE = "test.jsonl"
@@ -63,14 +62,6 @@ def data_dir(cache_dir: Path | None = None) -> Path:
 
 def prepared_file(name: str, cache_dir: Path | None = None) -> Path:
     return data_dir(cache_dir) / name / DATA_FILE
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def problem_with(name: str, cache_dir: Path | None = None) -> str | None:

@@ -26,7 +26,6 @@ gradient is exactly zero.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from tepo_cli.kernels.blocking import Blocking
 
@@ -268,52 +267,3 @@ def chunked_backward(
     if acc_w is not None:
         grad_weight = acc_w.to(weight.dtype)
     return grad_hidden, grad_weight
-
-
-class ChunkedTokenLogprobs(torch.autograd.Function):
-    """autograd wrapper: saves hidden, weight, targets, the per-row lse (and entropy)."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        hidden: torch.Tensor,
-        weight: torch.Tensor,
-        targets: torch.Tensor,
-        temperature: float,
-        with_entropy: bool,
-        blocking: Blocking,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logp, ent, lse = chunked_forward(
-            hidden, weight, targets, temperature, with_entropy, blocking
-        )
-        ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.temperature = temperature  # type: ignore[attr-defined]
-        ctx.blocking = blocking  # type: ignore[attr-defined]
-        if ent is None:
-            ent = logp.new_empty(0)
-            ctx.mark_non_differentiable(ent)
-        return logp, ent
-
-    @staticmethod
-    @once_differentiable
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        grad_logp: torch.Tensor,
-        grad_ent: torch.Tensor,
-    ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, targets, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
-        need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
-        grad_hidden, grad_weight = chunked_backward(
-            hidden,
-            weight,
-            targets,
-            lse,
-            ent,
-            grad_logp,
-            grad_ent if ent is not None else None,
-            ctx.temperature,  # type: ignore[attr-defined]
-            ctx.blocking,  # type: ignore[attr-defined]
-            need_hidden=need_h,
-            need_weight=need_w,
-        )
-        return grad_hidden, grad_weight, None, None, None, None

@@ -18,7 +18,8 @@ from types import ModuleType
 import torch
 
 from tepo_cli.kernels.blocking import choose_blocking, full_vocab_rows
-from tepo_cli.kernels.chunked import ChunkedTokenLogprobs, chunked_forward
+from tepo_cli.kernels.chunked import chunked_backward, chunked_forward
+from tepo_cli.kernels.function import Backend, TokenLogprobs
 from tepo_cli.kernels.naive import naive_token_logprobs
 
 BACKENDS = ("auto", "torch", "triton", "naive")
@@ -201,10 +202,13 @@ def token_logprobs(
             hidden.detach(), weight.detach(), targets, temperature, with_entropy, blocking
         )
         return logp, ent
-    logp, ent = ChunkedTokenLogprobs.apply(
-        hidden, weight, targets, temperature, with_entropy, blocking
+    logp, ent = TokenLogprobs.apply(
+        hidden, weight, targets, temperature, with_entropy, blocking, _TORCH
     )
     return logp, (ent if with_entropy else None)
+
+
+_TORCH = Backend(chunked_forward, chunked_backward)
 
 
 def _triton_logprobs(
@@ -224,7 +228,8 @@ def _triton_logprobs(
             hidden.detach(), weight.detach(), targets, temperature, with_entropy, rows
         )
         return logp, ent
-    logp, ent = module.TritonTokenLogprobs.apply(
-        hidden, weight, targets, temperature, with_entropy, rows
+    backend = Backend(module.triton_forward, module.triton_backward)
+    logp, ent = TokenLogprobs.apply(
+        hidden, weight, targets, temperature, with_entropy, rows, backend
     )
     return logp, (ent if with_entropy else None)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
 MAX_BLOCK_V = 4096
 
@@ -252,48 +251,3 @@ def triton_backward(
                 grad_hidden[index] = acc_h.to(hidden.dtype)
     grad_weight = acc_w.to(weight.dtype) if acc_w is not None else None
     return grad_hidden, grad_weight
-
-
-class TritonTokenLogprobs(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        hidden: torch.Tensor,
-        weight: torch.Tensor,
-        targets: torch.Tensor,
-        temperature: float,
-        with_entropy: bool,
-        rows: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logp, ent, lse = triton_forward(hidden, weight, targets, temperature, with_entropy, rows)
-        ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.temperature = temperature  # type: ignore[attr-defined]
-        ctx.rows = rows  # type: ignore[attr-defined]
-        if ent is None:
-            ent = logp.new_empty(0)
-            ctx.mark_non_differentiable(ent)
-        return logp, ent
-
-    @staticmethod
-    @once_differentiable
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        grad_logp: torch.Tensor,
-        grad_ent: torch.Tensor,
-    ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, targets, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
-        need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
-        grad_hidden, grad_weight = triton_backward(
-            hidden,
-            weight,
-            targets,
-            lse,
-            ent,
-            grad_logp,
-            grad_ent if ent is not None else None,
-            ctx.temperature,  # type: ignore[attr-defined]
-            ctx.rows,  # type: ignore[attr-defined]
-            need_hidden=need_h,
-            need_weight=need_w,
-        )
-        return grad_hidden, grad_weight, None, None, None, None

@@ -7,7 +7,6 @@ directory and renamed into place, so an interrupted conversion never leaves a ha
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -15,13 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tepo_cli.cache import cache_root, sha256_file
 from tepo_cli.config.errors import ConfigError
 
 MANIFEST = "tepo_source.json"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TEPO_CACHE") or Path.home() / ".cache" / "tepo")
 
 
 def find_gguf(package: str, gguf_file: str) -> Path:
@@ -49,7 +45,11 @@ def converted_checkpoint(name: str, package: str, gguf_file: str) -> Path:
     """The cached safetensors checkpoint of a packaged GGUF model, converted if needed."""
     source = find_gguf(package, gguf_file)
     target = cache_root() / "models" / name
-    fingerprint = {"gguf_file": gguf_file, "size": source.stat().st_size, "sha256": _sha256(source)}
+    fingerprint = {
+        "gguf_file": gguf_file,
+        "size": source.stat().st_size,
+        "sha256": sha256_file(source),
+    }
     if _matches(target, fingerprint):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -94,11 +94,3 @@ def _matches(target: Path, fingerprint: dict[str, object]) -> bool:
         return json.loads(manifest.read_text()) == fingerprint
     except (OSError, ValueError):
         return False
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
