@@ -46,6 +46,7 @@ def setup_topology(num_threads: int | None) -> Topology:
     Without them DeepSpeed falls back to MPI discovery and asks for mpi4py.
     """
     if not launched_by_launcher() and not _SET_BY_US:
+        # DeepSpeed reads these; the group itself needs no port (see below).
         single = dict(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(free_port()),
@@ -66,11 +67,25 @@ def setup_topology(num_threads: int | None) -> Topology:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if _SET_BY_US:
+        _init_single_process_group(device)
     cores = (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
     torch.set_num_threads(num_threads or max(1, cores // local_world))
     return Topology(rank, world, local_rank, local_world, device)
+
+
+def _init_single_process_group(device: torch.device) -> None:
+    """A one-rank group over an in-memory store: no TCP port to bind (or to race for).
+
+    DeepSpeed reuses an initialised torch.distributed group instead of creating its own.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def teardown() -> None:
