@@ -20,7 +20,8 @@ import torch
 
 from tepo_cli.config.errors import ConfigError
 
-_SET_BY_US: dict[str, str] = {}
+_SET_BY_US: dict[str, str] = {}  # rendezvous variables this job set (a single process)
+_OWN_GROUP: list[bool] = []  # non-empty once this process made its own one-rank group
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def setup_topology(num_threads: int | None) -> Topology:
 
     Without them DeepSpeed falls back to MPI discovery and asks for mpi4py.
     """
-    if not launched_by_launcher() and not _SET_BY_US:
+    if not launched_by_launcher():
         # DeepSpeed reads these; the group itself needs no port (see below).
         single = dict(
             MASTER_ADDR="127.0.0.1",
@@ -67,8 +68,9 @@ def setup_topology(num_threads: int | None) -> Topology:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if _SET_BY_US:
+    if _SET_BY_US and not _OWN_GROUP:
         _init_single_process_group(device)
+        _OWN_GROUP.append(True)
     cores = (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
@@ -89,15 +91,18 @@ def _init_single_process_group(device: torch.device) -> None:
 
 
 def teardown() -> None:
-    """End the process group of launcher-started ranks (the process exits next).
-
-    A single process keeps its one-rank group for the next job of a multirun sweep: DeepSpeed
-    caches process groups globally, and a second group in the same process would not match them.
+    """End a job: launcher-started ranks end their group (the process exits next); a single
+    process keeps its one-rank group for the next job of a multirun sweep (DeepSpeed caches
+    process groups globally, so a second group would not match them) and forgets the
+    rendezvous variables it set, so that no child process mistakes itself for a launched rank.
     """
     import torch.distributed as dist
 
-    if not _SET_BY_US and dist.is_available() and dist.is_initialized():
+    if not _OWN_GROUP and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    for key in _SET_BY_US:
+        os.environ.pop(key, None)
+    _SET_BY_US.clear()
 
 
 def free_port() -> int:
