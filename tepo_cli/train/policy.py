@@ -50,7 +50,8 @@ class Policy(nn.Module):
 
     def __init__(self, lm: PreTrainedModel, kernel: KernelConfig) -> None:
         super().__init__()
-        self.lm = lm
+        # Sampling and training must see the same function (ratio = 1 on-policy): no dropout.
+        self.lm = lm.eval()
         self.head = LogprobHead(lm.get_output_embeddings(), kernel)
 
     def forward(
