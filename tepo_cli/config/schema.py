@@ -165,6 +165,9 @@ class TrainerConfig(Strict):
     samples_per_step: int = Field(default=4, ge=0)
     save_final: bool = True
     progress: bool = True
+    save_every: int = Field(default=10, ge=0)
+    keep_checkpoints: int = Field(default=2, ge=1)
+    max_bad_steps: int = Field(default=3, ge=1)
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainerConfig:
@@ -177,6 +180,7 @@ class TrainConfig(Strict):
     seed: int = 0
     k: int | None = Field(default=None, ge=1)
     plugins: list[str] = Field(default_factory=list)
+    resume: bool | str = False
     algo: AlgoConfig
     model: ModelConfig
     reward: RewardConfig

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tepo_cli.config.schema import DeepSpeedConfig, TrainConfig
+from tepo_cli.train.guards import FiniteAdamW, GuardedLambdaLR
 
 
 def deepspeed_config(
@@ -43,14 +44,14 @@ def deepspeed_config(
 
 
 def build_engine(model: nn.Module, cfg: TrainConfig, accumulation: int, world: int) -> Any:
-    """deepspeed.initialize with a torch AdamW (no op compilation) and a LambdaLR schedule."""
+    """deepspeed.initialize with a guarded torch AdamW (no op compilation) and a LambdaLR schedule."""
     import deepspeed
 
     if not torch.cuda.is_available():
         _skip_cpu_shm_op()
     trainer = cfg.trainer
     dtype = next(model.parameters()).dtype
-    optimizer = torch.optim.AdamW(
+    optimizer = FiniteAdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=trainer.lr,
         betas=trainer.adam_betas,
@@ -58,7 +59,7 @@ def build_engine(model: nn.Module, cfg: TrainConfig, accumulation: int, world: i
         weight_decay=trainer.weight_decay,
         foreach=True,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    scheduler = GuardedLambdaLR(optimizer, _lr_lambda(cfg))
     ds_config = deepspeed_config(
         cfg.deepspeed, trainer.micro_batch_size, accumulation, world, trainer.grad_clip, dtype
     )

@@ -21,6 +21,7 @@ from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout.hf import Rollout, Sampling, generate
+from tepo_cli.train import faults
 from tepo_cli.train.grading import Graded, grade
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.sequences import SequenceBatch
@@ -70,6 +71,7 @@ def collect(
     while True:
         with timer("rollout"):
             rollout = _sample(cfg, policy, tokenizer, batch_problems)
+        faults.maybe_kill("rollout")
         with timer("reward"):
             graded = grade(cfg, rollout, batch_problems, reward)
         sampled += len(batch_problems)

@@ -9,12 +9,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
 
 
 def train_job(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    status_owner = False
+    from tepo_cli.train.run_status import write_status
+
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
         from tepo_cli.algos.plugins import load_objectives
@@ -36,17 +40,59 @@ def train_job(cfg: DictConfig) -> None:
                 f"the number of ranks ({topo.world_size}): each rank takes whole groups."
             )
         if topo.is_main:
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config.model_dump(mode="json")))
+            _prepare_run_dir(config, run_dir)
+            write_status(run_dir, "running")
+            status_owner = True
         from tepo_cli.train.loop import train
 
         train(config, run_dir, topo)
+        if status_owner:
+            write_status(run_dir, "finished")
     except ConfigError as error:
-        print(f"tepo train: {error}", file=sys.stderr)
-        sys.exit(2)
+        _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 2)
     except RunError as error:
-        print(f"tepo train: {error}", file=sys.stderr)
-        sys.exit(1)
+        _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 1)
+    except Exception as error:
+        from tepo_cli.train.stop import StopRequested
+
+        if isinstance(error, StopRequested):
+            _fail(run_dir, status_owner, "interrupted", f"tepo train: {error}", 128 + error.signum)
+        if status_owner:
+            write_status(run_dir, "failed", error=repr(error))
+        raise
     finally:
         from tepo_cli.train.distributed import teardown
 
         teardown()
+
+
+def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:
+    """Check a resumed run's config against its own; refuse to start afresh over an earlier run."""
+    from tepo_cli.train import checkpoint, resume
+
+    current = config.model_dump(mode="json")
+    previous = resume.read_config(run_dir)
+    if config.resume:
+        if previous is not None:
+            resume.check_same_run(previous, current, run_dir)
+    elif checkpoint.sealed_checkpoints(run_dir) or _has_steps(run_dir):
+        raise ConfigError(
+            f"{run_dir} already holds a training run (metrics.jsonl or checkpoints/). Continue it "
+            f"with resume=true, or give this run another directory (hydra.run.dir=...)."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(current))
+
+
+def _has_steps(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.is_file() and metrics.stat().st_size > 0
+
+
+def _fail(run_dir: Path, owner: bool, state: str, message: str, code: int) -> None:
+    if owner:
+        from tepo_cli.train.run_status import write_status
+
+        write_status(run_dir, state)
+    print(message, file=sys.stderr)
+    sys.exit(code)

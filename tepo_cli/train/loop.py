@@ -1,4 +1,5 @@
-"""The training recipe: set up, evaluate, then steps of collect -> update -> log, evaluate, save."""
+"""The training recipe: set up (or resume), evaluate, then steps of collect -> update -> log ->
+checkpoint, evaluate, save."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import copy
 import json
 import random
 import shutil
+import signal
+import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.tasks import DatasetTask, build_task
@@ -22,11 +27,17 @@ from tepo_cli.eval.accuracy import evaluate
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.rewards import build_reward
 from tepo_cli.rollout.hf import Sampling
+from tepo_cli.train import checkpoint, faults
 from tepo_cli.train import experience as exp
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine
+from tepo_cli.train.guards import skipped_optimizer_steps
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.policy import Policy
+from tepo_cli.train.records import step_record, step_samples
+from tepo_cli.train.resumable import CountingStream, capture_rng, restore_rng
+from tepo_cli.train.resume import log_lengths, truncate_logs
+from tepo_cli.train.stop import StopRequested, StopSignals
 from tepo_cli.train.update import accumulation_steps, update
 
 
@@ -34,6 +45,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@dataclass
+class Start:
+    """Where the loop begins: step 0, or a checkpoint's step with the states it saved."""
+
+    step: int = 0
+    trainer_state: dict[str, Any] = field(default_factory=dict)
+    rank_state: dict[str, Any] = field(default_factory=dict)
 
 
 def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
@@ -47,46 +67,90 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     reference = _frozen_copy(model) if cfg.algo.needs_ref else None
     engine = build_engine(model, cfg, accumulation_steps(cfg), topo.world_size)
     policy: Policy = engine.module
+    generator = torch.Generator().manual_seed(cfg.seed)
+    start = _resume_point(cfg, run_dir, engine, topo)
     log = (
         RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress and topo.is_main)
         if topo.is_main
         else None
     )
-    stream = task.train_stream(cfg.seed)
+    stream = CountingStream(task.train_stream(cfg.seed), start.trainer_state.get("stream_drawn", 0))
     # DAPO refills come from a per-rank stream, so ranks never wait on each other's draws.
     refill = (
-        task.train_stream(cfg.seed * 1000 + 1 + topo.rank) if cfg.algo.dynamic_sampling else None
+        CountingStream(
+            task.train_stream(cfg.seed * 1000 + 1 + topo.rank),
+            start.rank_state.get("refill_drawn", 0),
+        )
+        if cfg.algo.dynamic_sampling
+        else None
     )
+    if start.rank_state:
+        restore_rng(start.rank_state["rng"], generator)
     per_rank = cfg.trainer.prompts_per_step // topo.world_size
-    generator = torch.Generator().manual_seed(cfg.seed)
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": 0}
-    with log or contextlib.nullcontext():
-        if cfg.trainer.eval_before:
+    summary: dict[str, Any] = start.trainer_state.get("summary") or {
+        "run_dir": str(run_dir),
+        "steps": 0,
+    }
+    step_seconds: list[float] = start.trainer_state.get("step_seconds", [])
+    bad_in_row: int = start.trainer_state.get("bad_steps_in_row", 0)
+    with log or contextlib.nullcontext(), StopSignals() as signals:
+        if cfg.trainer.eval_before and start.step == 0:
             summary["eval_before"] = _evaluate(
                 cfg, policy, tokenizer, task, reward, topo, log, 0, "before"
             )
-        step_seconds = []
-        for step in range(1, cfg.trainer.max_steps + 1):
-            start = time.perf_counter()
+        for step in range(start.step + 1, cfg.trainer.max_steps + 1):
+            faults.enter_step(step)
+            began = time.perf_counter()
             problems = [next(stream) for _ in range(cfg.trainer.prompts_per_step)]
             local = problems[topo.rank * per_rank : (topo.rank + 1) * per_rank]
             experience = exp.collect(cfg, policy, reference, tokenizer, local, reward, refill)
             update_start = time.perf_counter()
+            skipped_before = skipped_optimizer_steps(engine)
             metrics = update(cfg, engine, experience, generator)
             metrics["update_seconds"] = time.perf_counter() - update_start
-            record = _step_record(
-                cfg, step, engine, experience, metrics, time.perf_counter() - start
+            skipped = skipped_optimizer_steps(engine) - skipped_before
+            metrics["skipped_optimizer_steps"] = skipped
+            record = step_record(
+                cfg, step, engine, experience, metrics, time.perf_counter() - began
             )
             step_seconds.append(record["step_seconds"])
             if log is not None:
-                log.step(record, _samples(cfg, step, experience))
+                log.step(record, step_samples(cfg, step, experience))
             summary.update(steps=step, final_reward_mean=record["reward_mean"])
+            bad_in_row = bad_in_row + 1 if skipped else 0
+            if bad_in_row >= cfg.trainer.max_bad_steps:
+                raise RunError(_too_many_bad_steps(cfg, step, run_dir))
             if (
                 cfg.trainer.eval_every
                 and step % cfg.trainer.eval_every == 0
                 and step < cfg.trainer.max_steps
             ):
                 _evaluate(cfg, policy, tokenizer, task, reward, topo, log, step, "during")
+            signum = signals.requested(topo.device)
+            if signum or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
+                trainer_state = {
+                    "step": step,
+                    "stream_drawn": stream.drawn,
+                    "summary": summary,
+                    "step_seconds": step_seconds,
+                    "bad_steps_in_row": bad_in_row,
+                    "logs": log_lengths(run_dir) if topo.is_main else {},
+                }
+                rank_state = {
+                    "rng": capture_rng(generator),
+                    "refill_drawn": refill.drawn if refill is not None else 0,
+                }
+                saved = checkpoint.save(
+                    engine,
+                    run_dir,
+                    step,
+                    trainer_state,
+                    rank_state,
+                    topo,
+                    cfg.trainer.keep_checkpoints,
+                )
+            if signum:
+                raise StopRequested(signum, _stopped(signum, step, saved, run_dir))
         if cfg.trainer.eval_after:
             summary["eval_after"] = _evaluate(
                 cfg, policy, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"
@@ -102,6 +166,56 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             _report(log, summary)
     return summary
+
+
+def _resume_point(cfg: TrainConfig, run_dir: Path, engine: Any, topo: Topology) -> Start:
+    """With `resume`, restore the newest good checkpoint (all ranks the same one) and cut the logs."""
+    if not cfg.resume:
+        return Start()
+    chosen: list[str | None] = [None]
+    if topo.is_main:
+        for leftover in checkpoint.remove_staging(run_dir):
+            _warn(f"removed {leftover}, a checkpoint the run was killed while writing")
+        good = checkpoint.latest_good(run_dir, _warn)
+        chosen = [str(good) if good is not None else None]
+    if dist.is_initialized() and topo.world_size > 1:
+        dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        if topo.is_main:
+            truncate_logs(run_dir, {})
+            _warn(f"{run_dir} has no usable checkpoint: the run starts over from step 0")
+        return Start()
+    trainer_state, rank_state = checkpoint.load(engine, Path(chosen[0]), topo)
+    if topo.is_main:
+        truncate_logs(run_dir, trainer_state["logs"])
+        print(
+            f"tepo train: resuming {run_dir} after step {trainer_state['step']} "
+            f"({Path(chosen[0]).name})",
+            file=sys.stderr,
+        )
+    return Start(trainer_state["step"], trainer_state, rank_state)
+
+
+def _warn(message: str) -> None:
+    print(f"tepo train: warning: {message}", file=sys.stderr)
+
+
+def _too_many_bad_steps(cfg: TrainConfig, step: int, run_dir: Path) -> str:
+    good = checkpoint.sealed_checkpoints(run_dir)
+    kept = f"the last good checkpoint is {good[0]}" if good else "no checkpoint was written yet"
+    return (
+        f"{cfg.trainer.max_bad_steps} steps in a row (up to step {step}) had a non-finite loss or "
+        f"gradient and were skipped (trainer.max_bad_steps); {kept}. Lower trainer.lr, check "
+        f"the rewards and advantages in metrics.jsonl, or raise trainer.max_bad_steps."
+    )
+
+
+def _stopped(signum: int, step: int, saved: Path, run_dir: Path) -> str:
+    name = signal.Signals(signum).name
+    return (
+        f"stopped by {name} after step {step}; checkpoint written to {saved}. Continue with the "
+        f"same command plus resume={run_dir}"
+    )
 
 
 def _frozen_copy(model: Policy) -> Policy:
@@ -142,83 +256,6 @@ def _evaluate(
     return accuracy
 
 
-def _step_record(
-    cfg: TrainConfig,
-    step: int,
-    engine: Any,
-    experience: exp.Experience,
-    update_metrics: dict[str, float],
-    seconds: float,
-) -> dict[str, Any]:
-    rewards, lengths = experience.rewards, experience.rollout.lengths.float()
-    groups = rewards.view(-1, cfg.rollout.n)
-    stats = torch.stack(
-        [
-            rewards.sum(),
-            (rewards**2).sum(),
-            experience.correct.float().sum(),
-            lengths.sum(),
-            experience.rollout.truncated.float().sum(),
-            (groups.max(dim=1).values == groups.min(dim=1).values).float().sum(),
-            torch.tensor(float(rewards.numel())),
-            torch.tensor(float(groups.shape[0])),
-            torch.tensor(float(experience.sampled_groups)),
-            torch.tensor(experience.overlong_mean * rewards.numel()),
-        ]
-    ).double()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        stats = stats.to(engine.device)
-        dist.all_reduce(stats)
-    (
-        total,
-        total_sq,
-        correct,
-        length,
-        truncated,
-        flat_groups,
-        count,
-        group_count,
-        sampled,
-        overlong,
-    ) = stats.tolist()
-    mean = total / count
-    record: dict[str, Any] = {
-        "step": step,
-        "reward_mean": mean,
-        "reward_std": max(0.0, total_sq / count - mean**2) ** 0.5,
-        "accuracy": correct / count,
-        "response_length": length / count,
-        "truncated_frac": truncated / count,
-        "zero_std_group_frac": flat_groups / group_count,
-        "dropped_group_frac": 1.0 - group_count / sampled,
-        "refill_rounds": experience.refill_rounds,
-        "overlong_penalty_mean": overlong / count,
-        "lr": float(engine.get_lr()[0]),
-        "step_seconds": seconds,
-        "tokens_per_second": length / seconds,
-    }
-    record.update({f"{k}_seconds": v for k, v in experience.seconds.items()})
-    record.update(update_metrics)
-    return record
-
-
-def _samples(cfg: TrainConfig, step: int, experience: exp.Experience) -> list[dict[str, Any]]:
-    samples = []
-    for index in range(min(cfg.trainer.samples_per_step, len(experience.rollout.texts))):
-        problem = experience.problems[index // cfg.rollout.n]
-        samples.append(
-            {
-                "step": step,
-                "question": problem.question,
-                "answer": problem.answer,
-                "completion": experience.rollout.texts[index],
-                "reward": float(experience.rewards[index]),
-                "advantage": float(experience.advantages[index]),
-            }
-        )
-    return samples
-
-
 def _rank_checksums(engine: Any, topo: Topology) -> list[float]:
     """Every rank's parameter checksum: data-parallel ranks must hold identical weights."""
     if engine.zero_optimization_stage() == 3:
@@ -243,11 +280,19 @@ def _save_final(engine: Any, tokenizer: Any, target: Path, topo: Topology) -> No
         return
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    policy.lm.save_pretrained(staging, state_dict=state_dict)
-    tokenizer.save_pretrained(staging)
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    try:
+        policy.lm.save_pretrained(staging, state_dict=state_dict)
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RunError(
+            f"could not save the final model to {target}: {error}. Nothing partial was left "
+            f"behind; the checkpoints under {target.parent / 'checkpoints'} still hold the run "
+            f"(free some disk space and continue with resume=true)."
+        ) from None
 
 
 def _report(log: RunLog, summary: dict[str, Any]) -> None:

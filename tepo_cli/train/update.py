@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from tepo_cli.algos import policy_loss
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.train import faults
 from tepo_cli.train.experience import Experience, on_policy
 
 
@@ -53,6 +54,7 @@ def update(
                 for key, value in metrics.items():
                     sums[key] += value
                 micro_count += 1
+                faults.maybe_kill("update")
                 if index == len(micro_batches) - 1 and engine.zero_optimization_stage() == 0:
                     own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
                 engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
@@ -99,6 +101,8 @@ def _forward_backward(
         num_seqs=num_seqs,
         max_len=cfg.rollout.max_new_tokens,
     )
+    if faults.armed("nan_loss"):
+        loss = loss * float("nan")
     engine.backward(loss * world, scale_wrt_gas=False)
     valid = part.response_mask
     metrics = dict(metrics)

@@ -1,0 +1,206 @@
+"""Resumable checkpoints under <run dir>/checkpoints/step_NNNNNNNN.
+
+Written into a hidden staging directory, sealed by a manifest (size and sha256 of every file),
+then renamed into place: a checkpoint either exists whole or not at all, and one torn or
+corrupted on disk afterwards fails its manifest check, so the previous good one is used.
+Each holds the DeepSpeed engine state (weights, optimizer, schedule, ZeRO partitions), one file
+of random-number states and stream positions per rank, and the trainer's own state (step,
+summary so far, byte lengths of the run's log files) as JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tepo_cli.config.errors import RunError
+from tepo_cli.train import faults
+from tepo_cli.train.distributed import Topology
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.json"
+ENGINE_TAG = "engine"
+_NAME = re.compile(r"^step_(\d{8})$")
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return run_dir / CHECKPOINTS
+
+
+def sealed_checkpoints(run_dir: Path) -> list[Path]:
+    """Sealed checkpoint directories, newest first."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def save(
+    engine: Any,
+    run_dir: Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    rank_state: dict[str, Any],
+    topo: Topology,
+    keep: int,
+) -> Path:
+    """Collective: every rank calls it. Returns the sealed directory; RunError if a write failed."""
+    root = checkpoint_root(run_dir)
+    final = root / f"step_{step:08d}"
+    staging = root / f".step_{step:08d}.staging"
+    if topo.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+    _barrier()
+    error = _attempt(lambda: _write_rank_parts(engine, staging, rank_state, topo))
+    faults.maybe_kill("checkpoint")
+    if error is None and topo.is_main:
+        error = _attempt(lambda: _seal(staging, final, trainer_state))
+    error = _first_error(error, topo)
+    if error is not None:
+        if topo.is_main:
+            shutil.rmtree(staging, ignore_errors=True)
+        previous = sealed_checkpoints(run_dir)
+        kept = (
+            f"the previous checkpoint {previous[0]} is intact"
+            if previous
+            else "no earlier checkpoint exists"
+        )
+        raise RunError(
+            f"could not write the checkpoint of step {step} under {root}: {error}. Nothing partial "
+            f"was left behind and {kept}; free some disk space (or fix the permissions) and "
+            f"continue with resume=true."
+        )
+    if topo.is_main:
+        for stale in sealed_checkpoints(run_dir)[keep:]:
+            shutil.rmtree(stale, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def _write_rank_parts(
+    engine: Any, staging: Path, rank_state: dict[str, Any], topo: Topology
+) -> None:
+    engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
+    torch.save(rank_state, staging / f"rank_{topo.rank:05d}.pt")
+
+
+def _seal(staging: Path, final: Path, trainer_state: dict[str, Any]) -> None:
+    (staging / TRAINER_STATE).write_text(json.dumps(trainer_state))
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    manifest = {
+        "files": {str(p.relative_to(staging)): _digest(p) for p in files},
+        "step": trainer_state["step"],
+    }
+    manifest_file = staging / MANIFEST
+    manifest_file.write_text(json.dumps(manifest, indent=1))
+    _fsync(manifest_file)
+    for directory in {p.parent for p in files} | {staging}:
+        _fsync(directory)
+    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
+        shutil.rmtree(final)
+    staging.rename(final)
+    _fsync(final.parent)
+
+
+def verify(checkpoint: Path) -> str | None:
+    """Why the checkpoint cannot be used, or None when every file matches its manifest."""
+    try:
+        manifest = json.loads((checkpoint / MANIFEST).read_text())
+        files: dict[str, dict[str, Any]] = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its manifest is missing or unreadable"
+    for name, expected in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {expected['size']}"
+        if _digest(path)["sha256"] != expected["sha256"]:
+            return f"{name} does not match its sha256 checksum"
+    return None
+
+
+def latest_good(run_dir: Path, warn: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint that verifies; each unusable newer one is reported through `warn`."""
+    for checkpoint in sealed_checkpoints(run_dir):
+        problem = verify(checkpoint)
+        if problem is None:
+            return checkpoint
+        warn(f"checkpoint {checkpoint} is unusable ({problem}); falling back to the one before")
+    return None
+
+
+def remove_staging(run_dir: Path) -> list[Path]:
+    """Staging directories left by a run killed while writing a checkpoint."""
+    root = checkpoint_root(run_dir)
+    leftovers = sorted(root.glob(".step_*.staging")) if root.is_dir() else []
+    for leftover in leftovers:
+        shutil.rmtree(leftover, ignore_errors=True)
+    return leftovers
+
+
+def load(engine: Any, checkpoint: Path, topo: Topology) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Collective: restores the engine; returns (trainer state, this rank's state)."""
+    rank_file = checkpoint / f"rank_{topo.rank:05d}.pt"
+    if not rank_file.is_file():
+        raise RunError(
+            f"checkpoint {checkpoint} has no state for rank {topo.rank}: it was written by a run "
+            f"with a different number of ranks (trainer.nproc)."
+        )
+    engine.load_checkpoint(
+        str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    trainer_state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    rank_state = torch.load(rank_file, weights_only=False)
+    return trainer_state, rank_state
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    sha = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            sha.update(block)
+        os.fsync(handle.fileno())
+    return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _attempt(action: Callable[[], None]) -> str | None:
+    try:
+        action()
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as RuntimeError
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return None
+
+
+def _first_error(error: str | None, topo: Topology) -> str | None:
+    """Every rank learns whether any rank failed, so they all raise (or go on) together."""
+    if not (dist.is_initialized() and topo.world_size > 1):
+        return error
+    errors: list[str | None] = [None] * topo.world_size
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e is not None), None)
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -1,0 +1,91 @@
+"""What one step leaves in the run's logs: its metrics record (reduced over ranks) and samples."""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.train import experience as exp
+
+
+def step_record(
+    cfg: TrainConfig,
+    step: int,
+    engine: Any,
+    experience: exp.Experience,
+    update_metrics: dict[str, float],
+    seconds: float,
+) -> dict[str, Any]:
+    rewards, lengths = experience.rewards, experience.rollout.lengths.float()
+    groups = rewards.view(-1, cfg.rollout.n)
+    stats = torch.stack(
+        [
+            rewards.sum(),
+            (rewards**2).sum(),
+            experience.correct.float().sum(),
+            lengths.sum(),
+            experience.rollout.truncated.float().sum(),
+            (groups.max(dim=1).values == groups.min(dim=1).values).float().sum(),
+            torch.tensor(float(rewards.numel())),
+            torch.tensor(float(groups.shape[0])),
+            torch.tensor(float(experience.sampled_groups)),
+            torch.tensor(experience.overlong_mean * rewards.numel()),
+        ]
+    ).double()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        stats = stats.to(engine.device)
+        dist.all_reduce(stats)
+    (
+        total,
+        total_sq,
+        correct,
+        length,
+        truncated,
+        flat_groups,
+        count,
+        group_count,
+        sampled,
+        overlong,
+    ) = stats.tolist()
+    mean = total / count
+    record: dict[str, Any] = {
+        "step": step,
+        "reward_mean": mean,
+        "reward_std": max(0.0, total_sq / count - mean**2) ** 0.5,
+        "accuracy": correct / count,
+        "response_length": length / count,
+        "truncated_frac": truncated / count,
+        "zero_std_group_frac": flat_groups / group_count,
+        "dropped_group_frac": 1.0 - group_count / sampled,
+        "refill_rounds": experience.refill_rounds,
+        "overlong_penalty_mean": overlong / count,
+        "lr": float(engine.get_lr()[0]),
+        "step_seconds": seconds,
+        "tokens_per_second": length / seconds,
+        # ru_maxrss is in KiB on Linux: this process's high-water mark so far.
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    record.update({f"{k}_seconds": v for k, v in experience.seconds.items()})
+    record.update(update_metrics)
+    return record
+
+
+def step_samples(cfg: TrainConfig, step: int, experience: exp.Experience) -> list[dict[str, Any]]:
+    samples = []
+    for index in range(min(cfg.trainer.samples_per_step, len(experience.rollout.texts))):
+        problem = experience.problems[index // cfg.rollout.n]
+        samples.append(
+            {
+                "step": step,
+                "question": problem.question,
+                "answer": problem.answer,
+                "completion": experience.rollout.texts[index],
+                "reward": float(experience.rewards[index]),
+                "advantage": float(experience.advantages[index]),
+            }
+        )
+    return samples

@@ -1,0 +1,219 @@
+"""Nothing lost: real training subprocesses killed (SIGKILL), stopped (SIGTERM), fed NaN, starved
+of disk, then resumed — and compared bit for bit with an uninterrupted run of the same seed."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+# Keys that measure the machine, not the run: they differ between any two runs.
+TIMING_KEYS = {"tokens_per_second", "peak_rss_mb"}
+
+
+def base_args(tmp: Path, run_dir: Path) -> list[str]:
+    reward = tmp / "parity.py"
+    reward.write_text("def score(completion, problem):\n    return len(completion) % 2 == 0\n")
+    return [
+        "model=tiny",
+        f"trainer.max_steps={STEPS}",
+        "trainer.save_every=1",
+        "trainer.keep_checkpoints=3",
+        "trainer.progress=false",
+        "trainer.eval_after=false",
+        "trainer.eval_before=false",
+        "reward=custom",
+        f"reward.path={reward}",
+        f"hydra.run.dir={run_dir}",
+    ]
+
+
+def tepo(args: list[str], cwd: Path, fault: str = "", **kwargs) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TEPO_FAULT=fault)
+    return subprocess.run(
+        [sys.executable, "-m", "tepo_cli", "train", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tepo_cli", "train", *args],
+        cwd=cwd,
+        env=dict(os.environ, TEPO_FAULT=""),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_steps(run_dir: Path, steps: int, process: subprocess.Popen) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run did not reach step {steps}: {process.poll()}")
+
+
+def comparable_metrics(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in r.items() if k not in TIMING_KEYS and not k.endswith("seconds")}
+        for r in records
+    ]
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    ours, theirs = comparable_metrics(run_dir), comparable_metrics(reference)
+    assert [m["step"] for m in ours] == list(range(1, STEPS + 1))  # no step lost, none twice
+    assert ours == theirs
+    weights = "final/model.safetensors"
+    assert (run_dir / weights).read_bytes() == (reference / weights).read_bytes()
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and len(summary) >= 4
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("reference")
+    run_dir = tmp / "run"
+    result = tepo(base_args(tmp, run_dir), cwd=tmp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("fault", ["rollout:3", "update:2", "checkpoint:3"])
+def test_sigkill_at_a_point_then_resume_loses_nothing(tmp_path, reference, fault):
+    run_dir = tmp_path / "run"
+    args = base_args(tmp_path, run_dir)
+    killed = tepo(args, cwd=tmp_path, fault=fault)
+    assert killed.returncode == -signal.SIGKILL
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "running"
+    if fault.startswith("checkpoint"):
+        assert list((run_dir / "checkpoints").glob(".step_*.staging"))  # the torn write
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stderr
+    assert not list((run_dir / "checkpoints").glob(".step_*"))
+    assert_same_run(run_dir, reference)
+
+
+def test_external_kill_9_mid_run_then_resume_by_directory(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    args = base_args(tmp_path, run_dir)
+    process = start(args, tmp_path)
+    wait_for_steps(run_dir, 2, process)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    without_dir = [a for a in args if not a.startswith("hydra.run.dir=")]
+    resumed = tepo([*without_dir, f"resume={run_dir}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(run_dir, reference)
+
+
+def test_sigterm_checkpoints_exits_nonzero_and_says_how_to_resume(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    args = [*base_args(tmp_path, run_dir), "trainer.save_every=0"]
+    process = start(args, tmp_path)
+    wait_for_steps(run_dir, 1, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in stderr and f"resume={run_dir}" in stderr
+    assert "Traceback" not in stderr
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "interrupted"
+    (saved,) = (run_dir / "checkpoints").glob("step_*")
+    stopped_at = int(saved.name.split("_")[1])
+    assert stopped_at == len((run_dir / "metrics.jsonl").read_text().splitlines())
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(run_dir, reference)
+
+
+def test_corrupted_newest_checkpoint_falls_back_to_the_previous(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    args = base_args(tmp_path, run_dir)
+    assert tepo(args, cwd=tmp_path, fault="rollout:4").returncode == -signal.SIGKILL
+    newest = run_dir / "checkpoints" / "step_00000003" / "engine" / "mp_rank_00_model_states.pt"
+    with newest.open("r+b") as handle:  # torn on disk after it was sealed
+        handle.truncate(newest.stat().st_size // 2)
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step_00000003 is unusable" in resumed.stderr and "after step 2" in resumed.stderr
+    assert_same_run(run_dir, reference)
+
+
+def test_changed_objective_is_refused_on_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    args = base_args(tmp_path, run_dir)
+    assert tepo(args, cwd=tmp_path, fault="update:2").returncode == -signal.SIGKILL
+    refused = tepo([*args, "resume=true", "algo=mpo"], cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "cannot resume" in refused.stderr and "algo.name: 'grpo' -> 'mpo'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    fresh_over_old = tepo(args, cwd=tmp_path)
+    assert (
+        fresh_over_old.returncode == 2 and "already holds a training run" in fresh_over_old.stderr
+    )
+
+
+def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*base_args(tmp_path, run_dir), "trainer.max_bad_steps=2", "trainer.max_steps=5"]
+    result = tepo(args, cwd=tmp_path, fault="nan_loss:2,nan_loss:4-5")
+    assert result.returncode == 1
+    assert "trainer.max_bad_steps" in result.stderr and "Traceback" not in result.stderr
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["skipped_optimizer_steps"] for m in metrics] == [0, 1, 0, 1, 1]
+    assert metrics[1]["loss"] is None  # NaN is written as null
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert checkpoints[-1] == "step_00000004"  # the failing step 5 wrote nothing
+    from tepo_cli.train.checkpoint import verify
+
+    assert verify(run_dir / "checkpoints" / checkpoints[-1]) is None
+
+
+def _small_file_limit() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+def test_disk_full_while_checkpointing_leaves_nothing_partial(tmp_path):
+    run_dir = tmp_path / "run"
+    result = tepo(base_args(tmp_path, run_dir), cwd=tmp_path, preexec_fn=_small_file_limit)
+    assert result.returncode == 1
+    assert "could not write the checkpoint of step 1" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list((run_dir / "checkpoints").iterdir())  # no torn staging, no sealed dir
+
+
+def test_resume_true_finds_the_newest_unfinished_run(tmp_path):
+    args = [a for a in base_args(tmp_path, tmp_path) if not a.startswith("hydra.run.dir")]
+    assert tepo(args, cwd=tmp_path, fault="update:2").returncode == -signal.SIGKILL
+    (run_dir,) = [p.parent for p in (tmp_path / "outputs" / "train").glob("*/*/config.yaml")]
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        f"resuming {run_dir.resolve()}" in resumed.stderr or f"resuming {run_dir}" in resumed.stderr
+    )
+    nothing_left = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert nothing_left.returncode == 2 and "no unfinished run" in nothing_left.stderr
