@@ -217,3 +217,26 @@ def test_resume_true_finds_the_newest_unfinished_run(tmp_path):
     )
     nothing_left = tepo([*args, "resume=true"], cwd=tmp_path)
     assert nothing_left.returncode == 2 and "no unfinished run" in nothing_left.stderr
+
+
+def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp_path):
+    """ZeRO-2 partitions the optimizer state over ranks: each rank must restore its own part."""
+    runs = {name: tmp_path / name for name in ("whole", "killed")}
+    args = {
+        name: [
+            *base_args(tmp_path, run_dir),
+            "trainer.max_steps=3",
+            "trainer.nproc=2",
+            "deepspeed=zero2",
+        ]
+        for name, run_dir in runs.items()
+    }
+    assert tepo(args["whole"], cwd=tmp_path).returncode == 0
+    assert tepo(args["killed"], cwd=tmp_path, fault="update:2").returncode != 0
+    checkpoint = runs["killed"] / "checkpoints" / "step_00000001"
+    assert {p.name for p in checkpoint.glob("rank_*.pt")} == {"rank_00000.pt", "rank_00001.pt"}
+    resumed = tepo([*args["killed"], "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    weights = "final/model.safetensors"
+    assert (runs["killed"] / weights).read_bytes() == (runs["whole"] / weights).read_bytes()
+    assert comparable_metrics(runs["killed"]) == comparable_metrics(runs["whole"])

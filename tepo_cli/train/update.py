@@ -45,6 +45,12 @@ def update(
         for minibatch in order.chunk(cfg.trainer.minibatches):
             num_tokens = _global_sum(batch.response_mask[minibatch].sum().item(), engine.device)
             num_seqs = _global_sum(float(len(minibatch)), engine.device)
+            if num_tokens == 0:
+                # Only empty completions on every rank: no token to learn from. The whole
+                # accumulation cycle is left out, so the weights, AdamW moments and DeepSpeed's
+                # micro-step count all stay as they were.
+                sums["empty_minibatches"] += 1
+                continue
             micro_batches = minibatch.split(cfg.trainer.micro_batch_size)
             own_norm = None
             for index, rows in enumerate(micro_batches):
@@ -62,7 +68,9 @@ def update(
             norm = own_norm if norm is None else norm
             if norm is not None:
                 grad_norms.append(float(norm))
+    empty = sums.pop("empty_minibatches", 0.0)
     result = {key: value / max(1, micro_count) for key, value in sums.items()}
+    result["empty_minibatches"] = empty
     if grad_norms:
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
     return result
