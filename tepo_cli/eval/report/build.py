@@ -1,0 +1,100 @@
+"""`tepo report`: read every run under a directory, write the tables and plots, print the tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from tepo_cli.config.errors import ConfigError
+from tepo_cli.eval.report import render
+from tepo_cli.eval.report.grouping import group_runs
+from tepo_cli.eval.report.plots import write_plots
+from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
+from tepo_cli.eval.report.runs import Run, find_runs, load_run
+
+MARKDOWN = "report.md"
+GROUPS_CSV = "report.csv"
+RUNS_CSV = "report_runs.csv"
+
+
+@dataclass
+class Report:
+    swept: list[str]
+    groups: list[GroupRow]
+    runs: list[RunRow]
+    files: list[Path] = field(default_factory=list)
+
+
+def build_report(
+    root: Path,
+    out: Path | None = None,
+    options: Options | None = None,
+    plots: bool = True,
+    console: Console | None = None,
+) -> Report:
+    """Read the runs at or under `root`; write report.md, report.csv, report_runs.csv and the
+    PNG plots into `out` (default: `root`); print the tables to `console` when given.
+
+    Raises ConfigError (one paragraph) when `root` is not a directory or holds no run.
+    """
+    options = options or Options()
+    if not root.is_dir():
+        raise ConfigError(
+            f"{root} is not a directory. Give a run directory (outputs/train/<date>/<time>) or a "
+            "multirun directory (multirun/train/<date>/<time>) written by `tepo train`. "
+            "Nothing was written."
+        )
+    paths = find_runs(root)
+    if not paths:
+        raise ConfigError(
+            f"no runs found under {root}: a run directory holds what `tepo train` writes "
+            "(.hydra/, config.yaml, metrics.jsonl, status.json), and a multirun directory one such "
+            "directory per job. Nothing was written."
+        )
+    runs = [load_run(path, root) for path in paths]
+    _check_threshold_key(runs, options.threshold_key)
+    swept, groups = group_runs(runs)
+    group_rows, run_rows = build_rows(groups, options)
+    report = Report(swept, group_rows, run_rows)
+    out = out or root
+    out.mkdir(parents=True, exist_ok=True)
+    images = write_plots(groups, out) if plots else []
+    (out / MARKDOWN).write_text(_markdown(root, report, options, images), encoding="utf-8")
+    render.write_csv_groups(out / GROUPS_CSV, group_rows, swept, options)
+    render.write_csv_runs(out / RUNS_CSV, run_rows)
+    report.files = [out / MARKDOWN, out / GROUPS_CSV, out / RUNS_CSV, *images]
+    if console is not None:
+        render.print_tables(console, group_rows, run_rows, options)
+    return report
+
+
+def _check_threshold_key(runs: list[Run], key: str) -> None:
+    """A mistyped --threshold-key would read as "not reached" everywhere: refuse it instead."""
+    logged = {name for run in runs for record in run.metrics for name in record}
+    if logged and key not in logged:
+        raise ConfigError(
+            f"--threshold-key {key!r} is not a key of any run's metrics.jsonl; the keys logged are: "
+            f"{', '.join(sorted(logged))}. Nothing was written."
+        )
+
+
+def _markdown(root: Path, report: Report, options: Options, images: list[Path]) -> str:
+    swept = ", ".join(f"`{key}`" for key in report.swept) or "nothing (one group)"
+    parts = [
+        f"# tepo report: {root}",
+        "",
+        f"{len(report.runs)} runs in {len(report.groups)} groups; swept: {swept}. Values are "
+        + render.legend(options),
+        "",
+        render.markdown_table(render.group_columns(options), report.groups),
+        "",
+        "## Runs",
+        "",
+        render.markdown_table(render.run_columns(options), report.runs),
+    ]
+    if images:
+        parts += ["", "## Curves", ""]
+        parts += [f"![{image.stem}]({image.name})" for image in images]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,70 @@
+"""`tepo report DIR [options]`: argument parsing and exit codes (the work is in build.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from tepo_cli.config.errors import ConfigError
+from tepo_cli.eval.report.build import build_report
+from tepo_cli.eval.report.rows import Options
+
+DESCRIPTION = """\
+Summarise a run or a multirun sweep: runs are grouped by the overrides that differ between them
+(seed excluded: seeds are the repeats), and each group gets mean ± 95 % CI over its finished
+runs. Crashed, failed, interrupted and running runs are listed with their state. Writes
+report.md, report.csv (groups), report_runs.csv and plot_*.png into DIR (or --out)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    parse = argparse.ArgumentParser(
+        prog="tepo report", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parse.add_argument(
+        "directory", type=Path, metavar="DIR", help="a run directory or a multirun directory"
+    )
+    parse.add_argument(
+        "--out", type=Path, metavar="DIR", help="where to write the files (default: DIR)"
+    )
+    parse.add_argument(
+        "--threshold", type=float, default=0.5, help="level for 'steps to reach' (default 0.5)"
+    )
+    parse.add_argument(
+        "--threshold-key",
+        default="accuracy",
+        help="metrics.jsonl key compared with --threshold (default: accuracy, the share of\n"
+        "correct samples, comparable across objectives; reward_mean is not: DAPO's rewards\n"
+        "are ±1 plus an overlong penalty)",
+    )
+    parse.add_argument(
+        "--smooth",
+        type=int,
+        default=1,
+        help="compare the trailing mean of this many steps with the threshold (default 1: raw)",
+    )
+    parse.add_argument(
+        "--last", type=int, default=5, help="final reward = mean of the last N steps (default 5)"
+    )
+    parse.add_argument("--no-plots", action="store_true", help="tables only")
+    return parse
+
+
+def main(arguments: list[str]) -> int:
+    args = parser().parse_args(arguments)
+    if args.smooth < 1 or args.last < 1:
+        print("tepo report: --smooth and --last must be at least 1.", file=sys.stderr)
+        return 2
+    options = Options(args.threshold, args.threshold_key, args.smooth, args.last)
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160  # a log file or a pipe: keep each row on one line
+    try:
+        report = build_report(args.directory, args.out, options, not args.no_plots, console)
+    except ConfigError as error:
+        print(f"tepo report: {error}", file=sys.stderr)
+        return 2
+    console.print(f"wrote {', '.join(str(path) for path in report.files)}", highlight=False)
+    return 0

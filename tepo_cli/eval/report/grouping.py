@@ -1,0 +1,97 @@
+"""Group runs by the keys the sweep varied; seeds are the repeats inside a group.
+
+A key is swept when its value differs between runs. The keys come from each job's command-line
+overrides (`.hydra/overrides.yaml`: `algo=grpo`, `k=4`, `trainer.lr=1e-5`), which name the
+experiment as it was typed; when a run has no overrides file, the flattened resolved configs are
+compared instead (keeping one key per way of splitting the runs). `seed` and Hydra's own
+settings (`hydra.*`, `hydra/launcher=...`) never define a group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tepo_cli.eval.report.runs import Run
+
+_NOT_SWEPT = {"seed", "run_dir", "model.path"}
+_MISSING = "(default)"
+
+
+@dataclass
+class Group:
+    label: str  # "algo=grpo k=4"; "all runs" when nothing was swept
+    values: dict[str, str]  # swept key -> value
+    runs: list[Run]
+
+
+def group_runs(runs: list[Run]) -> tuple[list[str], list[Group]]:
+    """(swept keys, groups in order of first appearance)."""
+    by_overrides = all(run.overrides is not None for run in runs)
+    settings = [_override_settings(run) if by_overrides else _config_settings(run) for run in runs]
+    keys: list[str] = []
+    for setting in settings:
+        keys.extend(key for key in setting if key not in keys)
+    pairs = list(zip(runs, settings, strict=True))
+    columns = {key: tuple(_value(run, setting, key) for run, setting in pairs) for key in keys}
+    swept = [key for key, column in columns.items() if len(set(column)) > 1]
+    if not by_overrides:
+        swept = _without_redundant(swept, columns)
+    groups: dict[tuple[str, ...], Group] = {}
+    for run, setting in pairs:
+        values = {key: _value(run, setting, key) for key in swept}
+        identity = tuple(values.values())
+        if identity not in groups:
+            label = " ".join(f"{k}={v}" for k, v in values.items()) or "all runs"
+            groups[identity] = Group(label, values, [])
+        groups[identity].runs.append(run)
+    return swept, list(groups.values())
+
+
+def _without_redundant(swept: list[str], columns: dict[str, tuple[str, ...]]) -> list[str]:
+    """Keep one key per way of splitting the runs: with `algo=grpo,mpo` the configs also differ in
+    algo.unit, algo.eps_high, ..., which split the runs exactly as algo.name does."""
+    kept: list[str] = []
+    partitions: set[tuple[int, ...]] = set()
+    for key in swept:
+        first_seen: dict[str, int] = {}
+        partition = tuple(first_seen.setdefault(v, len(first_seen)) for v in columns[key])
+        if partition not in partitions:
+            partitions.add(partition)
+            kept.append(key)
+    return kept
+
+
+def _override_settings(run: Run) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for override in run.overrides or []:
+        key, sep, value = override.partition("=")
+        key = key.lstrip("+~")
+        if not sep or _ignored(key):
+            continue
+        settings[key] = value
+    return settings
+
+
+def _config_settings(run: Run) -> dict[str, str]:
+    return {key: _text(value) for key, value in run.config.items() if not _ignored(key)}
+
+
+def _ignored(key: str) -> bool:
+    return key in _NOT_SWEPT or key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def _value(run: Run, setting: dict[str, str], key: str) -> str:
+    """The run's value of a swept key; a run that did not set it shows its config's value."""
+    if key in setting:
+        return setting[key]
+    for name in (key, f"{key}.name"):  # a config group (algo=...) is named by its .name
+        if name in run.config:
+            return _text(run.config[name])
+    return _MISSING
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)

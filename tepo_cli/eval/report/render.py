@@ -1,0 +1,164 @@
+"""The report's tables as text: rich (terminal), Markdown and CSV, from the same rows."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
+from tepo_cli.eval.report.stats import Estimate
+
+NONE = "—"
+_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes"}
+
+
+def _fmt(value: Estimate | float | None, digits: int) -> str:
+    if value is None:
+        return NONE
+    if isinstance(value, Estimate):
+        return value.format(digits)
+    return f"{value:.{digits}f}"
+
+
+def _states(row: GroupRow) -> str:
+    order = sorted(row.states, key=lambda s: (s != "finished", s))
+    return ", ".join(f"{row.states[s]} {s}" for s in order)
+
+
+def _to_threshold(row: GroupRow, value: Estimate | None, digits: int, say: bool = True) -> str:
+    if row.finished == 0:
+        return NONE
+    if row.reached == 0:
+        return f"not reached (0/{row.finished})" if say else NONE
+    text = _fmt(value, digits)
+    return text if row.reached == row.finished else f"{text} ({row.reached}/{row.finished})"
+
+
+def threshold_label(options: Options) -> str:
+    smoothing = f", mean of {options.window} steps" if options.window > 1 else ""
+    return f"{options.threshold_key} ≥ {options.threshold:g}{smoothing}"
+
+
+def group_columns(options: Options) -> list[tuple[str, Callable[[GroupRow], str]]]:
+    reach = threshold_label(options)
+    return [
+        ("group", lambda r: r.group.label),
+        ("runs", _states),
+        ("reward", lambda r: _fmt(r.final_reward, 3)),
+        ("acc. before", lambda r: _fmt(r.accuracy_before, 3)),
+        ("acc. after", lambda r: _fmt(r.accuracy_after, 3)),
+        (f"steps to {reach}", lambda r: _to_threshold(r, r.steps_to, 1)),
+        ("seconds to it", lambda r: _to_threshold(r, r.seconds_to, 1, say=False)),
+        ("s/step", lambda r: _fmt(r.seconds_per_step, 2)),
+        ("peak MB", lambda r: _fmt(r.peak_rss_mb, 0)),
+    ]
+
+
+def run_columns(options: Options) -> list[tuple[str, Callable[[RunRow], str]]]:
+    return [
+        ("run", lambda r: r.run.name),
+        ("group", lambda r: r.group),
+        ("seed", lambda r: str(r.run.seed)),
+        ("state", lambda r: r.run.state),
+        ("steps", lambda r: f"{r.steps_done}/{r.max_steps if r.max_steps is not None else '?'}"),
+        ("reward", lambda r: _fmt(r.final_reward, 3)),
+        ("acc. after", lambda r: _fmt(r.accuracy_after, 3)),
+        ("step at threshold", lambda r: str(r.crossing.step) if r.crossing else NONE),
+        ("s/step", lambda r: _fmt(r.seconds_per_step, 2)),
+        ("peak MB", lambda r: _fmt(r.peak_rss_mb, 0)),
+        ("notes", lambda r: "; ".join(r.run.notes)),
+    ]
+
+
+def rich_table(title: str, columns: list, rows: list, caption: str = "") -> Table:
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for header, _ in columns:
+        justify = "left" if header in _TEXT_COLUMNS else "right"
+        table.add_column(header, justify=justify, overflow="fold")
+    for row in rows:
+        table.add_row(*(get(row) for _, get in columns))
+    return table
+
+
+def print_tables(
+    console: Console, group_rows: list[GroupRow], run_rows: list[RunRow], options: Options
+) -> None:
+    console.print(
+        rich_table("Groups", group_columns(options), group_rows, legend(options)), highlight=False
+    )
+    console.print(rich_table("Runs", run_columns(options), run_rows), highlight=False)
+
+
+def legend(options: Options) -> str:
+    """What the columns mean, under the group table and in report.md."""
+    return (
+        "mean ± 95 % CI (Student t) over the finished runs of a group. reward: mean reward_mean of "
+        f"the last {options.last} steps; acc.: held-out greedy accuracy before / after training; "
+        f"steps and seconds (training only) to the first step with {threshold_label(options)}, "
+        "(k/n) when only k of n runs reached it; s/step: median step seconds; peak MB: largest "
+        "peak_rss_mb of the group's runs."
+    )
+
+
+def markdown_table(columns: list, rows: list) -> str:
+    lines = [
+        "| " + " | ".join(header for header, _ in columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
+    for row in rows:
+        cells = (get(row).replace("|", "\\|") for _, get in columns)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv_groups(path: Path, rows: list[GroupRow], swept: list[str], options: Options) -> None:
+    fields = ["group", *swept, "runs", "finished", "states"]
+    metrics = ["final_reward", "accuracy_before", "accuracy_after"]
+    metrics += ["steps_to_threshold", "seconds_to_threshold", "seconds_per_step"]
+    for name in metrics:
+        fields += [f"{name}_mean", f"{name}_ci95", f"{name}_n"]
+    fields += ["threshold_reached", "peak_rss_mb", "threshold"]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            record: dict[str, object] = {"group": row.group.label, **row.group.values}
+            record.update(runs=sum(row.states.values()), finished=row.finished, states=_states(row))
+            values = (row.final_reward, row.accuracy_before, row.accuracy_after)
+            values += (row.steps_to, row.seconds_to, row.seconds_per_step)
+            for name, value in zip(metrics, values, strict=True):
+                record[f"{name}_mean"] = "" if value is None else value.mean
+                record[f"{name}_ci95"] = (
+                    "" if value is None or value.half_width is None else value.half_width
+                )
+                record[f"{name}_n"] = 0 if value is None else value.n
+            record.update(
+                threshold_reached=row.reached,
+                peak_rss_mb="" if row.peak_rss_mb is None else row.peak_rss_mb,
+                threshold=threshold_label(options),
+            )
+            writer.writerow(record)
+
+
+def write_csv_runs(path: Path, rows: list[RunRow]) -> None:
+    fields = ["run", "group", "seed", "state", "steps_done", "max_steps", "final_reward"]
+    fields += ["accuracy_before", "accuracy_after", "steps_to_threshold", "seconds_to_threshold"]
+    fields += ["seconds_per_step", "peak_rss_mb", "notes", "path"]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            values = (
+                row.run.name, row.group, row.run.seed, row.run.state, row.steps_done,
+                row.max_steps, row.final_reward, row.accuracy_before, row.accuracy_after,
+                row.crossing.step if row.crossing else None,
+                row.crossing.seconds if row.crossing else None,
+                row.seconds_per_step, row.peak_rss_mb, "; ".join(row.run.notes), row.run.path,
+            )  # fmt: skip
+            writer.writerow(
+                {k: "" if v is None else v for k, v in zip(fields, values, strict=True)}
+            )
