@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ValidationError
 
 from tepo_cli.config.errors import ConfigError, describe_value
+from tepo_cli.config.launcher import parallel_job_threads
 from tepo_cli.config.schema import EvalConfig, TrainConfig
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -25,13 +26,19 @@ def load_train_config(
     if block_size is not None and isinstance(data.get("algo"), dict):
         # `tepo train algo=NAME k=K`: any objective with K-token blocks as its action unit.
         data["algo"].update(unit="block", k=block_size)
+    trainer = data.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("num_threads") is None:
+        trainer["num_threads"] = parallel_job_threads()  # several sweep jobs share the cores
     return _validate(TrainConfig, data, "train", choices)
 
 
 def load_eval_config(
     cfg: DictConfig | Mapping[str, Any], choices: Mapping[str, str] | None = None
 ) -> EvalConfig:
-    return _validate(EvalConfig, _plain(cfg), "eval", choices)
+    data = _plain(cfg)
+    if data.get("num_threads") is None:
+        data["num_threads"] = parallel_job_threads()  # several sweep jobs share the cores
+    return _validate(EvalConfig, data, "eval", choices)
 
 
 def _plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
