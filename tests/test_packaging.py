@@ -64,10 +64,25 @@ def test_wheel_installed_elsewhere_composes_configs(tmp_path):
     assert location.startswith(str(venv)), location
     job = run(venv / "bin" / "tepo", "train", "algo.eps_high=0.28", "--cfg", "job", cwd=tmp_path)
     assert "eps_high: 0.28" in job and "name: smollm2_135m" in job
+    # recipes/ ships as the `recipe` config group (conf/recipe links to it); the command line wins.
+    recipe = run(
+        venv / "bin" / "tepo",
+        "train",
+        "recipe=dapo_math",
+        "trainer.lr=3e-6",
+        "--cfg",
+        "job",
+        cwd=tmp_path,
+    )
+    assert "name: dapo" in recipe and "path: Qwen/Qwen2.5-32B" in recipe and "lr: 3.0e-06" in recipe
+    launcher = run(
+        venv / "bin" / "tepo", "train", "hydra/launcher=slurm", "--cfg", "hydra", cwd=tmp_path
+    )
+    assert "SlurmLauncher" in launcher and "timeout_min: 720" in launcher
     groups = run(
         python,
         "-c",
         "from tepo_cli.config.overrides import config_groups; print(sorted(config_groups()))",
         cwd=tmp_path,
     )
-    assert "'algo'" in groups and "'deepspeed'" in groups
+    assert "'algo'" in groups and "'deepspeed'" in groups and "'recipe'" in groups
