@@ -91,7 +91,7 @@ def test_math_mapping_takes_the_last_box() -> None:
     assert hub.extra["subject"] == "Algebra" and hub.extra["level"] == "Level 1"
     with pytest.raises(DataError, match="boxed"):
         to_problem("math", dict(MATH, solution="no box"))
-    with pytest.raises(DataError, match="'problem' field"):
+    with pytest.raises(DataError, match="'problem' value"):
         to_problem("math", {"solution": "\\boxed{1}"})
 
 

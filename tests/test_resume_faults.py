@@ -240,3 +240,29 @@ def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp
     weights = "final/model.safetensors"
     assert (runs["killed"] / weights).read_bytes() == (runs["whole"] / weights).read_bytes()
     assert comparable_metrics(runs["killed"]) == comparable_metrics(runs["whole"])
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            '{"question": "What is 1+1?", "answer": "2\\n#### 2"}\n{"question": "What is 2+2?"}\n',
+            "gsm8k record 1 has no 'answer' value (missing or null)",
+        ),
+        (
+            '{"question": "What is 1+1?", "answer": "2\\n#### 2"}\nnot json\n',
+            "JSON parse error: Invalid value. in row 1",
+        ),
+    ],
+    ids=["missing-field", "not-json"],
+)
+def test_malformed_training_rows_stop_the_run_before_the_model_loads(tmp_path, rows, message):
+    data = tmp_path / "train.jsonl"
+    data.write_text(rows)
+    run_dir = tmp_path / "run"
+    args = ["model=tiny", "benchmark=gsm8k", f"benchmark.path={data}", f"hydra.run.dir={run_dir}"]
+    result = tepo(args, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"

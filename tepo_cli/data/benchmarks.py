@@ -123,8 +123,17 @@ def _read_local(path: Path, split: str) -> list[Record]:
             _FORMATS[files[0].suffix], data_files=[str(f) for f in files], split="train"
         )
     except Exception as error:  # datasets raises many types; all mean "unreadable file"
-        raise DataError(f"Could not read {path} with datasets: {error}") from error
+        raise DataError(f"Could not read {path} with datasets: {_root_cause(error)}") from error
     return dataset.to_list()
+
+
+def _root_cause(error: BaseException) -> str:
+    """datasets wraps the parser's message (e.g. "JSON parse error ... in row 1") in a generic one."""
+    messages = [str(error)]
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+        messages.append(f"{type(error).__name__}: {error}")
+    return "; ".join(messages)
 
 
 def _read_hub(hub_id: str, split: str) -> list[Record]:
@@ -151,9 +160,11 @@ def _field(name: str, record: Record, index: int, *keys: str) -> Any:
     for key in keys:
         if record.get(key) is not None:
             return record[key]
+    present = sorted(key for key, value in record.items() if value is not None)
     raise DataError(
-        f"{name} record {index} has no '{keys[0]}' field; its fields are "
-        f"{', '.join(sorted(record)) or 'none'}."
+        f"{name} record {index} has no '{keys[0]}' value (missing or null); the fields it has "
+        f"are {', '.join(present) or 'none'}. Fix or remove that record: a benchmark is scored "
+        f"whole, so tepo does not skip records silently."
     )
 
 

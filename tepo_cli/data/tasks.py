@@ -21,6 +21,15 @@ class DatasetTask:
 
     def __init__(self, cfg: BenchmarkConfig) -> None:
         self.cfg = cfg
+        self._train: list[Problem] | None = None
+
+    def _train_problems(self) -> list[Problem]:
+        if self._train is None:
+            from tepo_cli.data.benchmarks import load_problems
+
+            cfg = self.cfg
+            self._train = load_problems(cfg.name, cfg.train_split, cfg.path, cfg.hub_id)
+        return self._train
 
     def eval_problems(self, limit: int | None = None) -> list[Problem]:
         from tepo_cli.data.benchmarks import load_problems
@@ -29,17 +38,16 @@ class DatasetTask:
         return load_problems(cfg.name, cfg.split, cfg.path, cfg.hub_id, limit)
 
     def check_training(self) -> None:
-        """Refuse a test split for training (before any model loads) unless forced."""
+        """Before any model loads: refuse a test split unless forced, and read the training split
+        (a malformed record stops the run here, naming it, rather than after minutes of setup)."""
         from tepo_cli.data.benchmarks import check_split_for_training
 
         check_split_for_training(self.cfg.name, self.cfg.train_split, self.cfg.allow_test_split)
+        self._train_problems()
 
     def train_stream(self, seed: int) -> Iterator[Problem]:
         """Epochs over the training split, each in a fresh seeded order."""
-        from tepo_cli.data.benchmarks import load_problems
-
-        cfg = self.cfg
-        problems = load_problems(cfg.name, cfg.train_split, cfg.path, cfg.hub_id)
+        problems = self._train_problems()
         rng = random.Random(f"train:{seed}")
         while True:
             order = list(range(len(problems)))
