@@ -111,8 +111,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def relaunch(nproc: int, overrides: list[str], run_dir: Path) -> int:
-    """Run this training job as `nproc` ranks under the deepspeed launcher; return its exit code."""
+def relaunch(nproc: int, overrides: list[str], run_dir: Path, job_cores: int | None = None) -> int:
+    """Run this training job as `nproc` ranks under the deepspeed launcher; return its exit code.
+
+    `job_cores`: the cores this job may use when a parallel sweep shares the machine; its ranks
+    split them (an explicit `trainer.num_threads` in `overrides` is per rank and kept as given).
+    """
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
         raise ConfigError(
@@ -122,6 +126,11 @@ def relaunch(nproc: int, overrides: list[str], run_dir: Path) -> int:
     kept = [
         o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "trainer.nproc"))
     ]
+    cores = job_cores or (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    if job_cores is not None:
+        kept.append(f"trainer.num_threads={max(1, job_cores // nproc)}")
     command = [
         launcher,
         "--num_gpus",
@@ -139,8 +148,5 @@ def relaunch(nproc: int, overrides: list[str], run_dir: Path) -> int:
         "hydra/job_logging=stdout",
     ]
     env = dict(os.environ)
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
     return subprocess.call(command, env=env)

@@ -27,8 +27,15 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.train import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
+            from tepo_cli.config.launcher import parallel_job_threads
+
+            overrides = list(hydra_cfg.overrides.task)
+            explicit = any(o.lstrip("+~").startswith("trainer.num_threads=") for o in overrides)
             code = distributed.relaunch(
-                config.trainer.nproc, list(hydra_cfg.overrides.task), run_dir
+                config.trainer.nproc,
+                overrides,
+                run_dir,
+                None if explicit else parallel_job_threads(),
             )
             if code:
                 sys.exit(code)
