@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tepo-installed
 
-.PHONY: install train test test-fast lint format clean
+.PHONY: install train test test-fast lint format clean bench-install bench-step
 
 install: $(STAMP)
 
@@ -33,6 +33,13 @@ lint: install
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# tepo vs TRL's GRPOTrainer (scripts/bench_step.py); TRL is the optional `bench` extra.
+bench-install: install
+	$(BIN)/python -m pip install -c constraints.txt -e '.[bench]'
+
+bench-step: bench-install
+	$(BIN)/python scripts/bench_step.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

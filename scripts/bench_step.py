@@ -1,0 +1,332 @@
+"""tepo vs TRL's GRPOTrainer on one concrete job, alternating, each trainer in its own process.
+
+    pip install -c constraints.txt -e '.[bench]'          # TRL (the `bench` extra), CPU torch kept
+    python scripts/bench_step.py                           # the issue's CPU job, 30 steps, 1 round
+    python scripts/bench_step.py --rounds 2 --out outputs/bench_step/quiet
+    python scripts/bench_step.py --steps 3 --eval-size 20  # smoke run (numbers meaningless)
+    python scripts/bench_step.py --gpu                     # GPU mode (bf16, Qwen2.5-0.5B-Instruct)
+    python scripts/bench_step.py --gpu --model Qwen/Qwen2.5-1.5B-Instruct --max-new-tokens 256
+
+The job (issue 8): SmolLM2-135M-Instruct in float32, 1-digit addition ("What is A+B? Answer with
+just the number."), 2 prompts × 8 generations per step, 16 new tokens, temperature 0.7, lr 1e-5
+constant, β = 0, one update per rollout, grad clip 1.0, 30 steps. Both trainers load the same
+model directory (tepo's converted checkpoint in $TEPO_CACHE), train on the same prompts in the same
+order (tepo's seeded stream; the chat-rendered token ids are checked equal), sample with the same
+settings, grade with tepo's grader and use the same seed value. `--rounds R` runs tepo, TRL, tepo,
+TRL, ... and pools steps 2–N of every round. Afterwards one process scores the base model and
+every trained model with tepo's eval code (greedy, the held-out split). With 1-digit "+" there are
+only 100 distinct problems and tepo holds out at most half, so the default --eval-size is 50.
+
+Output: a Markdown table (printed, and OUT/results.md) with median / min / max s/step, the split
+into generation, scoring, forward, backward and optimizer, peak RSS of each trainer process
+(wait4's ru_maxrss), reward per step, accuracy before → after, and the ratios tepo/TRL;
+OUT/results.json holds every step's numbers. Logs: OUT/<side>/round<r>.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from benchstep import report
+from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
+from benchstep.procs import (
+    CUDA_MEMORY_ENV,
+    ChildResult,
+    log_tail,
+    python_module,
+    run_child,
+    thread_env,
+)
+
+SCRIPTS = Path(__file__).resolve().parent
+CPU_DEFAULTS: dict[str, Any] = {
+    "model": "smollm2_135m",
+    "device": "cpu",
+    "dtype": "float32",
+    "max_new_tokens": 16,
+    "prompts_per_step": 2,
+    "generations": 8,
+    "digits": 1,
+    "eval_size": 50,
+}
+# GPU mode: untested here (no GPU on the development machine).
+GPU_DEFAULTS: dict[str, Any] = {
+    "model": "Qwen/Qwen2.5-0.5B-Instruct",
+    "device": "cuda",
+    "dtype": "bfloat16",
+    "max_new_tokens": 128,
+    "prompts_per_step": 8,
+    "generations": 8,
+    "digits": 3,
+    "eval_size": 100,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
+    p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="results directory (default outputs/bench_step/<time>)")
+    p.add_argument("--sides", default="tepo,trl", help="which trainers to run (default tepo,trl)")
+    p.add_argument("--gpu", action="store_true", help="GPU mode preset: " + _preset(GPU_DEFAULTS))
+    p.add_argument("--model", help="smollm2_135m (embedded), a model directory or a hub id")
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--prompts-per-step", type=int)
+    p.add_argument("--generations", type=int, help="samples per prompt")
+    p.add_argument("--digits", type=int, help="operand digits of the addition problems")
+    p.add_argument("--eval-size", type=int, help="held-out problems (at most half of them all)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--gradient-checkpointing", action="store_true", help="on both sides")
+    p.add_argument("--threads", type=int, help="torch CPU threads per trainer (default: all cores)")
+    p.add_argument("--no-eval", action="store_true", help="skip the accuracy evaluation")
+    p.add_argument("--trl-python", default=sys.executable, help="interpreter with trl installed")
+    args = p.parse_args(argv)
+    for key, value in (GPU_DEFAULTS if args.gpu else CPU_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not set(args.sides) <= {"tepo", "trl"} or not args.sides:
+        p.error("--sides takes tepo, trl or tepo,trl")
+    return args
+
+
+def _preset(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """GPU mode needs a GPU; bfloat16 on a CPU would only measure slow bf16 matmuls."""
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit(
+            "bench_step: --device cuda (or --gpu) needs a CUDA GPU and torch with CUDA; "
+            f"this machine has none (torch {torch.__version__}). Run the CPU job without --gpu."
+        )
+    if args.device == "cpu" and args.dtype != "float32":
+        sys.exit("bench_step: --dtype bfloat16 is for --device cuda; the CPU job is float32.")
+
+
+def trl_version(python: str) -> str:
+    code = "import trl; print(trl.__version__)"
+    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if found.returncode != 0:
+        sys.exit(
+            f"bench_step: TRL is not importable by {python}. Install the benchmark extra: "
+            "pip install -c constraints.txt -e '.[bench]' (or pass --trl-python)."
+        )
+    return found.stdout.strip()
+
+
+def make_job(args: argparse.Namespace) -> Job:
+    threads = args.threads or len(os.sched_getaffinity(0))
+    return Job(
+        model=resolve_model(args.model),
+        steps=args.steps,
+        seed=args.seed,
+        prompts_per_step=args.prompts_per_step,
+        generations=args.generations,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        lr=args.lr,
+        grad_clip=args.grad_clip,
+        digits=args.digits,
+        eval_size=args.eval_size,
+        device=args.device,
+        dtype=args.dtype,
+        threads=threads,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
+
+
+def check_task(config: Any) -> None:
+    """A bad --eval-size / --digits stops here, before any model loads, with tepo's message."""
+    from tepo_cli.config.errors import ConfigError
+    from tepo_cli.data.tasks import build_task
+
+    try:
+        build_task(config.benchmark)
+    except ConfigError as error:
+        sys.exit(f"bench_step: {error}")
+
+
+def child_env(job: Job, cuda_memory: Path | None = None) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path, **thread_env(job.threads)}
+    if job.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif cuda_memory is not None:
+        env[CUDA_MEMORY_ENV] = str(cuda_memory)
+    return env
+
+
+def run_tepo(job: Job, out: Path, round_index: int) -> tuple[ChildResult, Path]:
+    run_dir = out / "tepo" / f"round{round_index}"
+    probes = out / "tepo" / f"round{round_index}.probes.jsonl"
+    command = python_module(
+        sys.executable,
+        "benchstep.tepo_side",
+        str(probes),
+        *job.tepo_overrides(),
+        f"hydra.run.dir={run_dir}",
+    )
+    env = child_env(job, out / "tepo" / f"round{round_index}.cuda.json")
+    return run_child(command, out / "tepo" / f"round{round_index}.log", env), run_dir
+
+
+def run_trl(job: Job, out: Path, round_index: int, python: str) -> tuple[ChildResult, Path]:
+    run_dir = out / "trl" / f"round{round_index}"
+    command = python_module(
+        python,
+        "benchstep.trl_side",
+        str(out / "job.json"),
+        str(out / "tepo_config.json"),
+        str(run_dir),
+    )
+    env = child_env(job, out / "trl" / f"round{round_index}.cuda.json")
+    return run_child(command, out / "trl" / f"round{round_index}.log", env), run_dir
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def collect_run(side: str, result: ChildResult, run_dir: Path) -> dict[str, Any]:
+    if side == "tepo":
+        metrics = read_jsonl(run_dir / "metrics.jsonl")
+        steps = report.tepo_steps(metrics, read_jsonl(run_dir.with_suffix(".probes.jsonl")))
+    else:
+        steps = report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
+    cuda = run_dir.with_suffix(".cuda.json")
+    peak_cuda = json.loads(cuda.read_text())["max_allocated_bytes"] if cuda.exists() else None
+    return {
+        "side": side,
+        "run_dir": str(run_dir),
+        "model_dir": str(run_dir / "final"),
+        "steps": steps,
+        "peak_rss_bytes": result.peak_rss_bytes,
+        "peak_cuda_bytes": peak_cuda,
+        "wall_seconds": result.wall_seconds,
+        "returncode": result.returncode,
+    }
+
+
+def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {"tepo": [], "trl": []}
+    for round_index in range(args.rounds):
+        for side in args.sides:
+            print(f"[round {round_index + 1}/{args.rounds}] {side}: training …", flush=True)
+            if side == "tepo":
+                result, run_dir = run_tepo(job, out, round_index)
+            else:
+                result, run_dir = run_trl(job, out, round_index, args.trl_python)
+            if result.returncode != 0:
+                sys.exit(
+                    f"bench_step: {side} failed (exit {result.returncode}); {result.log}:\n"
+                    + log_tail(result.log)
+                )
+            run = collect_run(side, result, run_dir)
+            runs[side].append(run)
+            median = report.summarize([run])["median_s"]
+            print(
+                f"  {len(run['steps'])} steps, median {report._s(median)} s/step (steps 2–), "
+                f"peak RSS {report._gb(run['peak_rss_bytes'])}, wall {result.wall_seconds:.0f} s",
+                flush=True,
+            )
+    return runs
+
+
+def evaluate_all(job: Job, runs: dict[str, list[dict[str, Any]]], out: Path) -> float | None:
+    """Score the base model and every trained one in one process; fill accuracy_after."""
+    models = {"base": job.model}
+    for side, side_runs in runs.items():
+        for index, run in enumerate(side_runs):
+            models[f"{side}{index}"] = run["model_dir"]
+    print(f"evaluating {len(models)} models on {job.eval_size} held-out problems …", flush=True)
+    command = python_module(
+        sys.executable,
+        "benchstep.evaluate",
+        str(out / "job.json"),
+        str(out / "tepo_config.json"),
+        str(out / "eval.json"),
+        *(f"{name}={path}" for name, path in models.items()),
+    )
+    result = run_child(command, out / "eval.log", child_env(job))
+    if result.returncode != 0:
+        sys.exit(f"bench_step: evaluation failed; {result.log}:\n" + log_tail(result.log))
+    scores = json.loads((out / "eval.json").read_text())
+    for side, side_runs in runs.items():
+        for index, run in enumerate(side_runs):
+            run["accuracy_after"] = scores[f"{side}{index}"]["accuracy"]
+    return scores["base"]["accuracy"]
+
+
+def versions(trl: str | None) -> dict[str, str]:
+    found = {name: _version(name) for name in ("tepo", "torch", "transformers", "deepspeed")}
+    found["trl"] = trl or "not run"
+    return found
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_device(args)
+    trl = trl_version(args.trl_python) if "trl" in args.sides else None
+    out = (args.out or Path("outputs/bench_step") / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"bench_step: {out} is not empty; give a new --out directory.")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if args.device == "cpu" else "cuda")
+    job = make_job(args)
+    config = compose_tepo_config(job)
+    check_task(config)
+    if config.benchmark.prompt != ISSUE_PROMPT:
+        print(
+            f"bench_step: warning: tepo's arith prompt is {config.benchmark.prompt!r}, not the issue's"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    job.save(out / "job.json")
+    (out / "tepo_config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    print(f"model: {job.model}\nresults: {out}", flush=True)
+    runs = train_all(job, args, out)
+    before = None if args.no_eval else evaluate_all(job, runs, out)
+    summaries = {side: report.summarize(side_runs) for side, side_runs in runs.items()}
+    table = report.markdown(
+        describe(job), summaries["tepo"], summaries["trl"], before, versions(trl)
+    )
+    (out / "results.md").write_text(table)
+    results = {
+        "job": describe(job),
+        "versions": versions(trl),
+        "accuracy_before": before,
+        "summary": summaries,
+        "ratios_tepo_over_trl": report.ratios(summaries["tepo"], summaries["trl"]),
+        "runs": runs,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

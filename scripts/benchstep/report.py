@@ -1,0 +1,300 @@
+"""Per-step numbers of both trainers -> summaries, ratios tepo/TRL and the Markdown table.
+
+Pure functions over plain dicts (no torch, no trl), so they are tested without either trainer.
+A normalised step is {"step", "total", "generation", "scoring", "forward", "backward",
+"fwd_bwd", "optimizer", "other", "reward"}; seconds, None where a side cannot measure it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+PARTS = ("generation", "scoring", "forward", "backward", "fwd_bwd", "optimizer", "other")
+LABELS = {
+    "generation": "generation",
+    "scoring": "scoring (reward + no-grad log-probs)",
+    "forward": "loss forward",
+    "backward": "backward",
+    "fwd_bwd": "forward + backward",
+    "optimizer": "optimizer (clip + AdamW + zero_grad)",
+    "other": "other (step − the parts above)",
+}
+MEASURED = (
+    "How measured (wall clock, perf_counter): tepo — step, generation (rollout_seconds) and "
+    "scoring (reward_seconds + score_seconds) from its metrics.jsonl; loss forward, backward and "
+    "optimizer (update_seconds − forward − backward) from probes around tepo's micro-batch "
+    "forward+backward and engine.backward. TRL — step from a TrainerCallback (on_step_begin → "
+    "on_step_end); generation = GRPOTrainer._generate; scoring = _generate_and_score_completions "
+    "− generation; loss forward = compute_loss; backward = accelerator.backward; optimizer = end "
+    "of training_step → on_step_end. Peak RSS: ru_maxrss of each trainer's process (wait4), "
+    "from start to exit (load, train, save). Accuracy: one process scores the base and every "
+    "trained model with tepo's eval code (greedy).",
+)
+# Done-when of issue 8, checked on the summary.
+TARGET_SPEEDUP = 2.0
+TARGET_RSS_RATIO = 0.6
+TARGET_ACCURACY_POINTS = 3.0
+
+
+def tepo_steps(metrics: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict]:
+    """tepo's metrics.jsonl rows, with the update split from the probe rows (same order)."""
+    steps = []
+    for index, row in enumerate(metrics):
+        probe = probes[index] if index < len(probes) else {}
+        update = row.get("update_seconds")
+        backward = _first(row.get("backward_seconds"), probe.get("backward_seconds"))
+        fwd_bwd = probe.get("fwd_bwd_seconds")
+        forward = row.get("forward_seconds")
+        if forward is None and fwd_bwd is not None and backward is not None:
+            forward = fwd_bwd - backward
+        if forward is not None and backward is not None:
+            fwd_bwd = forward + backward
+        optimizer = row.get("optimizer_seconds")
+        if optimizer is None and update is not None and fwd_bwd is not None:
+            optimizer = update - fwd_bwd  # clip (+ tepo's own grad-norm) + AdamW + zero_grad
+        scoring = row.get("reward_seconds", 0.0) + row.get("score_seconds", 0.0)
+        steps.append(
+            _step(
+                row["step"],
+                row["step_seconds"],
+                row.get("rollout_seconds"),
+                scoring,
+                forward,
+                backward,
+                optimizer,
+                row.get("reward_mean"),
+            )
+        )
+    return steps
+
+
+def trl_steps(timings: Sequence[dict[str, Any]]) -> list[dict]:
+    """The TRL side's timings.jsonl rows (see benchstep.trl_side for how each is measured)."""
+    return [
+        _step(
+            row["step"],
+            row["step_seconds"],
+            row["generation_seconds"],
+            row["scoring_seconds"],
+            row["forward_seconds"],
+            row["backward_seconds"],
+            row["optimizer_seconds"],
+            row.get("reward_mean"),
+        )
+        for row in timings
+    ]
+
+
+def _step(
+    step: int,
+    total: float,
+    generation: float | None,
+    scoring: float | None,
+    forward: float | None,
+    backward: float | None,
+    optimizer: float | None,
+    reward: float | None,
+) -> dict[str, Any]:
+    parts = (generation, scoring, forward, backward, optimizer)
+    fwd_bwd = forward + backward if forward is not None and backward is not None else None
+    other = total - sum(parts) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
+    return {
+        "step": step,
+        "total": total,
+        "generation": generation,
+        "scoring": scoring,
+        "forward": forward,
+        "backward": backward,
+        "fwd_bwd": fwd_bwd,
+        "optimizer": optimizer,
+        "other": other,
+        "reward": reward,
+    }
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def summarize(runs: Sequence[dict[str, Any]], skip: int = 1) -> dict[str, Any]:
+    """One side over its rounds: step statistics pooled over steps skip+1..N of every round."""
+    timed = [s for run in runs for s in run["steps"] if s["step"] > skip]
+    totals = [s["total"] for s in timed]
+    median = statistics.median(totals) if totals else None
+    summary: dict[str, Any] = {
+        "rounds": len(runs),
+        "timed_steps": len(timed),
+        "median_s": median,
+        "min_s": min(totals) if totals else None,
+        "max_s": max(totals) if totals else None,
+        "steps_per_s": 1.0 / median if median else None,
+        "parts_median_s": {part: _median(s[part] for s in timed) for part in PARTS},
+        "peak_rss_bytes": max((run["peak_rss_bytes"] for run in runs), default=None),
+        "peak_rss_bytes_per_round": [run["peak_rss_bytes"] for run in runs],
+        "peak_cuda_bytes": max(
+            (run["peak_cuda_bytes"] for run in runs if run.get("peak_cuda_bytes")), default=None
+        ),
+        "wall_s": _median(run["wall_seconds"] for run in runs),
+        "reward_per_step": _mean_by_step(runs),
+        "accuracy_after": _mean(run.get("accuracy_after") for run in runs),
+    }
+    rewards = [r for r in summary["reward_per_step"] if r is not None]
+    summary["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
+    return summary
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def _mean_by_step(runs: Sequence[dict[str, Any]]) -> list[float | None]:
+    length = max((len(run["steps"]) for run in runs), default=0)
+    return [
+        _mean(run["steps"][i]["reward"] for run in runs if i < len(run["steps"]))
+        for i in range(length)
+    ]
+
+
+def ratios(tepo: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
+    """tepo/TRL: s/step (median), steps/s (the speed-up), peak RSS, each part; accuracy in points."""
+    parts = {
+        part: _ratio(tepo["parts_median_s"][part], trl["parts_median_s"][part]) for part in PARTS
+    }
+    accuracy = None
+    if tepo["accuracy_after"] is not None and trl["accuracy_after"] is not None:
+        accuracy = 100.0 * (tepo["accuracy_after"] - trl["accuracy_after"])
+    return {
+        "median_s": _ratio(tepo["median_s"], trl["median_s"]),
+        "steps_per_s": _ratio(tepo["steps_per_s"], trl["steps_per_s"]),
+        "peak_rss": _ratio(tepo["peak_rss_bytes"], trl["peak_rss_bytes"]),
+        "parts": parts,
+        "accuracy_points": accuracy,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """The issue's done-when, each as (condition, measured, met?)."""
+    speed, rss, acc = r["steps_per_s"], r["peak_rss"], r["accuracy_points"]
+    return [
+        (f"tepo ≥ {TARGET_SPEEDUP:.1f}× TRL steps/s", _x(speed), _ok(speed, TARGET_SPEEDUP, 1)),
+        (f"tepo peak RSS ≤ {TARGET_RSS_RATIO}× TRL's", _x(rss), _ok(rss, TARGET_RSS_RATIO, -1)),
+        (
+            f"accuracy after within {TARGET_ACCURACY_POINTS:.0f} points of TRL's",
+            _pts(acc),
+            None if acc is None else abs(acc) <= TARGET_ACCURACY_POINTS,
+        ),
+    ]
+
+
+def _ok(value: float | None, bound: float, sign: int) -> bool | None:
+    return None if value is None else (value >= bound if sign > 0 else value <= bound)
+
+
+def markdown(
+    job: dict[str, Any],
+    tepo: dict[str, Any],
+    trl: dict[str, Any],
+    accuracy_before: float | None,
+    versions: dict[str, str],
+) -> str:
+    r = ratios(tepo, trl)
+    n = job["steps"]
+    lines = [
+        f"# tepo vs TRL GRPOTrainer: {_job_line(job)}",
+        "",
+        "| | tepo | TRL | tepo/TRL |",
+        "|---|---|---|---|",
+        _row(f"median s/step (steps 2–{n})", tepo["median_s"], trl["median_s"], r["median_s"]),
+        f"| min / max s/step | {_s(tepo['min_s'])} / {_s(tepo['max_s'])} "
+        f"| {_s(trl['min_s'])} / {_s(trl['max_s'])} | |",
+        _row("steps/s", tepo["steps_per_s"], trl["steps_per_s"], r["steps_per_s"], digits=3),
+    ]
+    for part in PARTS:
+        t, u = tepo["parts_median_s"][part], trl["parts_median_s"][part]
+        lines.append(_row(f"  {LABELS[part]}, median s", t, u, r["parts"][part]))
+    lines += [
+        f"| peak RSS | {_gb(tepo['peak_rss_bytes'])} | {_gb(trl['peak_rss_bytes'])} "
+        f"| {_x(r['peak_rss'])} |",
+    ]
+    if tepo["peak_cuda_bytes"] or trl["peak_cuda_bytes"]:
+        cuda_ratio = _ratio(tepo["peak_cuda_bytes"], trl["peak_cuda_bytes"])
+        lines.append(
+            f"| peak GPU memory (max allocated) | {_gb(tepo['peak_cuda_bytes'])} "
+            f"| {_gb(trl['peak_cuda_bytes'])} | {_x(cuda_ratio)} |"
+        )
+    lines += [
+        f"| process wall time (load, {n} steps, save) | {_sec(tepo['wall_s'])} "
+        f"| {_sec(trl['wall_s'])} | |",
+        f"| mean reward over steps 1–{n} | {_f(tepo['reward_mean'])} "
+        f"| {_f(trl['reward_mean'])} | |",
+        f"| greedy accuracy before → after ({job['eval_size']} held-out) "
+        f"| {_f(accuracy_before)} → {_f(tepo['accuracy_after'])} "
+        f"| {_f(accuracy_before)} → {_f(trl['accuracy_after'])} | {_pts(r['accuracy_points'])} |",
+        "",
+        "Reward per step (mean over rounds):",
+        "",
+        f"- tepo: {_series(tepo['reward_per_step'])}",
+        f"- TRL:  {_series(trl['reward_per_step'])}",
+        "",
+        "Targets (issue 8):",
+        "",
+    ]
+    for condition, measured, met in targets(r):
+        mark = "not measured" if met is None else ("met" if met else "NOT met")
+        lines.append(f"- {condition}: {measured} — {mark}")
+    lines += ["", *MEASURED, "", "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    ops = "".join(job["operations"])
+    return (
+        f"{job['steps']} steps × {job['prompts_per_step']} prompts × {job['generations']} "
+        f"generations, {job['max_new_tokens']} new tokens, T={job['temperature']}, "
+        f"lr {job['lr']:g}, {job['digits']}-digit {ops}, {job['dtype']} on {job['device']} "
+        f"({job['threads']} threads)"
+    )
+
+
+def _row(label: str, a: float | None, b: float | None, ratio: float | None, digits: int = 2) -> str:
+    return f"| {label} | {_s(a, digits)} | {_s(b, digits)} | {_x(ratio)} |"
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _sec(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f} s"
+
+
+def _f(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def _pts(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.1f} points"
+
+
+def _gb(value: int | None) -> str:
+    return "—" if value is None else f"{value / 1e9:.2f} GB"
+
+
+def _series(values: Sequence[float | None]) -> str:
+    return " ".join("—" if v is None else f"{v:.2f}" for v in values)

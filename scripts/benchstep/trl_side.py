@@ -1,0 +1,214 @@
+"""The TRL side: GRPOTrainer on the job, timed step by step.
+
+    python -m benchstep.trl_side JOB.json TEPO_CONFIG.json RUN_DIR
+
+Same model directory, same prompts in the same order (tepo's seeded training stream, chat
+template applied by tepo's own renderer's rules and checked token for token), same sampling
+settings, same grader (tepo's `Reward`), same seed value. Writes RUN_DIR/timings.jsonl (one line
+per optimizer step) and the trained model to RUN_DIR/final.
+
+How each number is measured (wall-clock perf_counter, all on the trainer instance):
+  step        TrainerCallback on_step_begin -> on_step_end
+  generation  GRPOTrainer._generate (tokenise prompts, model.generate, decode)
+  reward      GRPOTrainer._calculate_rewards (calls the grader)
+  scoring     _generate_and_score_completions minus generation (reward, padding, advantages,
+              and old/ref log-probs when TRL needs them; with β = 0 and one update it has none)
+  forward     GRPOTrainer.compute_loss (the loss forward: log-probs, entropies, loss)
+  backward    accelerator.backward
+  optimizer   end of training_step -> on_step_end (grad clip, AdamW step, scheduler, zero_grad)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from benchstep.job import Job, load_tepo_config, train_problems
+from benchstep.procs import record_cuda_memory_at_exit
+
+
+class StepClock(TrainerCallback):
+    """Collects the wrapped calls' seconds per optimizer step; one JSON line per step."""
+
+    def __init__(self, sink: Path) -> None:
+        self.sink = sink
+        self.sums: dict[str, float] = {}
+        self.begin = 0.0
+        self.train_step_end = 0.0
+        self.rewards: list[float] = []
+
+    def add(self, key: str, seconds: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + seconds
+
+    def wrap(self, owner: Any, name: str, key: str) -> None:
+        function = getattr(owner, name)
+
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                end = time.perf_counter()
+                self.add(key, end - start)
+                if key == "training_step_seconds":
+                    self.train_step_end = end
+
+        setattr(owner, name, timed)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.sums, self.rewards = {}, []
+        self.begin = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        end = time.perf_counter()
+        sums = self.sums
+        record = {
+            "step": state.global_step,
+            "step_seconds": end - self.begin,
+            "generation_seconds": sums.get("generation_seconds", 0.0),
+            "reward_seconds": sums.get("reward_seconds", 0.0),
+            "scoring_seconds": sums.get("prepare_seconds", 0.0)
+            - sums.get("generation_seconds", 0.0),
+            "forward_seconds": sums.get("forward_seconds", 0.0),
+            "backward_seconds": sums.get("backward_seconds", 0.0),
+            "optimizer_seconds": end - self.train_step_end,
+            "reward_mean": sum(self.rewards) / len(self.rewards) if self.rewards else None,
+            "threads": torch.get_num_threads(),
+        }
+        with self.sink.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def make_reward(config: Any, clock: StepClock) -> Any:
+    """tepo's grader as a TRL reward function (completions come back as assistant messages)."""
+    from tepo_cli.data.arith import Problem
+    from tepo_cli.rewards import build_reward
+
+    reward = build_reward(config.reward, config.benchmark)
+
+    def tepo_reward(completions: list[Any], question: list[str], answer: list[str], **_: Any):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        problems = [
+            Problem(id=q, question=q, answer=a) for q, a in zip(question, answer, strict=True)
+        ]
+        values = [r.reward for r in reward.score_many(texts, problems)]
+        clock.rewards.extend(values)
+        return values
+
+    return tepo_reward
+
+
+def prompt_rows(config: Any, steps: int) -> list[dict[str, Any]]:
+    """tepo's training problems in tepo's order, as conversational prompts (TRL applies the
+    chat template with add_generation_prompt=True, as tepo's render_prompt does)."""
+    bench = config.benchmark
+    rows = []
+    for problem in train_problems(config, steps):
+        message = bench.prompt.replace("{question}", problem.question)
+        messages = [{"role": "user", "content": message}]
+        if bench.system_prompt:
+            messages.insert(0, {"role": "system", "content": bench.system_prompt})
+        prompt: Any = messages if bench.chat_template else message
+        rows.append({"prompt": prompt, "question": problem.question, "answer": problem.answer})
+    return rows
+
+
+def check_same_tokens(trainer: Any, config: Any, rows: list[dict[str, Any]]) -> None:
+    """TRL's prompt ids must equal tepo's (render_prompt, then no added special tokens)."""
+    from tepo_cli.data.prompts import render_prompt
+
+    tokenizer = trainer.processing_class
+    sample = rows[: 2 * config.trainer.prompts_per_step]
+    ids, _, _ = trainer._tokenize_prompts([row["prompt"] for row in sample])
+    for row, theirs in zip(sample, ids, strict=True):
+        text = render_prompt(tokenizer, config.benchmark, row["question"])
+        ours = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if list(theirs) != list(ours):
+            raise SystemExit(f"bench_step: TRL and tepo tokenise the prompt differently: {text!r}")
+
+
+def grpo_config(job: Job, run_dir: Path) -> Any:
+    from trl import GRPOConfig
+
+    bf16 = job.dtype == "bfloat16"
+    return GRPOConfig(
+        output_dir=str(run_dir),
+        max_steps=job.steps,
+        per_device_train_batch_size=job.batch,
+        gradient_accumulation_steps=1,
+        num_generations=job.generations,
+        generation_batch_size=job.batch,
+        shuffle_dataset=False,  # tepo's stream order; the stream itself is seeded
+        max_completion_length=job.max_new_tokens,
+        temperature=job.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=job.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        optim="adamw_torch",
+        max_grad_norm=job.grad_clip,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="grpo",  # per-sequence token mean, then mean over sequences (tepo's grpo)
+        scale_rewards="group",
+        seed=job.seed,
+        use_cpu=job.device == "cpu",
+        bf16=bf16,
+        fp16=False,
+        gradient_checkpointing=job.gradient_checkpointing,  # TRL's default is True; tepo's False
+        model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32},
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
+
+
+def main(argv: list[str]) -> None:
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    job, config = Job.load(Path(argv[0])), load_tepo_config(Path(argv[1]))
+    run_dir = Path(argv[2])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(job.threads)
+    record_cuda_memory_at_exit()
+    clock = StepClock(run_dir / "timings.jsonl")
+    clock.sink.write_text("")
+    rows = prompt_rows(config, job.steps)
+    trainer = GRPOTrainer(
+        model=job.model,
+        reward_funcs=make_reward(config, clock),
+        args=grpo_config(job, run_dir),
+        train_dataset=Dataset.from_list(rows),
+        callbacks=[clock],
+    )
+    check_same_tokens(trainer, config, rows)
+    clock.wrap(trainer, "_generate", "generation_seconds")
+    clock.wrap(trainer, "_calculate_rewards", "reward_seconds")
+    clock.wrap(trainer, "_generate_and_score_completions", "prepare_seconds")
+    clock.wrap(trainer, "compute_loss", "forward_seconds")
+    clock.wrap(trainer, "training_step", "training_step_seconds")
+    clock.wrap(trainer.accelerator, "backward", "backward_seconds")
+    trainer.train()
+    trainer.save_model(str(run_dir / "final"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
