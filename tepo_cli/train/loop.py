@@ -213,8 +213,9 @@ def _too_many_bad_steps(cfg: TrainConfig, step: int, run_dir: Path) -> str:
 def _stopped(signum: int, step: int, saved: Path, run_dir: Path) -> str:
     name = signal.Signals(signum).name
     return (
-        f"stopped by {name} after step {step}; checkpoint written to {saved}. Continue with the "
-        f"same command plus resume={run_dir}"
+        f"stopped by {name} after step {step}; checkpoint written to {saved}. Continue it with "
+        f"the same command plus resume={run_dir} (for a sweep: the same sweep command plus "
+        f"resume=true)."
     )
 
 

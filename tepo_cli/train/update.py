@@ -8,6 +8,7 @@ world size, and its own 1/accumulation scaling is turned off.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -34,6 +35,7 @@ def update(
     batch = experience.batch
     world = dist.get_world_size() if dist.is_initialized() else 1
     sums: dict[str, float] = defaultdict(float)
+    seconds: dict[str, float] = defaultdict(float)  # summed over the step, not averaged
     micro_count = 0
     grad_norms = []
     for _ in range(cfg.trainer.ppo_epochs):
@@ -55,15 +57,17 @@ def update(
             own_norm = None
             for index, rows in enumerate(micro_batches):
                 metrics = _forward_backward(
-                    cfg, engine, experience, rows, num_tokens, num_seqs, world
+                    cfg, engine, experience, rows, num_tokens, num_seqs, world, seconds
                 )
                 for key, value in metrics.items():
                     sums[key] += value
                 micro_count += 1
                 faults.maybe_kill("update")
+                began = time.perf_counter()
                 if index == len(micro_batches) - 1 and engine.zero_optimization_stage() == 0:
                     own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
                 engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
+                seconds["optimizer_seconds"] += time.perf_counter() - began
             norm = engine.get_global_grad_norm()
             norm = own_norm if norm is None else norm
             if norm is not None:
@@ -71,6 +75,7 @@ def update(
     empty = sums.pop("empty_minibatches", 0.0)
     result = {key: value / max(1, micro_count) for key, value in sums.items()}
     result["empty_minibatches"] = empty
+    result.update(seconds)
     if grad_norms:
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
     return result
@@ -84,7 +89,9 @@ def _forward_backward(
     num_tokens: float,
     num_seqs: float,
     world: int,
+    seconds: dict[str, float],
 ) -> dict[str, float]:
+    began = time.perf_counter()
     part = experience.batch.select(rows)
     width = part.response_mask.shape[1]
     logp, entropy = engine(part, cfg.rollout.temperature, with_entropy=True)
@@ -111,7 +118,10 @@ def _forward_backward(
     )
     if faults.armed("nan_loss"):
         loss = loss * float("nan")
+    forward_done = time.perf_counter()
+    seconds["forward_seconds"] += forward_done - began
     engine.backward(loss * world, scale_wrt_gas=False)
+    seconds["backward_seconds"] += time.perf_counter() - forward_done
     valid = part.response_mask
     metrics = dict(metrics)
     metrics["loss"] = float(loss.detach())
