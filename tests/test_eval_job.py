@@ -64,14 +64,18 @@ def test_resume_keeps_complete_problems_and_drops_a_torn_line(tmp_path):
     assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["a", "a"]
 
 
-def test_dataset_benchmarks_refuse_training_on_the_test_split():
+def test_dataset_benchmarks_refuse_training_on_the_test_split(tmp_path):
     task = build_task(BenchmarkConfig(name="gsm8k", train_split="test"))
     assert isinstance(task, DatasetTask)
     with pytest.raises(ConfigError, match=r"benchmark\.allow_test_split=true"):
         task.check_training()
-    DatasetTask(
-        BenchmarkConfig(name="gsm8k", train_split="test", allow_test_split=True)
-    ).check_training()
+    local = tmp_path / "test.jsonl"  # forced: the split is then read (a local copy, offline)
+    local.write_text('{"question": "What is 1+1?", "answer": "2\\n#### 2"}\n')
+    forced = DatasetTask(
+        BenchmarkConfig(name="gsm8k", train_split="test", allow_test_split=True, path=str(local))
+    )
+    forced.check_training()
+    assert next(forced.train_stream(0)).answer == "2"
 
 
 def test_arith_only_keys_are_rejected_for_datasets():
