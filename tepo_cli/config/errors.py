@@ -17,6 +17,14 @@ class RunError(RuntimeError):
         super().__init__(" ".join(message.split()))
 
 
+class StopRequested(Exception):
+    """SIGINT/SIGTERM stopped a run after a checkpoint; the job exits with 128 + the signal."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 def describe_value(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

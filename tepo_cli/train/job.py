@@ -8,7 +8,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.config.errors import ConfigError, RunError, StopRequested
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
 
@@ -59,11 +59,9 @@ def train_job(cfg: DictConfig) -> None:
         _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 2)
     except RunError as error:
         _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 1)
+    except StopRequested as error:
+        _fail(run_dir, status_owner, "interrupted", f"tepo train: {error}", 128 + error.signum)
     except Exception as error:
-        from tepo_cli.train.stop import StopRequested
-
-        if isinstance(error, StopRequested):
-            _fail(run_dir, status_owner, "interrupted", f"tepo train: {error}", 128 + error.signum)
         if status_owner:
             write_status(run_dir, "failed", error=repr(error))
         raise

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tepo_cli.config.errors import RunError
+from tepo_cli.config.errors import RunError, StopRequested
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.tasks import DatasetTask, build_task
@@ -37,7 +37,7 @@ from tepo_cli.train.policy import Policy
 from tepo_cli.train.records import step_record, step_samples
 from tepo_cli.train.resumable import CountingStream, capture_rng, restore_rng
 from tepo_cli.train.resume import log_lengths, truncate_logs
-from tepo_cli.train.stop import StopRequested, StopSignals
+from tepo_cli.train.stop import StopSignals
 from tepo_cli.train.update import accumulation_steps, update
 
 

@@ -11,6 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+# The run's append-only logs, in the order RunLog opens them (resume cuts them back together).
+LOG_FILES = ("metrics.jsonl", "samples.jsonl", "eval.jsonl")
+
 # What the live display shows per step, in order: (metrics key, label, format).
 _SHOWN = (
     ("reward_mean", "reward", "{:.3f}"),
@@ -44,9 +47,7 @@ class RunLog:
     def __init__(self, run_dir: Path, total_steps: int, show_progress: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.console = Console(stderr=True)
-        self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
-        self.samples = JsonlWriter(run_dir / "samples.jsonl")
-        self.evals = JsonlWriter(run_dir / "eval.jsonl")
+        self.metrics, self.samples, self.evals = (JsonlWriter(run_dir / n) for n in LOG_FILES)
         self._progress = Progress(
             TextColumn("[bold]step {task.completed}/{task.total}"),
             BarColumn(),

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from tepo_cli.config.errors import ConfigError
+from tepo_cli.train.metrics import LOG_FILES
 from tepo_cli.train.run_status import effective_state
 
 RUNS_ROOT = Path("outputs/train")
@@ -104,7 +105,7 @@ def read_config(run_dir: Path) -> dict[str, Any] | None:
 
 def truncate_logs(run_dir: Path, lengths: dict[str, int]) -> None:
     """Cut each log back to its length at the checkpoint: no step is recorded twice."""
-    for name in ("metrics.jsonl", "samples.jsonl", "eval.jsonl"):
+    for name in LOG_FILES:
         path = run_dir / name
         if path.is_file():
             length = lengths.get(name, 0)
@@ -116,7 +117,7 @@ def truncate_logs(run_dir: Path, lengths: dict[str, int]) -> None:
 def log_lengths(run_dir: Path) -> dict[str, int]:
     return {
         name: (run_dir / name).stat().st_size if (run_dir / name).is_file() else 0
-        for name in ("metrics.jsonl", "samples.jsonl", "eval.jsonl")
+        for name in LOG_FILES
     }
 
 

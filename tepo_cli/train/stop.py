@@ -14,14 +14,6 @@ import torch
 import torch.distributed as dist
 
 
-class StopRequested(Exception):
-    """Raised by the loop after the stop checkpoint; the job exits with 128 + the signal number."""
-
-    def __init__(self, signum: int, message: str) -> None:
-        super().__init__(message)
-        self.signum = signum
-
-
 class StopSignals:
     def __init__(self) -> None:
         self.signum = 0
