@@ -33,13 +33,14 @@ def sample_and_grade(
     benchmark: BenchmarkConfig,
     reward: Reward,
     sampling: Sampling,
+    share_prompts: bool = True,
 ) -> Iterator[list[dict[str, Any]]]:
     """Yield the records of each generation batch (so callers can write them as they come)."""
     per_batch = max(1, sampling.batch_size // sampling.n)
     for start in range(0, len(problems), per_batch):
         chunk = problems[start : start + per_batch]
         prompts = [render_prompt(tokenizer, benchmark, p.question) for p in chunk]
-        rollout = generate(model, tokenizer, prompts, sampling)
+        rollout = generate(model, tokenizer, prompts, sampling, share_prompts)
         owners = [p for p in chunk for _ in range(sampling.n)]
         results = reward.score_many(rollout.texts, owners)
         yield [

@@ -74,7 +74,10 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = load_tokenizer(config.model)
         model = load_model(config.model, tokenizer, device)
-        for batch in sample_and_grade(model, tokenizer, todo, benchmark, reward, sampling):
+        batches = sample_and_grade(
+            model, tokenizer, todo, benchmark, reward, sampling, config.model.share_prompts
+        )
+        for batch in batches:
             _append(run_dir / SAMPLES, batch, done)
     seconds = time.perf_counter() - start
     records = [r for p in problems for r in done[p.id]]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from tepo_cli.models.shared_prompts import prefill
 
 
 @dataclass
@@ -66,9 +69,12 @@ def generate(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     sampling: Sampling,
+    share_prompts: bool = True,
 ) -> Rollout:
     """Sample `sampling.n` completions for each prompt.
 
+    With `share_prompts` and n > 1, each prompt's prefill runs once and its KV cache is gathered
+    to its n rows (models/shared_prompts.py); the samples are the same either way.
     Runs under no_grad (not inference_mode): the returned ids are later used in autograd graphs.
     """
     device = next(model.parameters()).device
@@ -82,6 +88,11 @@ def generate(
     chunks = []
     for start in range(0, prompt_ids.shape[0], sampling.batch_size):
         stop = start + sampling.batch_size
+        shared = (
+            _shared_prefill(model, encoded, start, min(stop, len(prompt_ids)), sampling.n)
+            if share_prompts and sampling.n > 1 and prompt_ids.shape[1] > 1
+            else {}
+        )
         output = model.generate(
             input_ids=prompt_ids[start:stop],
             attention_mask=prompt_mask[start:stop],
@@ -92,6 +103,7 @@ def generate(
             top_k=None if sampling.greedy else sampling.top_k,
             eos_token_id=eos_ids,
             pad_token_id=pad_id,
+            **shared,
         )
         chunks.append(output[:, prompt_ids.shape[1] :])
     model.train(was_training)
@@ -106,6 +118,23 @@ def generate(
     return Rollout(
         prompt_ids, prompt_mask, completion_ids, completion_mask, texts, torch.cat(truncated)
     )
+
+
+def _shared_prefill(
+    model: PreTrainedModel, encoded: Any, start: int, stop: int, n: int
+) -> dict[str, Any]:
+    """A KV cache of rows start..stop-1's prompts but their last token, each distinct prompt run
+    once; generate() then feeds only the last prompt token before sampling."""
+    prompt_of_row = torch.arange(start, stop) // n
+    first_prompt = int(prompt_of_row[0])
+    prompt_index = torch.arange(first_prompt, int(prompt_of_row[-1]) + 1)
+    device = next(model.parameters()).device
+    ids = encoded["input_ids"][prompt_index, :-1].to(device)
+    mask = encoded["attention_mask"][prompt_index, :-1].to(device)
+    # generate() numbers real tokens 0, 1, ... from the first one (left padding); so does this.
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    _, cache = prefill(model, ids, mask, positions, (prompt_of_row - first_prompt).to(device))
+    return {"past_key_values": cache}
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -124,7 +124,7 @@ def _sample(
         max_new_tokens=rollout_cfg.max_new_tokens,
         batch_size=rollout_cfg.batch_size,
     )
-    return generate(policy.lm, tokenizer, prompts, sampling)
+    return generate(policy.lm, tokenizer, prompts, sampling, share_prompts=policy.share_prompts)
 
 
 def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -63,7 +63,8 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
         task.check_training()
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
-    model = Policy(load_model(cfg.model, tokenizer, topo.device), cfg.kernel)
+    lm = load_model(cfg.model, tokenizer, topo.device)
+    model = Policy(lm, cfg.kernel, share_prompts=cfg.model.share_prompts)
     reference = _frozen_copy(model) if cfg.algo.needs_ref else None
     engine = build_engine(model, cfg, accumulation_steps(cfg), topo.world_size)
     policy: Policy = engine.module
@@ -151,6 +152,9 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 )
             if signum:
                 raise StopRequested(signum, _stopped(signum, step, saved, run_dir))
+        # No optimizer step follows: the AdamW moments (2x the weights) go before the final
+        # evaluation and save, which then run in the memory of inference plus the weights.
+        engine.lr_scheduler.optimizer.state.clear()
         if cfg.trainer.eval_after:
             summary["eval_after"] = _evaluate(
                 cfg, policy, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"

@@ -1,0 +1,54 @@
+"""Each distinct prompt goes through the model once per batch, not once per sample.
+
+A GRPO batch holds n samples of every prompt, and on short-answer tasks the prompt is most of each
+sequence (SmolLM2's chat prompt for "What is 3+5?" is 44 tokens, the answer under 16), so most of
+the rollout's prefill and of the training forward and backward is the same prompt again. Here the
+distinct prompts run once and fill a KV cache, the cache is gathered to every row, and the rows'
+completions attend to it: the same attention over the same keys and values, hence the same
+log-probs up to float rounding. With autograd on, gradients flow back through the gather into the
+one prompt pass — the sum over the n rows that n separate prompt passes would have produced.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+def distinct_prompts(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row of each distinct prompt, each row's index into those) for [N, P] left-padded
+    prompts. Padding is compared as padding, whatever its token id."""
+    key = torch.where(prompt_mask.bool(), prompt_ids, -1)
+    _, owner = torch.unique(key, dim=0, return_inverse=True)
+    count = int(owner.max()) + 1 if owner.numel() else 0
+    rows = torch.arange(len(owner), device=owner.device)
+    first = torch.full((count,), len(owner), dtype=torch.long, device=owner.device)
+    first = first.scatter_reduce(0, owner, rows, reduce="amin")
+    # Renumber the distinct prompts in order of first appearance (torch.unique sorts by content).
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(count, device=owner.device)
+    return first[order], rank[owner]
+
+
+def prefill(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    owner: torch.Tensor,
+) -> tuple[torch.Tensor, DynamicCache]:
+    """Run the distinct prompts [U, P] through the model's backbone; returns their last hidden
+    states [U, P, H] and a KV cache gathered to the rows (`owner`: each row's prompt, [N])."""
+    cache = DynamicCache(config=model.config)
+    hidden = model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    cache.batch_select_indices(owner)
+    return hidden, cache
