@@ -143,6 +143,7 @@ class DeepSpeedConfig(Strict):
 class KernelConfig(Strict):
     backend: Literal["auto", "torch", "triton", "naive"] = "auto"
     chunk_size: int | None = Field(default=None, ge=1)
+    lean_layers: bool = True
 
 
 class TrainerConfig(Strict):
@@ -151,6 +152,7 @@ class TrainerConfig(Strict):
     ppo_epochs: int = Field(default=1, ge=1)
     minibatches: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=16, ge=1)
+    mmap_threshold_kb: int | None = Field(default=512, ge=4)
     lr: float = Field(default=1e-5, gt=0.0)
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)

@@ -6,6 +6,7 @@ checkpoint); otherwise `source` says where the weights come from.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -64,6 +65,8 @@ def load_model(
     cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, device: torch.device
 ) -> PreTrainedModel:
     dtype = resolve_dtype(cfg.dtype, device)
+    if device.type == "cpu":
+        _grouped_query_attention_without_copies()
     source = checkpoint_dir(cfg)
     if source is None:
         model = _tiny_model(cfg, tokenizer)
@@ -87,6 +90,18 @@ def load_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = True
     return model
+
+
+def _grouped_query_attention_without_copies() -> None:
+    """Let SDPA read the shared key/value heads in place on CPU.
+
+    With a padding mask, transformers copies every key/value head once per query head before
+    calling SDPA (repeat_kv), because CUDA's fused kernels cannot take a mask and grouped heads
+    together. torch's CPU kernel can (`enable_gqa`), with identical results; the copies cost a
+    decode step time and, kept for backward, ~130 MB of SmolLM2 activations per training step.
+    transformers reads this switch at every attention call; a user's own setting wins.
+    """
+    os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
 
 def _tokenizer_source(cfg: ModelConfig) -> str:

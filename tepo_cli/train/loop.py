@@ -24,6 +24,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.tasks import DatasetTask, build_task
 from tepo_cli.eval.accuracy import evaluate
+from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.rewards import build_reward
 from tepo_cli.rollout.hf import Sampling
@@ -32,6 +33,7 @@ from tepo_cli.train import experience as exp
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine
 from tepo_cli.train.guards import skipped_optimizer_steps
+from tepo_cli.train.host_memory import return_freed_buffers
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.records import step_record, step_samples
@@ -58,12 +60,15 @@ class Start:
 
 def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     seed_everything(cfg.seed + topo.rank)
+    return_freed_buffers(cfg.trainer.mmap_threshold_kb)
     task = build_task(cfg.benchmark)
     if isinstance(task, DatasetTask):
         task.check_training()
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     lm = load_model(cfg.model, tokenizer, topo.device)
+    if cfg.kernel.lean_layers:
+        make_lean(lm)
     model = Policy(lm, cfg.kernel, share_prompts=cfg.model.share_prompts)
     reference = _frozen_copy(model) if cfg.algo.needs_ref else None
     engine = build_engine(model, cfg, accumulation_steps(cfg), topo.world_size)

@@ -34,8 +34,10 @@ HARMLESS = (
     "trainer.eval_after",
     "trainer.save_final",
     "trainer.num_threads",
+    "trainer.mmap_threshold_kb",
     "kernel.backend",
     "kernel.chunk_size",
+    "kernel.lean_layers",
 )
 _PLAIN_PATH = re.compile(r"^[\w./~-]+$")
 

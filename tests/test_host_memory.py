@@ -1,0 +1,57 @@
+"""With a fixed mmap threshold, freed tensor buffers go back to the OS (RSS falls after a free);
+with glibc's adaptive default, one freed block teaches malloc to keep the next ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tepo_cli.train.host_memory import return_freed_buffers
+
+PROBE = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from tepo_cli.train.host_memory import return_freed_buffers
+
+    def rss_mb():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+
+    fixed = return_freed_buffers(int(sys.argv[1])) if sys.argv[1] != "none" else False
+    warm = torch.ones(4 * 2**20 // 4)  # one freed 4 MiB block: glibc raises its threshold
+    del warm
+    before = rss_mb()
+    blocks = [torch.ones(3 * 2**20 // 4) for _ in range(100)]  # 300 MiB in 3 MiB buffers
+    keep = torch.ones(1000)  # a small live block above them on the heap
+    held = rss_mb()
+    del blocks
+    print(fixed, held - before, rss_mb() - before)
+    """
+)
+
+
+def _run(threshold: str) -> tuple[bool, float, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, threshold], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return out[0] == "True", float(out[1]), float(out[2])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning")
+def test_freed_buffers_return_to_the_os_only_with_a_fixed_threshold():
+    fixed, held, after_free = _run("512")
+    if not fixed:
+        pytest.skip("not glibc: nothing to tune")
+    assert held > 250
+    assert after_free < 30, f"{after_free:.0f} MB still held after freeing 300 MB"
+    _, held, after_free = _run("none")
+    assert held > 250 and after_free > 250, "glibc's default keeps them (the drift being fixed)"
+
+
+def test_no_threshold_means_no_change():
+    assert return_freed_buffers(None) is False
