@@ -131,10 +131,14 @@ def _shared_prefill(
     device = next(model.parameters()).device
     ids = encoded["input_ids"][prompt_index, :-1].to(device)
     mask = encoded["attention_mask"][prompt_index, :-1].to(device)
-    # generate() numbers real tokens 0, 1, ... from the first one (left padding); so does this.
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    positions = left_padded_positions(mask)
     _, cache = prefill(model, ids, mask, positions, (prompt_of_row - first_prompt).to(device))
     return {"past_key_values": cache}
+
+
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids as generate() numbers them: real tokens 0, 1, ... from the first one."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

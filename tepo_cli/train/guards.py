@@ -50,6 +50,10 @@ class GuardedLambdaLR(LambdaLR):
         super().step()
 
 
+def torch_optimizer(engine: Any) -> torch.optim.Optimizer:
+    """The innermost (torch) optimizer, whatever DeepSpeed wrapped around it."""
+    return engine.lr_scheduler.optimizer
+
+
 def skipped_optimizer_steps(engine: Any) -> int:
-    optimizer = engine.lr_scheduler.optimizer
-    return int(getattr(optimizer, "skipped_steps", 0))
+    return int(getattr(torch_optimizer(engine), "skipped_steps", 0))

@@ -32,7 +32,7 @@ from tepo_cli.train import checkpoint, faults
 from tepo_cli.train import experience as exp
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine
-from tepo_cli.train.guards import skipped_optimizer_steps
+from tepo_cli.train.guards import skipped_optimizer_steps, torch_optimizer
 from tepo_cli.train.host_memory import return_freed_buffers
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.policy import Policy
@@ -159,7 +159,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 raise StopRequested(signum, _stopped(signum, step, saved, run_dir))
         # No optimizer step follows: the AdamW moments (2x the weights) go before the final
         # evaluation and save, which then run in the memory of inference plus the weights.
-        engine.lr_scheduler.optimizer.state.clear()
+        torch_optimizer(engine).state.clear()
         if cfg.trainer.eval_after:
             summary["eval_after"] = _evaluate(
                 cfg, policy, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"

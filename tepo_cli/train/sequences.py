@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tepo_cli.rollout.hf import Rollout
+from tepo_cli.rollout.hf import Rollout, left_padded_positions
 
 
 @dataclass
@@ -24,7 +24,7 @@ class SequenceBatch:
             [rollout.prompt_mask, rollout.completion_mask.to(rollout.prompt_mask.dtype)], dim=1
         )
         # Left-padded prompts: positions count real tokens only, as during generation.
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        position_ids = left_padded_positions(attention_mask)
         return cls(
             input_ids,
             attention_mask,
