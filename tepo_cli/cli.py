@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     config_name, job = jobs[command]
     from tepo_cli.config.errors import ConfigError
-    from tepo_cli.config.overrides import check_override_keys
+    from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
 
+    overrides = quote_weight_specs(overrides)
     try:
         check_override_keys(config_name, overrides)
         if command == "train":

@@ -1,4 +1,4 @@
-"""The public API (ALGORITHMS.md §4): presets, configs, registry, input checks, padding, edge cases."""
+"""The public API (docs/objectives.md §4): presets, configs, registry, input checks, padding, edge cases."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from tepo_cli.algos import (
 
 F64 = torch.float64
 PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo"]
+# Presets callable without MTP inputs (the paper's `mpo` needs them: tests/test_algos_mpo.py).
+LOSS_PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint"]
 
 
 def inputs(rows: int = 4, columns: int = 7, seed: int = 0):
@@ -44,11 +46,29 @@ def test_every_preset_is_shipped_registered_and_documented() -> None:
     folder = files("tepo_cli.conf") / "algo"
     for name in PRESETS:
         text = (folder / f"{name}.yaml").read_text(encoding="utf-8")
-        keys = [line.split(":")[0] for line in text.splitlines() if line and line[0] != "#"]
-        assert keys == list(AlgoConfig.model_fields), name  # every knob, in the model's order
+        keys = [line.split(":")[0] for line in text.splitlines() if line and line[0] not in "# "]
+        knobs = list(AlgoConfig.model_fields)
+        if load_preset(name)["future"] == "exact":
+            knobs.remove("mtp")  # the MTP modules' knobs matter with future=mtp only
+        assert keys == knobs, name  # every knob, in the model's order
         for line in text.splitlines():
             assert line.startswith("#") or " # " in line, f"{name}.yaml: no comment on {line!r}"
         assert AlgoConfig.model_validate(load_preset(name)).name == name
+
+
+def test_named_mpo_variants_derive_from_the_paper_preset() -> None:
+    paper = load_preset("mpo")
+    assert {"mpo_exact", "mpo_disjoint"} <= set(preset_names())
+    exact = load_preset("mpo_exact")
+    assert exact == {**paper, "future": "exact"}
+    disjoint = load_preset("mpo_disjoint")
+    changed = {"k": 4, "layout": "disjoint", "block_weights": "uniform", "future": "exact"}
+    assert disjoint == {**paper, **changed}
+    for name in ("mpo_exact", "mpo_disjoint"):
+        text = (files("tepo_cli.conf") / "algo" / f"{name}.yaml").read_text(encoding="utf-8")
+        for line in text.splitlines():
+            assert line.startswith("#") or " # " in line, f"{name}.yaml: no comment on {line!r}"
+        assert resolve_algo(name).name == "mpo"
 
 
 def test_preset_table_of_section_1() -> None:
@@ -77,13 +97,21 @@ def test_preset_table_of_section_1() -> None:
     assert (tepo.kl_mask, tepo.beta, tepo.kl_estimator, tepo.eps_high) == ("tepo", 0.05, "k3", 0.28)
     assert tepo.needs_old_entropy and not tepo.needs_entropy
     mpo = cfg["mpo"]
-    assert (mpo.unit, mpo.k, mpo.ratio_norm, mpo.loss_agg, mpo.beta) == (
+    assert (mpo.unit, mpo.k, mpo.layout, mpo.ratio_norm, mpo.loss_agg, mpo.beta) == (
         "block",
-        4,
+        5,
+        "sliding",
         "sum",
         "token-mean",
         0,
     )
+    assert (mpo.block_weights, mpo.tail, mpo.future, mpo.mtp_depths) == (
+        "decay:0.06,0.8",
+        "drop",
+        "mtp",
+        4,
+    )
+    assert (mpo.eps_low, mpo.eps_high, mpo.mtp.head) == (0.2, 0.2, "copy")
     for name in ("grpo", "gspo", "tepo", "mpo"):
         assert not cfg[name].dynamic_sampling and not cfg[name].overlong_penalty
 
@@ -100,7 +128,8 @@ def test_algo_given_as_dict_dictconfig_or_model_equals_the_preset() -> None:
 
 def test_overrides_and_their_k_rules() -> None:
     assert resolve_algo("mpo", {"k": 8}).k == 8
-    assert resolve_algo("mpo", {"unit": "token"}).k is None  # the preset's k goes with its unit
+    assert resolve_algo("mpo", {"k": 8}).mtp_depths == 7
+    assert resolve_algo("mpo_disjoint", {"unit": "token"}).k is None  # k goes with its unit
     assert resolve_algo("dapo", {"unit": "block", "k": 4}).block_size == 4
     with pytest.raises(ValueError, match="set unit=block"):
         resolve_algo("grpo", {"k": 4})
@@ -149,6 +178,16 @@ def test_block_of_one_and_unit_block_on_any_objective() -> None:
         ({"reward_correct": -1.0, "reward_incorrect": 1.0}, "larger than"),
         ({"max_refill_rounds": 0}, "greater than or equal to 1"),
         ({"typo": 1}, "Extra inputs"),
+        (
+            {"unit": "block", "k": 5, "layout": "sliding", "block_weights": "decay:0.5,1.0"},
+            r"beta_1 = -1 <= 0",
+        ),
+        ({"unit": "block", "k": 3, "block_weights": "decay:0.06"}, "decay:b,l"),
+        ({"unit": "block", "k": 3, "future": "mtp"}, "future=mtp .* needs layout=sliding"),
+        ({"tail": "cut"}, "drop"),
+        ({"mask_criterion": "sign"}, "first_order"),
+        ({"mtp": {"aux_coef": 0.1, "trainable": False}}, "mtp.trainable=false"),
+        ({"mtp": {"warmup": {"alpha_decay": 0}}}, "greater than 0"),
     ],
 )
 def test_config_errors_name_the_problem(knobs: dict, message: str) -> None:
@@ -256,7 +295,8 @@ def _left_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("preset", "extra"),
-    [(p, {}) for p in PRESETS] + [("mpo", {"k": 3}), ("mpo", {"k": 3, "layout": "sliding"})],
+    [(p, {}) for p in LOSS_PRESETS]
+    + [("mpo_disjoint", {"k": 3}), ("mpo_exact", {"k": 3, "tail": "renormalise"})],
 )
 def test_left_and_right_padding_give_identical_results(preset: str, extra: dict) -> None:
     logp, old, adv, mask, ref, ent = inputs(rows=5, columns=8, seed=3)
@@ -282,7 +322,7 @@ def test_left_and_right_padding_give_identical_results(preset: str, extra: dict)
     assert left_metrics == pytest.approx(right_metrics, abs=1e-12)
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", LOSS_PRESETS)
 def test_single_row_and_single_token(preset: str) -> None:
     logp, old, adv, mask, ref, ent = inputs(rows=1, columns=1)
     loss, metrics = policy_loss(preset, logp, old, adv, mask, ref_logp=ref, old_entropy=ent)
@@ -299,7 +339,7 @@ def test_empty_tepo_mask_gives_exactly_zero_kl() -> None:
     assert torch.equal(loss, no_kl)
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", LOSS_PRESETS)
 def test_batch_without_any_response_token(preset: str) -> None:
     logp, old, adv, mask, ref, ent = inputs()
     empty = torch.zeros_like(mask)

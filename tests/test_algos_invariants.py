@@ -1,4 +1,4 @@
-"""The invariants of ALGORITHMS.md §2 (1-7), each its own test with real numbers (float64)."""
+"""The invariants of docs/objectives.md §2 (1-7), each its own test with real numbers (float64)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from tepo_cli.algos import group_advantages, overlong_penalty, policy_loss
 
 F64 = torch.float64
-PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo"]
+PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint"]
 
 
 def inputs(seed: int = 0, rows: int = 6, columns: int = 10, spread: float | list[float] = 0.3):
@@ -50,11 +50,13 @@ def assert_same(a, b, atol: float = 1e-12) -> None:
 
 
 # §2.1 ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["disjoint", "sliding"])
-def test_mpo_k1_equals_grpo_token_surrogate(layout: str) -> None:
+@pytest.mark.parametrize("preset", ["mpo_exact", "mpo_disjoint"])
+def test_mpo_k1_equals_grpo_token_surrogate(preset: str) -> None:
+    """Either layout (the paper's sliding windows, the disjoint ablation); the MTP form with
+    K = 1 is in test_algos_mpo.py."""
     logp, old, adv, mask, _, _ = inputs(1)
     grpo = loss_and_grad("grpo", logp, old, adv, mask, beta=0.0, loss_agg="token-mean")
-    mpo = loss_and_grad("mpo", logp, old, adv, mask, k=1, layout=layout)
+    mpo = loss_and_grad(preset, logp, old, adv, mask, k=1)
     assert_same(mpo[0], grpo[0])
     assert_same(mpo[1], grpo[1])
     assert grpo[2]["clip_frac"] > 0  # off-policy enough that clipping takes part
@@ -66,7 +68,7 @@ def test_mpo_whole_response_block_mean_equals_gspo(k: int) -> None:
     logp, old, adv, mask, _, _ = inputs(2, spread=[0.0, 1e-4, 5e-3, 2e-4, 1e-2, 0.0])
     gspo = loss_and_grad("gspo", logp, old, adv, mask)
     mpo = loss_and_grad(
-        "mpo",
+        "mpo_disjoint",
         logp,
         old,
         adv,

@@ -1,4 +1,4 @@
-"""The shared parts one by one, and each knob changing the loss the way ALGORITHMS.md says."""
+"""The shared parts one by one, and each knob changing the loss the way docs/objectives.md says."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def run(algo, logp, old, adv, mask, **kw):
     return float(loss.detach()), grad, metrics
 
 
-@pytest.mark.parametrize("algo", ["dapo", "mpo", "gspo"])
+@pytest.mark.parametrize("algo", ["dapo", "mpo_exact", "mpo_disjoint", "gspo"])
 def test_eps_high_only_affects_positive_advantages(algo: str) -> None:
     neg = batch(-1.0)
     a, b = run(algo, *neg, eps_high=0.05), run(algo, *neg, eps_high=0.5)
@@ -180,7 +180,7 @@ def test_eps_high_only_affects_positive_advantages(algo: str) -> None:
     assert run(algo, *pos, eps_high=0.05)[0] != run(algo, *pos, eps_high=0.5)[0]
 
 
-@pytest.mark.parametrize("algo", ["dapo", "mpo", "gspo"])
+@pytest.mark.parametrize("algo", ["dapo", "mpo_exact", "mpo_disjoint", "gspo"])
 def test_eps_low_only_affects_negative_advantages(algo: str) -> None:
     pos = batch(+1.0)
     a, b = run(algo, *pos, eps_low=0.05), run(algo, *pos, eps_low=0.5)
@@ -202,8 +202,8 @@ def test_dual_clip_knob_bounds_the_loss_of_negative_advantages() -> None:
 
 def test_ratio_norm_mean_shrinks_block_log_ratio() -> None:
     logp, old, adv, mask = batch(1.0, spread=0.2)
-    s = run("mpo", logp, old, adv, mask, eps_high=10.0, eps_low=0.99)
-    m = run("mpo", logp, old, adv, mask, ratio_norm="mean", eps_high=10.0, eps_low=0.99)
+    s = run("mpo_disjoint", logp, old, adv, mask, eps_high=10.0, eps_low=0.99)
+    m = run("mpo_disjoint", logp, old, adv, mask, ratio_norm="mean", eps_high=10.0, eps_low=0.99)
     assert s[2]["ratio_mean"] != m[2]["ratio_mean"]
     assert abs(math.log(m[2]["ratio_mean"])) < abs(math.log(s[2]["ratio_mean"]))
 
@@ -214,20 +214,20 @@ def test_route_token_same_value_gradient_through_own_token_only() -> None:
     the same (GSPO-token = GSPO with per-sequence advantages, §1.3)."""
     logp, old, adv, mask = batch(1.0, spread=0.02)
     wide = {"eps_low": 0.9, "eps_high": 9.0}
-    for algo, extra in (("gspo", {}), ("mpo", {"ratio_norm": "mean"})):
+    for algo, extra in (("gspo", {}), ("mpo_disjoint", {"ratio_norm": "mean"})):
         unit = run(algo, logp, old, adv, mask, **wide, **extra)
         token = run(algo, logp, old, adv, mask, route="token", **wide, **extra)
         assert unit[0] == pytest.approx(token[0], abs=1e-15)
         torch.testing.assert_close(unit[1], token[1], rtol=0, atol=1e-15)
-    unit = run("mpo", logp, old, adv, mask, k=3, **wide)
-    token = run("mpo", logp, old, adv, mask, k=3, route="token", **wide)
+    unit = run("mpo_disjoint", logp, old, adv, mask, k=3, **wide)
+    token = run("mpo_disjoint", logp, old, adv, mask, k=3, route="token", **wide)
     assert unit[0] == pytest.approx(token[0], abs=1e-15)
     sizes = torch.full((4, 6), 3.0, dtype=F64)
     sizes[1] = torch.tensor([0.0, 0.0, 3.0, 3.0, 3.0, 1.0])  # row 1: 4 tokens, a block of 3 and 1
     torch.testing.assert_close(unit[1], sizes * token[1], rtol=0, atol=1e-15)
-    sliding = {"k": 3, "layout": "sliding", **wide}
-    unit = run("mpo", logp, old, adv, mask, **sliding)
-    token = run("mpo", logp, old, adv, mask, route="token", **sliding)
+    sliding = {"k": 3, **wide}
+    unit = run("mpo_exact", logp, old, adv, mask, **sliding)
+    token = run("mpo_exact", logp, old, adv, mask, route="token", **sliding)
     assert unit[0] == pytest.approx(token[0], abs=1e-15)
     assert not torch.allclose(unit[1], token[1])
 

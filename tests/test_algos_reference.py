@@ -1,6 +1,6 @@
 """§2.8: every objective's loss and gradient against a float64 hand-written reference.
 
-The reference below is written straight from ALGORITHMS.md with plain Python loops over rows,
+The reference below is written straight from docs/objectives.md with plain Python loops over rows,
 units and tokens; it shares no code with tepo_cli.algos or tepo_cli.kernels.units.
 """
 
@@ -22,13 +22,19 @@ def _zero() -> torch.Tensor:
 
 
 def _window_weights(spec: str, k: int) -> tuple[list[float], bool]:
+    """β_1..β_K over the full window, and whether they are a normalised weighting."""
     if spec == "uniform":
         return [1.0] * k, False
     kind, value = spec.split(":")
+    if kind == "decay":  # MPO's Eq. 10
+        beta2, lam = (float(x) for x in value.split(","))
+        future = [beta2 * lam ** (n - 2) for n in range(2, k + 1)]
+        return [1.0 - sum(future), *future], True
     p = float(value)
     if kind == "future":
         return ([1.0] if k == 1 else [1 - p] + [p / (k - 1)] * (k - 1)), True
-    return [p**n for n in range(k)], True
+    raw = [p**n for n in range(k)]
+    return [x / sum(raw) for x in raw], True
 
 
 def _units(cfg: dict[str, Any], cols: list[int]) -> list[tuple[list[int], list[float], list[int]]]:
@@ -39,8 +45,8 @@ def _units(cfg: dict[str, Any], cols: list[int]) -> list[tuple[list[int], list[f
         base, normalised = _window_weights(cfg["block_weights"], k)
         for i, c in enumerate(cols):
             window = cols[i : i + k]
-            w = base[: len(window)]
-            if normalised:
+            w = base[: len(window)]  # tail=drop: the missing slots' weight is simply gone
+            if normalised and cfg["tail"] == "renormalise":
                 total = sum(w)
                 w = [x / total if total > 0 else 0.0 for x in w]
             units.append((window, w, [c]))
@@ -61,6 +67,7 @@ def reference_loss(
     ref: torch.Tensor | None = None,
     ent: torch.Tensor | None = None,
     old_ent: torch.Tensor | None = None,
+    old_term: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     max_len: float | None = None,
@@ -103,10 +110,16 @@ def reference_loss(
                 d = torch.clamp(d, -10.0, 10.0)
             on = True
             if cfg["kl_mask"] == "tepo":
-                if cfg["mask_criterion"] == "covariance":
+                criterion = cfg["mask_criterion"]
+                if criterion == "covariance":
                     falling = float(old[b, c] + old_ent[b, c]) > 0
-                else:
+                elif criterion == "entropy_drop":
                     falling = float(ent[b, c]) < float(old_ent[b, c])
+                elif criterion == "advantage_only":
+                    falling = True
+                else:  # first_order: p_a (log p_a + H) > S, S = sum_j p_j^2 (log p_j + H)
+                    p_a = math.exp(float(old[b, c]))
+                    falling = p_a * float(old[b, c] + old_ent[b, c]) > float(old_term[b, c])
                 on = a > 0 and falling
             kl[b][c] = cfg["beta"] * d if on else _zero()
     return _aggregate(cfg["loss_agg"], pg, mask, num_tokens, num_seqs, max_len) + _aggregate(
@@ -171,18 +184,23 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("dapo", {}),
     ("gspo", {}),
     ("tepo", {}),
-    ("mpo", {}),
+    ("mpo_exact", {}),
+    ("mpo_exact", {"tail": "renormalise"}),
+    ("mpo_disjoint", {}),
     ("gspo", {"route": "token"}),
-    ("mpo", {"k": 3, "ratio_norm": "mean"}),
-    ("mpo", {"k": 2, "layout": "sliding"}),
-    ("mpo", {"k": 3, "layout": "sliding", "block_weights": "future:0.3"}),
-    ("mpo", {"k": 3, "layout": "sliding", "block_weights": "geometric:0.5"}),
-    ("mpo", {"k": 3, "layout": "sliding", "ratio_norm": "mean", "route": "token"}),
-    ("mpo", {"beta": 0.1, "kl_estimator": "k2", "kl_target": "old"}),
+    ("mpo_disjoint", {"k": 3, "ratio_norm": "mean"}),
+    ("mpo_exact", {"k": 2, "block_weights": "uniform"}),
+    ("mpo_exact", {"k": 3, "block_weights": "future:0.3"}),
+    ("mpo_exact", {"k": 3, "block_weights": "geometric:0.5", "tail": "renormalise"}),
+    ("mpo_exact", {"k": 3, "block_weights": "uniform", "ratio_norm": "mean", "route": "token"}),
+    ("mpo_exact", {"k": 4, "block_weights": "decay:0.2,0.5", "route": "token"}),
+    ("mpo_disjoint", {"beta": 0.1, "kl_estimator": "k2", "kl_target": "old"}),
     ("dapo", {"unit": "block", "k": 4, "dual_clip": 1.5}),
     ("grpo", {"kl_estimator": "k1", "loss_agg": "seq-mean-token-sum"}),
     ("grpo", {"loss_agg": "seq-mean-token-sum-norm", "dual_clip": 3.0}),
     ("tepo", {"mask_criterion": "entropy_drop", "kl_target": "old"}),
+    ("tepo", {"mask_criterion": "advantage_only"}),
+    ("tepo", {"mask_criterion": "first_order", "kl_estimator": "k2"}),
     ("tepo", {"loss_agg": "seq-mean-token-mean", "eps_low": 0.1, "eps_high": 0.1}),
 ]
 
@@ -191,12 +209,28 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 @pytest.mark.parametrize("seed", [0, 1])
 def test_policy_loss_matches_hand_reference(preset: str, overrides: dict, seed: int) -> None:
     logp, old, adv, mask, ref, ent, old_ent = make_inputs(seed, holes=seed == 1)
+    # S = sum_j p_j^2 (log p_j + H) lies in [0, p_a (log p_a + H)] often enough to split the mask.
+    old_term = torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    old_term = old_term * 0.2
     cfg = {**load_preset(preset), **overrides}
     loss, metrics = policy_loss(
-        preset, logp, old, adv, mask, ref_logp=ref, entropy=ent, old_entropy=old_ent, **overrides
+        preset,
+        logp,
+        old,
+        adv,
+        mask,
+        ref_logp=ref,
+        entropy=ent,
+        old_entropy=old_ent,
+        old_entropy_term=old_term,
+        **overrides,
     )
     (grad,) = torch.autograd.grad(loss, logp)
-    expected = reference_loss(cfg, logp, old, adv, mask, ref, ent, old_ent)
+    expected = reference_loss(cfg, logp, old, adv, mask, ref, ent, old_ent, old_term)
+    if cfg["kl_mask"] == "tepo" and cfg["mask_criterion"] == "first_order":
+        knobs = {**overrides, "mask_criterion": "advantage_only"}
+        _, positive = policy_loss(preset, logp, old, adv, mask, ref_logp=ref, **knobs)
+        assert 0 < metrics["kl_mask_frac"] < positive["kl_mask_frac"]  # a strict subset
     (expected_grad,) = torch.autograd.grad(expected, logp)
     assert loss.dim() == 0 and loss.dtype == torch.float64
     assert math.isclose(float(loss.detach()), float(expected.detach()), rel_tol=0, abs_tol=1e-9)
@@ -217,7 +251,7 @@ def test_global_normalisers_match_reference(agg: str) -> None:
     assert math.isclose(float(loss.detach()), float(expected.detach()), rel_tol=0, abs_tol=1e-12)
 
 
-@pytest.mark.parametrize("preset", ["grpo", "dapo", "gspo", "mpo"])
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "gspo", "mpo_exact", "mpo_disjoint"])
 def test_gradient_matches_finite_differences(preset: str) -> None:
     """Autograd against central differences for the unit-routed objectives. (With route=token the
     gradient is by design not the derivative of the loss value, so TEPO and GSPO-token are covered

@@ -68,9 +68,22 @@ def test_top_level_k_makes_any_objective_block_level(compose_config, algo):
     assert (config.algo.unit, config.algo.k, config.algo.block_size) == ("block", 4, 4)
 
 
-def test_mpo_defaults_to_blocks_of_four(compose_config):
+def test_mpo_is_the_papers_form_and_k_sets_its_window(compose_config):
     config = load_train_config(compose_config("train", ["algo=mpo"]))
-    assert (config.algo.unit, config.algo.k) == ("block", 4)
+    algo = config.algo
+    assert (algo.unit, algo.k, algo.layout, algo.future, algo.mtp_depths) == (
+        "block",
+        5,
+        "sliding",
+        "mtp",
+        4,
+    )
+    config = load_train_config(compose_config("train", ["algo=mpo", "k=4"]))
+    assert (config.algo.k, config.algo.mtp_depths, config.algo.block_weights) == (
+        4,
+        3,
+        "decay:0.06,0.8",
+    )
 
 
 def test_cross_field_errors_name_the_group_not_its_whole_dict(compose_config):
@@ -125,6 +138,86 @@ def test_cli_help_and_cfg_job(tmp_path):
     top = _tepo("--help", cwd=tmp_path)
     assert top.returncode == 0 and "tepo train" in top.stdout
     hydra_help = _tepo("train", "--help", cwd=tmp_path)
-    assert hydra_help.returncode == 0 and "algo: dapo, grpo, gspo, mpo, tepo" in hydra_help.stdout
+    assert (
+        hydra_help.returncode == 0
+        and "algo: dapo, grpo, gspo, mpo, mpo_disjoint, mpo_exact, tepo" in hydra_help.stdout
+    )
     job = _tepo("train", "algo.eps_high=0.28", "--cfg", "job", cwd=tmp_path)
     assert job.returncode == 0 and "eps_high: 0.28" in job.stdout
+
+
+def _one_paragraph_exit_2(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    assert result.returncode == 2, result.stderr[-2000:]
+    message = result.stderr.strip()
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "\n" not in message.split("tepo train: ", 1)[-1].strip(), message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (
+            ["algo=mpo", "k=5", "algo.block_weights=decay:0.5,1.0"],
+            ["algo: block_weights=decay:0.5,1.0 with k=5", "beta_1 = -1 <= 0"],
+        ),
+        (["algo=mpo", "k=0"], ["k=0 is not allowed", "greater than or equal to 1"]),
+        (["algo=mpo", "algo.future=mtp", "algo.layout=disjoint"], ["needs layout=sliding"]),
+    ],
+)
+def test_mpo_bad_input_is_one_paragraph_and_exit_2(tmp_path, args, fragments):
+    result = _tepo("train", "model=tiny", f"hydra.run.dir={tmp_path / 'run'}", *args, cwd=tmp_path)
+    _one_paragraph_exit_2(result, *fragments)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+@pytest.mark.slow
+def test_mtp_on_an_architecture_that_cannot_carry_it_names_the_supported_ones(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model_dir = tmp_path / "gpt2"
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64)
+    GPT2LMHeadModel(config).save_pretrained(model_dir)
+    run_dir = tmp_path / "run"
+    args = ["model=hf", f"model.path={model_dir}", "model.tokenizer=smollm2_135m", "algo=mpo"]
+    result = _tepo("train", f"hydra.run.dir={run_dir}", *args, cwd=tmp_path)
+    _one_paragraph_exit_2(
+        result,
+        "algo.future=mtp attaches MTP modules",
+        "architecture is 'gpt2'",
+        "llama, mistral, qwen2, qwen3",
+        "algo.future=exact",
+    )
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_decay_weights_are_typed_as_the_paper_writes_them():
+    from tepo_cli.config.overrides import quote_weight_specs
+
+    assert quote_weight_specs(["algo.block_weights=decay:0.04,0.9", "k=4"]) == [
+        "algo.block_weights='decay:0.04,0.9'",
+        "k=4",
+    ]
+    untouched = ["algo.block_weights=uniform,future:0.3", "algo.block_weights='decay:1,2'"]
+    assert quote_weight_specs(untouched) == untouched  # a sweep, and an already quoted value
+
+
+@pytest.mark.slow
+def test_decay_weights_reach_the_config_from_the_command_line(tmp_path):
+    job = _tepo(
+        "train", "algo=mpo", "algo.block_weights=decay:0.04,0.9", "--cfg", "job", cwd=tmp_path
+    )
+    assert job.returncode == 0, job.stderr
+    assert "block_weights: decay:0.04,0.9" in job.stdout
+
+
+def test_entropy_drop_needs_more_than_one_update_per_rollout(compose_config):
+    overrides = ["algo=tepo", "algo.mask_criterion=entropy_drop"]
+    with pytest.raises(ConfigError, match="the KL mask would always be empty"):
+        load_train_config(compose_config("train", overrides))
+    config = load_train_config(compose_config("train", [*overrides, "trainer.ppo_epochs=2"]))
+    assert config.algo.needs_entropy

@@ -21,9 +21,25 @@ pytestmark = pytest.mark.slow
         ["algo=dapo"],
         ["algo=gspo"],
         ["algo=tepo"],
-        ["algo=mpo", "k=4"],
+        ["algo=mpo", "k=4", "algo.mtp.warmup.steps=2"],
+        ["algo=mpo_exact", "k=4"],
+        ["algo=mpo_disjoint"],
         ["algo=dapo", "k=2"],
-        ["algo=mpo", "algo.layout=sliding", "algo.block_weights=geometric:0.5"],
+        ["algo=mpo_exact", "algo.block_weights=geometric:0.5", "algo.tail=renormalise"],
+        [
+            "algo=mpo",
+            "k=3",
+            "algo.mtp.head=shared",
+            "algo.mtp.aux_coef=0.1",
+            "algo.mtp.backbone_grad=false",
+            "algo.mtp.warmup.steps=1",
+            "trainer.ppo_epochs=2",
+            "trainer.micro_batch_size=4",
+        ],
+        ["algo=mpo", "k=2", "algo.mtp.trainable=false", "algo.mtp.warmup.steps=0"],
+        ["algo=tepo", "algo.mask_criterion=first_order", "trainer.ppo_epochs=2"],
+        ["algo=tepo", "algo.mask_criterion=first_order"],
+        ["algo=tepo", "algo.mask_criterion=advantage_only"],
         [
             "algo=grpo",
             "trainer.ppo_epochs=2",
@@ -60,8 +76,20 @@ def test_objective_trains_three_steps(compose_config, tmp_path, overrides):
         summary = train(config, tmp_path, topo)
     finally:
         teardown()
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, lines) if "step" in r]
+    warmup = [r for r in map(json.loads, lines) if "mtp_warmup_step" in r]
     assert summary["steps"] == 3 and [r["step"] for r in records] == [1, 2, 3]
+    depths = config.algo.mtp_depths
+    settings = config.algo.mtp.warmup
+    logged = {0, settings.steps, *range(0, settings.steps + 1, settings.log_every)}
+    assert [r["mtp_warmup_step"] for r in warmup] == (sorted(logged) if depths else [])
+    for depth in range(2, depths + 2):
+        assert all(r[f"mtp_nll_d{depth}"] > 0 for r in records if f"mtp_nll_d{depth}" in r)
+    if depths:
+        assert summary["mtp_parameters"] > 0 and any("mtp_nll_d2" in r for r in records)
+        if config.algo.mtp.aux_coef:
+            assert all(r["mtp_aux_loss"] > 0 for r in records)
     assert all(r["grad_norm"] is not None and r["grad_norm"] >= 0 for r in records)
     assert any(r["grad_norm"] > 0 for r in records)
     if config.algo.kl_mask == "tepo":

@@ -82,10 +82,12 @@ def comparable_metrics(run_dir: Path) -> list[dict]:
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     ours, theirs = comparable_metrics(run_dir), comparable_metrics(reference)
-    assert [m["step"] for m in ours] == list(range(1, STEPS + 1))  # no step lost, none twice
+    steps = [m["step"] for m in ours if "step" in m]  # MTP warm-up records have none
+    assert steps == list(range(1, STEPS + 1))  # no step lost, none twice
     assert ours == theirs
-    weights = "final/model.safetensors"
-    assert (run_dir / weights).read_bytes() == (reference / weights).read_bytes()
+    for weights in ("final/model.safetensors", "mtp_modules.safetensors"):
+        if (reference / weights).exists() or (run_dir / weights).exists():
+            assert (run_dir / weights).read_bytes() == (reference / weights).read_bytes()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and len(summary) >= 4
@@ -98,6 +100,46 @@ def reference(tmp_path_factory) -> Path:
     result = tepo(base_args(tmp, run_dir), cwd=tmp)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
+
+
+def mtp_args(tmp: Path, run_dir: Path) -> list[str]:
+    """MPO with MTP modules, off-policy (two epochs), so the old MTP scores are checkpointed
+    state too; a short warm-up on the policy's own samples."""
+    return [
+        *base_args(tmp, run_dir),
+        "algo=mpo",
+        "k=3",
+        "trainer.ppo_epochs=2",
+        "algo.mtp.warmup.steps=3",
+        "algo.mtp.warmup.batch_size=8",
+        "algo.mtp.warmup.log_every=1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def mtp_reference(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("mtp_reference")
+    run_dir = tmp / "run"
+    result = tepo(mtp_args(tmp, run_dir), cwd=tmp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len([line for line in (run_dir / "metrics.jsonl").open() if "mtp_warmup_step" in line])
+    return run_dir
+
+
+@pytest.mark.parametrize("fault", ["update:3", "warmup:2"])
+def test_mpo_mtp_run_killed_then_resumed_loses_nothing(tmp_path, mtp_reference, fault):
+    """Killed during RL: the checkpoint holds the warmed-up, partly trained modules and the
+    warm-up never runs again. Killed during the warm-up: there is no checkpoint yet, so the
+    resumed run starts over, warm-up included, and still ends byte for byte the same."""
+    run_dir = tmp_path / "run"
+    args = mtp_args(tmp_path, run_dir)
+    killed = tepo(args, cwd=tmp_path, fault=fault)
+    assert killed.returncode == -signal.SIGKILL
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    warmed_again = "MTP warm-up step" in resumed.stderr
+    assert warmed_again == fault.startswith("warmup")
+    assert_same_run(run_dir, mtp_reference)
 
 
 @pytest.mark.parametrize("fault", ["rollout:3", "update:2", "checkpoint:3"])
@@ -240,6 +282,19 @@ def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp
     weights = "final/model.safetensors"
     assert (runs["killed"] / weights).read_bytes() == (runs["whole"] / weights).read_bytes()
     assert comparable_metrics(runs["killed"]) == comparable_metrics(runs["whole"])
+
+
+def test_two_rank_mpo_mtp_run_ends_with_identical_ranks(tmp_path):
+    """Both ranks warm the MTP modules up, rank 0's are broadcast, and ZeRO-2 keeps the policy
+    and the modules identical on both ranks to the last step."""
+    run_dir = tmp_path / "run"
+    args = [*mtp_args(tmp_path, run_dir), "trainer.max_steps=2", "trainer.nproc=2"]
+    result = tepo([*args, "deepspeed=zero2"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    first, second = summary["rank_param_checksums"]
+    assert first == second and summary["mtp_parameters"] > 0
+    assert (run_dir / "mtp_modules.safetensors").is_file()
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,8 @@ def batch(tiny_model, tiny_tokenizer) -> SequenceBatch:
 def test_policy_logprobs_match_the_models_full_logits(tiny_model, batch, temperature):
     tiny_model.double()
     policy = Policy(tiny_model, KernelConfig(backend="torch", chunk_size=5))
-    logp, entropy = policy(batch, temperature, with_entropy=True)
+    scores = policy(batch, temperature, with_entropy=True)
+    logp, entropy = scores.logp, scores.entropy
     logits = tiny_model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -48,7 +49,7 @@ def test_padding_tokens_do_not_change_values_or_gradients(tiny_model, batch):
 
     def grads(sequences: SequenceBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
         tiny_model.zero_grad()
-        logp, _ = Policy(tiny_model, KernelConfig(backend="torch"))(sequences, 1.0)
+        logp = Policy(tiny_model, KernelConfig(backend="torch"))(sequences, 1.0).logp
         logp.sum().backward()
         return logp.detach(), [p.grad.clone() for p in tiny_model.parameters()]
 

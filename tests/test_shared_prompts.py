@@ -3,6 +3,9 @@ row (float64, tiny model), and gradient checkpointing really recomputes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -54,7 +57,8 @@ def assert_same_gradient(grad: torch.Tensor, expected: torch.Tensor, name: str) 
 def _logp_and_grads(model, batch: SequenceBatch, share: bool):
     model.zero_grad(set_to_none=True)
     policy = Policy(model, KernelConfig(backend="torch"), share_prompts=share)
-    logp, entropy = policy(batch, 0.7, with_entropy=True)
+    scores = policy(batch, 0.7, with_entropy=True)
+    logp, entropy = scores.logp, scores.entropy
     weights = torch.linspace(-1.0, 2.0, logp.numel(), dtype=logp.dtype).view_as(logp)
     ((logp * weights).sum() + entropy.sum()).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -134,3 +138,48 @@ def test_gradient_checkpointing_recomputes_the_layers_and_keeps_the_gradients(
     torch.testing.assert_close(checkpointed[0], plain[0], rtol=0, atol=1e-12)
     for name, grad in checkpointed[2].items():
         assert_same_gradient(grad, plain[2][name], name)
+
+
+@pytest.mark.parametrize("with_mtp", [False, True])
+def test_shared_prompt_gradients_are_bit_identical_run_after_run(
+    tiny_model, tiny_tokenizer, with_mtp: bool
+):
+    """The rows of one prompt add their gradients into its single prompt pass. torch's CPU
+    backward of advanced indexing adds with parallel atomics once a tensor passes 32,768 entries
+    (any real model's KV cache), so the sum's order — and its rounding — changed from run to run,
+    and a resumed run no longer matched the uninterrupted one bit for bit. Gathers through
+    index_select add in a fixed order."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("the atomic path needs more than one thread")
+    from tepo_cli.algos.config import MtpConfig
+
+    prompts = [
+        ("Please compute this sum step by step and then reply: " * 4) + str(i) for i in (1, 2, 3)
+    ]
+    torch.manual_seed(0)
+    rollout = generate(tiny_model, tiny_tokenizer, prompts, Sampling(n=16, max_new_tokens=4))
+    batch = SequenceBatch.from_rollout(rollout)
+    policy = Policy(
+        tiny_model,
+        KernelConfig(backend="torch"),
+        True,
+        mtp_depths=2 if with_mtp else 0,
+        mtp=MtpConfig(),
+    )
+    keys_per_layer = len(batch) * 2 * batch.prompt_width * 16  # rows x kv heads x P x head dim
+    assert keys_per_layer > 32_768
+    gradients = []
+    # Another busy process varies the threads' timing, as a loaded machine does between a run
+    # and its resumed copy; without it one process tends to repeat the same interleaving.
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for _ in range(20):
+            policy.zero_grad(set_to_none=True)
+            scores = policy(batch, 0.7, with_mtp=with_mtp)
+            total = scores.logp.sum() + (scores.mtp_logp.sum() if with_mtp else 0)
+            total.backward()
+            gradients.append(torch.cat([p.grad.flatten() for p in policy.lm.parameters()]))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert all(torch.equal(gradients[0], other) for other in gradients[1:])

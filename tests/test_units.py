@@ -110,8 +110,10 @@ def test_unit_view_single_row_and_errors() -> None:
         unit_view(mask[0], "token")
 
 
-def sliding_reference(values, mask, k: int, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Straight from ALGORITHMS.md §1.5 with loops."""
+def sliding_reference(
+    values, mask, k: int, spec: str, tail: str = "drop"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Straight from docs/objectives.md §1.5 with loops."""
     out = torch.zeros_like(values)
     sizes = torch.zeros(values.shape, dtype=torch.long)
     for b in range(values.shape[0]):
@@ -123,14 +125,20 @@ def sliding_reference(values, mask, k: int, spec: str) -> tuple[torch.Tensor, to
                 w = [1.0] * n
             else:
                 kind, p = spec.split(":")
-                p = float(p)
-                if kind == "future":
+                if kind == "decay":
+                    b2, lam = (float(x) for x in p.split(","))
+                    future = [b2 * lam ** (j - 2) for j in range(2, k + 1)]
+                    full = [1 - sum(future), *future]
+                elif kind == "future":
+                    p = float(p)
                     full = [1.0] if k == 1 else [1 - p] + [p / (k - 1)] * (k - 1)
                 else:
-                    full = [p**j for j in range(k)]
-                present = full[:n]
-                total = sum(present)
-                w = [x / total if total else 0.0 for x in present]
+                    raw = [float(p) ** j for j in range(k)]
+                    full = [x / sum(raw) for x in raw]
+                w = full[:n]
+                if tail == "renormalise":
+                    total = sum(w)
+                    w = [x / total if total else 0.0 for x in w]
             out[b, c] = sum(wj * values[b, cj] for wj, cj in zip(w, window, strict=True))
             sizes[b, c] = n
     return out, sizes
@@ -146,14 +154,18 @@ def sliding_reference(values, mask, k: int, spec: str) -> tuple[torch.Tensor, to
         "geometric:0.5",
         "geometric:0",
         "geometric:2",
+        "decay:0.06,0.8",
+        "decay:0.03,1",
+        "decay:0,0.5",
     ],
 )
 @pytest.mark.parametrize("k", [1, 2, 4, 12])
-def test_sliding_windows_against_loop_reference(spec: str, k: int) -> None:
+@pytest.mark.parametrize("tail", ["drop", "renormalise"])
+def test_sliding_windows_against_loop_reference(spec: str, k: int, tail: str) -> None:
     gen = torch.Generator().manual_seed(k)
     values = torch.randn(MASK.shape, generator=gen, dtype=F64)
-    got, sizes = sliding_window_sum(values, MASK, k, spec)
-    expected, expected_sizes = sliding_reference(values, MASK, k, spec)
+    got, sizes = sliding_window_sum(values, MASK, k, spec, tail=tail)
+    expected, expected_sizes = sliding_reference(values, MASK, k, spec, tail)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     assert torch.equal(sizes, expected_sizes)
     assert torch.all(got[~MASK] == 0)
@@ -162,7 +174,7 @@ def test_sliding_windows_against_loop_reference(spec: str, k: int) -> None:
 def test_sliding_window_renormalises_near_the_end() -> None:
     mask = torch.ones(1, 4, dtype=torch.bool)
     values = torch.tensor([[1.0, 10.0, 100.0, 1000.0]], dtype=F64)
-    got, sizes = sliding_window_sum(values, mask, 3, "geometric:0.5")
+    got, sizes = sliding_window_sum(values, mask, 3, "geometric:0.5", tail="renormalise")
     # full window: weights 1, .5, .25 over 1.75; two left: 1, .5 over 1.5; one left: 1.
     expected = [(1 + 5 + 25) / 1.75, (10 + 50 + 250) / 1.75, (100 + 500) / 1.5, 1000.0]
     assert got[0].tolist() == pytest.approx(expected, abs=1e-12)
@@ -190,8 +202,15 @@ def test_parse_block_weights() -> None:
     weights, normalised = parsed("future:0.3", 4)
     assert weights == pytest.approx([0.7, 0.1, 0.1, 0.1], abs=1e-15) and normalised
     assert parsed("future:0.3", 1) == ([1.0], True)
-    assert parsed("geometric:0.5", 3) == ([1.0, 0.5, 0.25], True)
+    weights, normalised = parsed("geometric:0.5", 3)
+    assert weights == pytest.approx([1 / 1.75, 0.5 / 1.75, 0.25 / 1.75], abs=1e-15) and normalised
     assert parsed("geometric:0", 3) == ([1.0, 0.0, 0.0], True)
-    for bad in ("future:1.5", "geometric:-1", "softmax", "future:x"):
+    weights, normalised = parsed("decay:0.06,0.8", 5)  # the paper's best setting (Eq. 10)
+    assert weights == pytest.approx([0.82288, 0.06, 0.048, 0.0384, 0.03072], abs=1e-12)
+    assert sum(weights) == pytest.approx(1.0, abs=1e-15) and normalised
+    assert parsed("decay:0.5,1", 1) == ([1.0], True)
+    with pytest.raises(ValueError, match=r"beta_1 = 1 - that = -1 <= 0"):
+        parse_block_weights("decay:0.5,1.0", 5)
+    for bad in ("future:1.5", "geometric:-1", "softmax", "future:x", "decay:0.1", "decay:-1,1"):
         with pytest.raises(ValueError, match="block_weights"):
             parse_block_weights(bad, 3)

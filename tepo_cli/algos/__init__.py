@@ -1,4 +1,4 @@
-"""The policy objectives (ALGORITHMS.md): loss plugins built from small shared parts.
+"""The policy objectives (docs/objectives.md): loss plugins built from small shared parts.
 
 `policy_loss` is the public entry point; `register_policy_loss` adds an objective.
 

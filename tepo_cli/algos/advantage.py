@@ -1,4 +1,4 @@
-"""Group-relative advantages (ALGORITHMS.md §0.1)."""
+"""Group-relative advantages (docs/objectives.md §0.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loss aggregation with global normalisers (ALGORITHMS.md §0.5).
+"""Loss aggregation with global normalisers (docs/objectives.md §0.5).
 
 Each mode is a sum over the rows passed divided by a normaliser. When the caller passes the
 normaliser of the whole optimizer step (`num_tokens`, `num_seqs`), summing the losses of the

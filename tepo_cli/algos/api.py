@@ -1,4 +1,4 @@
-"""`policy_loss`: the public, stable entry point to the objectives (ALGORITHMS.md §4)."""
+"""`policy_loss`: the public, stable entry point to the objectives (docs/objectives.md §4)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
     old_entropy: Tensor | None = None,
+    *,
+    mtp_logp: Tensor | None = None,
+    old_mtp_logp: Tensor | None = None,
+    old_entropy_term: Tensor | None = None,
     **overrides: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss (0-dim: policy term + KL term) and float metrics of objective `algo` on B responses.
@@ -35,6 +39,11 @@ def policy_loss(
     ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
     entropy, old_entropy: [B, T], required by TEPO's KL mask (old_entropy; entropy too for
                  mask_criterion=entropy_drop).
+    mtp_logp, old_mtp_logp: [B, T, K−1], required by MPO with future=mtp: [b, t, n−2] is the
+                 log-prob that MTP depth n, at anchor t, gives the token n−1 valid positions
+                 after t (current with grad, and rollout). Ignored entries may hold anything.
+    old_entropy_term: [B, T] S = Σ_j p_j²(log p_j + H) of the rollout policy, required by TEPO's
+                 mask_criterion=first_order (tepo_cli.kernels.token_entropy_terms).
     overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
                  normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
                  `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
@@ -55,6 +64,9 @@ def policy_loss(
         ref_logp=ref_logp,
         entropy=entropy,
         old_entropy=old_entropy,
+        mtp_logp=mtp_logp,
+        old_mtp_logp=old_mtp_logp,
+        old_entropy_term=old_entropy_term,
         **normalisers,
     )
     require_inputs(batch, cfg)

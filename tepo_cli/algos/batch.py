@@ -1,4 +1,4 @@
-"""`PolicyBatch`: the checked inputs of one policy-loss call (ALGORITHMS.md §4)."""
+"""`PolicyBatch`: the checked inputs of one policy-loss call (docs/objectives.md §4)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ class PolicyBatch:
     left there), and old_logp, ref_logp, old_entropy and advantages are detached.
     `num_tokens`, `num_seqs`, `max_len` override the aggregation normalisers (§0.5); None means
     "count these rows".
+    MPO with `future=mtp` reads `mtp_logp` / `old_mtp_logp` [B, T, K−1]: entry [b, t, n−2] is the
+    log-prob, under MTP depth n at anchor t, of the token n−1 valid positions after t (0 where
+    that token does not exist). TEPO's `first_order` mask reads `old_entropy_term` [B, T].
     """
 
     logp: Tensor
@@ -30,6 +33,9 @@ class PolicyBatch:
     ref_logp: Tensor | None = None
     entropy: Tensor | None = None
     old_entropy: Tensor | None = None
+    mtp_logp: Tensor | None = None
+    old_mtp_logp: Tensor | None = None
+    old_entropy_term: Tensor | None = None
     num_tokens: Count | None = None
     num_seqs: Count | None = None
     max_len: Count | None = None
@@ -50,6 +56,9 @@ def make_policy_batch(
     num_tokens: Count | None = None,
     num_seqs: Count | None = None,
     max_len: Count | None = None,
+    mtp_logp: Tensor | None = None,
+    old_mtp_logp: Tensor | None = None,
+    old_entropy_term: Tensor | None = None,
 ) -> PolicyBatch:
     """Check the inputs (ValueError naming the argument) and build a `PolicyBatch`."""
     if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
@@ -72,6 +81,7 @@ def make_policy_batch(
         "ref_logp": ref_logp,
         "entropy": entropy,
         "old_entropy": old_entropy,
+        "old_entropy_term": old_entropy_term,
     }
     for name, tensor in tensors.items():
         if tensor is None:
@@ -82,6 +92,7 @@ def make_policy_batch(
             raise ValueError(
                 f"{name} must be [B, T] shaped like logp {shape}, got {_describe(tensor)}"
             )
+    _check_mtp(mtp_logp, old_mtp_logp, shape)
     counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "max_len": max_len}
     for name, count in counts.items():
         _check_count(name, count)
@@ -90,7 +101,8 @@ def make_policy_batch(
         if tensor is None:
             return None
         tensor = tensor.detach() if detach else tensor
-        return torch.where(mask, tensor, 0.0)
+        where = mask if tensor.dim() == 2 else mask.unsqueeze(-1)
+        return torch.where(where, tensor, 0.0)
 
     return PolicyBatch(
         logp=clean(logp, detach=False),  # type: ignore[arg-type]
@@ -100,6 +112,9 @@ def make_policy_batch(
         ref_logp=clean(ref_logp, detach=True),
         entropy=clean(entropy, detach=False),
         old_entropy=clean(old_entropy, detach=True),
+        mtp_logp=clean(mtp_logp, detach=False),
+        old_mtp_logp=clean(old_mtp_logp, detach=True),
+        old_entropy_term=clean(old_entropy_term, detach=True),
         **counts,
     )
 
@@ -116,10 +131,49 @@ def require_inputs(batch: PolicyBatch, cfg: AlgoConfig) -> None:
             f"old_entropy is required: algo {cfg.name} masks its KL term with kl_mask=tepo "
             f"(beta={cfg.beta}); pass the rollout policy's token entropies"
         )
+    if cfg.needs_old_entropy_term and batch.old_entropy_term is None:
+        raise ValueError(
+            f"old_entropy_term is required: algo {cfg.name} uses mask_criterion=first_order; pass "
+            "the rollout policy's S = sum_j p_j^2 (log p_j + H) per token "
+            "(tepo_cli.kernels.token_entropy_terms)"
+        )
+    depths = cfg.mtp_depths
+    if depths:
+        for name in ("mtp_logp", "old_mtp_logp"):
+            tensor = getattr(batch, name)
+            if tensor is None:
+                raise ValueError(
+                    f"{name} is required: algo {cfg.name} uses future=mtp with k={cfg.k}; pass "
+                    f"the MTP depths' log-probs [B, T, {depths}] (or set future=exact)"
+                )
+            if tensor.shape[-1] != depths:
+                raise ValueError(
+                    f"{name} has {tensor.shape[-1]} MTP depths in its last dimension, but k={cfg.k} "
+                    f"needs k - 1 = {depths}"
+                )
     if cfg.needs_entropy and batch.entropy is None:
         raise ValueError(
             f"entropy is required: algo {cfg.name} uses mask_criterion=entropy_drop; pass the "
             "current policy's token entropies"
+        )
+
+
+def _check_mtp(mtp_logp: Tensor | None, old_mtp_logp: Tensor | None, shape: tuple) -> None:
+    given = {"mtp_logp": mtp_logp, "old_mtp_logp": old_mtp_logp}
+    for name, tensor in given.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, Tensor) or tensor.dim() != 3 or tuple(tensor.shape[:2]) != shape:
+            raise ValueError(
+                f"{name} must be [B, T, K-1] with [B, T] = {shape} like logp, got "
+                f"{_describe(tensor)}"
+            )
+    if (mtp_logp is None) != (old_mtp_logp is None):
+        missing = "old_mtp_logp" if old_mtp_logp is None else "mtp_logp"
+        raise ValueError(f"{missing} is required with the other MTP log-probs (pass both)")
+    if mtp_logp is not None and old_mtp_logp is not None and mtp_logp.shape != old_mtp_logp.shape:
+        raise ValueError(
+            f"old_mtp_logp {tuple(old_mtp_logp.shape)} must match mtp_logp {tuple(mtp_logp.shape)}"
         )
 
 

@@ -1,4 +1,4 @@
-"""The clipped surrogate with clip-higher and optional dual clip (ALGORITHMS.md §0.4)."""
+"""The clipped surrogate with clip-higher and optional dual clip (docs/objectives.md §0.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Typed knobs of an objective (ALGORITHMS.md §0.7): one model for every preset in conf/algo/.
+"""Typed knobs of an objective (docs/objectives.md §0.7): one model for every preset in conf/algo/.
 
 The YAML files in conf/algo/ document each knob (a comment per key); this model holds only types,
 ranges and the rules that tie knobs together, each with a message that says what to change.
@@ -16,7 +16,50 @@ LossAgg = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
 
-_BLOCK_WEIGHTS = re.compile(r"^(uniform|future:(0(\.\d+)?|1(\.0+)?)|geometric:\d+(\.\d+)?)$")
+_NUMBER = r"\d+(\.\d*)?([eE][-+]?\d+)?"
+_BLOCK_WEIGHTS = re.compile(
+    rf"^(uniform|decay:{_NUMBER},{_NUMBER}|future:(0(\.\d+)?|1(\.0+)?)|geometric:{_NUMBER})$"
+)
+MaskCriterion = Literal["covariance", "entropy_drop", "advantage_only", "first_order"]
+
+
+def decay_first_weight(beta2: float, decay: float, k: int) -> float:
+    """β_1 of MPO's `decay:β₂,λ` weights (Eq. 10): 1 − Σ_{n=2..K} β₂·λ^(n−2)."""
+    return 1.0 - sum(beta2 * decay**j for j in range(k - 1))
+
+
+class MtpWarmupConfig(BaseModel):
+    """Warm-up of the MTP modules before the first RL step, the backbone frozen (§1.5)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    steps: int = Field(default=30, ge=0)
+    lr: float = Field(default=3e-4, gt=0.0)
+    batch_size: int = Field(default=16, ge=1)
+    alpha_decay: float = Field(default=0.8, gt=0.0, le=1.0)
+    data: Literal["auto", "solutions", "samples"] = "auto"
+    log_every: int = Field(default=5, ge=1)
+
+
+class MtpConfig(BaseModel):
+    """MPO's multi-token-prediction modules (`future=mtp`, docs/objectives.md §1.5)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    head: Literal["copy", "shared"] = "copy"
+    trainable: bool = True
+    backbone_grad: bool = True
+    aux_coef: float = Field(default=0.0, ge=0.0)
+    warmup: MtpWarmupConfig = Field(default_factory=MtpWarmupConfig)
+
+    @model_validator(mode="after")
+    def _check_aux(self) -> MtpConfig:
+        if self.aux_coef > 0 and not self.trainable:
+            raise ValueError(
+                f"mtp.aux_coef={self.aux_coef} trains the MTP modules, but mtp.trainable=false "
+                "freezes them: set mtp.trainable=true or mtp.aux_coef=0"
+            )
+        return self
 
 
 class AlgoConfig(BaseModel):
@@ -43,9 +86,12 @@ class AlgoConfig(BaseModel):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_target: Literal["ref", "old"] = "ref"
     kl_mask: Literal["none", "tepo"] = "none"
-    mask_criterion: Literal["covariance", "entropy_drop"] = "covariance"
+    mask_criterion: MaskCriterion = "covariance"
     block_weights: str = "uniform"
-    # DAPO (ALGORITHMS.md §1.2), used by the training loop.
+    tail: Literal["drop", "renormalise"] = "drop"
+    future: Literal["exact", "mtp"] = "exact"
+    mtp: MtpConfig = Field(default_factory=MtpConfig)
+    # DAPO (docs/objectives.md §1.2), used by the training loop.
     dynamic_sampling: bool = False
     max_refill_rounds: int = Field(default=10, ge=1)
     overlong_penalty: bool = False
@@ -59,7 +105,8 @@ class AlgoConfig(BaseModel):
     def _check_block_weights(cls, value: str) -> str:
         if not _BLOCK_WEIGHTS.match(value):
             raise ValueError(
-                "must be 'uniform', 'future:p' with 0 <= p <= 1, or 'geometric:g' with g >= 0"
+                "must be 'decay:b,l' (MPO's beta_2 and lambda, both >= 0), 'uniform', "
+                "'future:p' with 0 <= p <= 1, or 'geometric:g' with g >= 0"
             )
         return value
 
@@ -85,6 +132,22 @@ class AlgoConfig(BaseModel):
             raise ValueError(
                 f"block_weights={self.block_weights} already averages the window (its weights "
                 "sum to 1): use ratio_norm=sum with it"
+            )
+        if self.block_weights.startswith("decay:") and self.k is not None:
+            beta2, decay = (float(x) for x in self.block_weights[len("decay:") :].split(","))
+            first = decay_first_weight(beta2, decay, self.k)
+            if first <= 0:
+                raise ValueError(
+                    f"block_weights={self.block_weights} with k={self.k} gives the future tokens "
+                    f"a total weight of {1 - first:.4g}, so beta_1 = {first:.4g} <= 0: the "
+                    "current token must keep a positive share. Lower beta_2, lambda or k (the "
+                    "paper keeps the future share below 0.3; k=5 with decay:0.06,0.8 gives 0.177)"
+                )
+        if self.future == "mtp" and self.layout != "sliding":
+            raise ValueError(
+                "future=mtp reads the MTP modules at each window's anchor: it needs "
+                f"layout=sliding (got layout={self.layout}, unit={self.unit}); use future=exact "
+                "with disjoint blocks"
             )
         return self
 
@@ -123,10 +186,22 @@ class AlgoConfig(BaseModel):
 
     @property
     def needs_old_entropy(self) -> bool:
-        """TEPO's KL mask reads H_old (both criteria): score it in the rollout pass."""
-        return self.beta > 0 and self.kl_mask == "tepo"
+        """TEPO's KL mask reads H_old (except advantage_only): score it in the rollout pass."""
+        return self.beta > 0 and self.kl_mask == "tepo" and self.mask_criterion != "advantage_only"
 
     @property
     def needs_entropy(self) -> bool:
         """The entropy_drop criterion also reads the current policy's entropy H."""
         return self.needs_old_entropy and self.mask_criterion == "entropy_drop"
+
+    @property
+    def needs_old_entropy_term(self) -> bool:
+        """The first_order criterion reads S_old = Σ_j p_j²(log p_j + H) (a vocabulary sum)."""
+        return self.needs_old_entropy and self.mask_criterion == "first_order"
+
+    @property
+    def mtp_depths(self) -> int:
+        """MTP modules the objective reads: K − 1 with future=mtp (0 otherwise)."""
+        if self.future != "mtp" or self.k is None:
+            return 0
+        return self.k - 1

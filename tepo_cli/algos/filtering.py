@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling filter (ALGORITHMS.md §1.2): which groups carry a learning signal."""
+"""DAPO's dynamic sampling filter (docs/objectives.md §1.2): which groups carry a learning signal."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-token KL estimators against a target policy (ALGORITHMS.md §0.6)."""
+"""Per-token KL estimators against a target policy (docs/objectives.md §0.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shipped objectives (ALGORITHMS.md §1), each a registered plugin built from the shared parts.
+"""The shipped objectives (docs/objectives.md §1), each a registered plugin built from the shared parts.
 
 All five are the same composition, driven by the knobs of their preset:
 ratio per unit (§0.2) → routing (§0.3) → clipped surrogate (§0.4) → aggregation (§0.5) → + KL
@@ -23,6 +23,9 @@ from tepo_cli.algos.tepo_mask import tepo_kl_mask
 
 def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
     """[B, T] the ratio each token's surrogate uses: its unit's ρ_u, routed per `cfg.route`."""
+    future = None
+    if cfg.mtp_depths and batch.mtp_logp is not None and batch.old_mtp_logp is not None:
+        future = batch.mtp_logp - batch.old_mtp_logp
     log_ratio = unit_log_ratio(
         batch.logp,
         batch.old_logp,
@@ -32,6 +35,8 @@ def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
         ratio_norm=cfg.ratio_norm,
         layout=cfg.layout,
         block_weights=cfg.block_weights,
+        tail=cfg.tail,
+        future_log_ratio=future,
     )
     return route_ratio(unit_ratio(log_ratio), batch.logp, cfg.route)
 
@@ -68,17 +73,21 @@ def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, floa
     zero = batch.logp.new_zeros(())
     mask = batch.mask
     kl_mask = mask
-    has_entropies = batch.old_entropy is not None and (
-        cfg.mask_criterion == "covariance" or batch.entropy is not None
-    )
+    has_entropies = {
+        "covariance": batch.old_entropy is not None,
+        "entropy_drop": batch.old_entropy is not None and batch.entropy is not None,
+        "advantage_only": True,
+        "first_order": batch.old_entropy is not None and batch.old_entropy_term is not None,
+    }[cfg.mask_criterion]
     if cfg.kl_mask == "tepo" and has_entropies:
         kl_mask = tepo_kl_mask(
             batch.advantages,
             mask,
             batch.old_logp,
-            batch.old_entropy,  # type: ignore[arg-type]
+            batch.old_entropy,
             batch.entropy,
             cfg.mask_criterion,
+            old_entropy_term=batch.old_entropy_term,
         )
         metrics["kl_mask_frac"] = _share(kl_mask, mask)
     if target is None:
@@ -128,7 +137,9 @@ def tepo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]
 
 @register_policy_loss("mpo")
 def mpo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
-    """MPO (§1.5): K-token blocks (disjoint or sliding) each clipped as one action."""
+    """MPO (§1.5): one window of the next K tokens per position (or disjoint K-blocks, the
+    ablation), each window's weighted log-ratio clipped as one action; future terms from the
+    backbone (`future=exact`) or from the MTP modules (`future=mtp`)."""
     return clipped_policy_loss(batch, cfg)
 
 

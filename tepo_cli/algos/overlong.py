@@ -1,4 +1,4 @@
-"""DAPO's soft overlong punishment (ALGORITHMS.md §1.2), added to the reward by the loop."""
+"""DAPO's soft overlong punishment (docs/objectives.md §1.2), added to the reward by the loop."""
 
 from __future__ import annotations
 

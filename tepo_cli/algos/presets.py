@@ -22,12 +22,28 @@ def preset_names() -> tuple[str, ...]:
 
 
 @cache
-def _load_preset(name: str) -> dict[str, Any]:
+def _load_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A preset's knobs; a preset may start from another one, as Hydra composes it:
+    `defaults: [other, _self_]` takes every knob of conf/algo/other.yaml, then its own."""
     path = files("tepo_cli.conf") / "algo" / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(preset_names())
         raise ValueError(f"algo: no preset {name!r} in conf/algo/; presets: {known}")
-    data = OmegaConf.to_container(OmegaConf.create(path.read_text(encoding="utf-8")), resolve=True)
+    if name in seen:
+        raise ValueError(f"algo presets include each other in a loop: {' -> '.join(seen)}")
+    config = OmegaConf.create(path.read_text(encoding="utf-8"))
+    defaults = config.pop("defaults", [])
+    merged = OmegaConf.create()
+    for entry in defaults:
+        if entry == "_self_":
+            merged = OmegaConf.merge(merged, config)
+        elif isinstance(entry, str):
+            merged = OmegaConf.merge(merged, _load_preset(entry, (*seen, name)))
+        else:
+            raise ValueError(f"algo preset {name!r}: defaults may name presets only, got {entry}")
+    if "_self_" not in defaults:
+        merged = OmegaConf.merge(merged, config)
+    data = OmegaConf.to_container(merged, resolve=True)
     if not isinstance(data, dict):
         raise ValueError(f"algo preset {name!r} is not a mapping of knobs")
     return data
@@ -42,7 +58,7 @@ def resolve_algo(algo: AlgoSpec, overrides: Mapping[str, Any] | None = None) -> 
     """A validated `AlgoConfig` from `algo` with `overrides` (any AlgoConfig knob) applied.
 
     Overriding `unit` to token or sequence without giving `k` drops the preset's block size (so
-    `policy_loss("mpo", ..., unit="token")` means what it says); a `k` override alone does not
+    `policy_loss("mpo_disjoint", ..., unit="token")` means what it says); a `k` override alone does not
     change the unit: pass `unit="block"` with it for an objective whose unit is not a block.
     """
     if isinstance(algo, AlgoConfig):

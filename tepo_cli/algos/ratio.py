@@ -1,4 +1,4 @@
-"""Unit log-ratios, unit ratios and gradient routing (ALGORITHMS.md §0.2, §0.3, §1.5)."""
+"""Unit log-ratios, unit ratios and gradient routing (docs/objectives.md §0.2, §0.3, §1.5)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tepo_cli.kernels.units import UnitKind, sliding_window_sum, unit_view
+from tepo_cli.kernels.units import UnitKind, WindowTail, sliding_window_sum, unit_view
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -21,12 +21,16 @@ def unit_log_ratio(
     ratio_norm: Literal["sum", "mean"] = "sum",
     layout: Literal["disjoint", "sliding"] = "disjoint",
     block_weights: str = "uniform",
+    tail: WindowTail = "drop",
+    future_log_ratio: Tensor | None = None,
 ) -> Tensor:
     """Per-token view [B, T] of Λ_u, the log-ratio of the unit each token belongs to (0 on padding).
 
     Disjoint units: Λ_u = Σ_{t∈u} (ℓ_t − ℓ^old_t), divided by |u| for `ratio_norm="mean"`.
     Sliding layout: each valid token anchors its own window (one unit per anchor token), and Λ is
-    the weighted window sum; `mean` divides by the window size.
+    the weighted window sum Σ_n β_n d^(n) (`tail` handles windows cut by the response's end);
+    `mean` divides by the window size. `future_log_ratio` [B, T, K−1] supplies d^(n), n ≥ 2, per
+    anchor (MPO's MTP modules); without it d^(n) is the backbone's own d_{t+n−1} (exact).
     Padding entries of `logp` / `old_logp` must be finite (the public API zeroes them).
     """
     mask = mask.bool()
@@ -34,7 +38,11 @@ def unit_log_ratio(
     if layout == "sliding":
         if k is None:
             raise ValueError("layout=sliding needs a window size k")
-        log_ratio, sizes = sliding_window_sum(diff, mask, k, block_weights)
+        log_ratio, sizes = sliding_window_sum(
+            diff, mask, k, block_weights, tail=tail, future=future_log_ratio
+        )
+    elif future_log_ratio is not None:
+        raise ValueError("future log-ratios (MTP) need layout=sliding: they belong to anchors")
     elif layout == "disjoint":
         view = unit_view(mask, unit, k)
         log_ratio = view.broadcast(view.sum(diff))

@@ -7,6 +7,7 @@ the keys allowed at that level and the closest match. Values are checked later, 
 from __future__ import annotations
 
 import difflib
+import re
 from importlib import resources
 from typing import Any
 
@@ -16,6 +17,18 @@ from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import EvalConfig, TrainConfig
 
 SCHEMAS: dict[str, type[BaseModel]] = {"train": TrainConfig, "eval": EvalConfig}
+# `algo.block_weights=decay:0.06,0.8`: one value whose comma Hydra would read as a list or sweep.
+_DECAY_VALUE = re.compile(r"^(\+{0,2}(?:[\w.]+\.)?block_weights)=(decay:[^,'\"\s]+,[^,'\"\s]+)$")
+
+
+def quote_weight_specs(arguments: list[str]) -> list[str]:
+    """Quote a lone `block_weights=decay:b,l` value for Hydra, so MPO's weights are typed as the
+    paper writes them. In a sweep, quote each value yourself: `algo.block_weights="'decay:0.06,0.8'",uniform`."""
+    quoted = []
+    for argument in arguments:
+        match = _DECAY_VALUE.match(argument)
+        quoted.append(f"{match.group(1)}='{match.group(2)}'" if match else argument)
+    return quoted
 
 
 def check_override_keys(config_name: str, arguments: list[str]) -> None:

@@ -213,6 +213,16 @@ class TrainConfig(Strict):
                 self.algo.overlong_cache_len,
                 self.rollout.max_new_tokens,
             )
+        algo = self.algo
+        on_policy = t.ppo_epochs == 1 and t.minibatches == 1
+        if algo.kl_mask == "tepo" and algo.mask_criterion == "entropy_drop" and on_policy:
+            raise ValueError(
+                "algo.mask_criterion=entropy_drop compares the current policy's entropy with the "
+                "rollout policy's, which are the same with one update per rollout "
+                "(trainer.ppo_epochs=1, trainer.minibatches=1): the KL mask would always be "
+                "empty. Set trainer.ppo_epochs or trainer.minibatches above 1, or use another "
+                "criterion (covariance, advantage_only, first_order)"
+            )
         sequences = t.prompts_per_step // t.nproc * self.rollout.n
         if sequences % t.minibatches:
             raise ValueError(

@@ -23,7 +23,8 @@ def load_train_config(
 ) -> TrainConfig:
     data = _plain(cfg)
     block_size = data.get("k")
-    if block_size is not None and isinstance(data.get("algo"), dict):
+    valid_k = isinstance(block_size, int) and not isinstance(block_size, bool) and block_size >= 1
+    if valid_k and isinstance(data.get("algo"), dict):
         # `tepo train algo=NAME k=K`: any objective with K-token blocks as its action unit.
         data["algo"].update(unit="block", k=block_size)
     trainer = data.get("trainer")

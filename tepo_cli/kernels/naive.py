@@ -33,3 +33,21 @@ def naive_token_logprobs(
     if with_entropy:
         entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
     return logp, entropy
+
+
+def naive_entropy_terms(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log p_target, H, S = sum_j p_j^2 (log p_j + H)) from the full [N, V] log-softmax."""
+    cd = compute_dtype(hidden.dtype, weight.dtype)
+    with torch.no_grad():
+        logits = hidden.detach().to(cd) @ weight.detach().to(cd).t() / temperature
+        logprobs = torch.log_softmax(logits, dim=-1)
+        probs = logprobs.exp()
+        entropy = -(probs * logprobs).sum(dim=-1)
+        vocab_term = (probs * probs * (logprobs + entropy.unsqueeze(1))).sum(dim=-1)
+        logp = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
+    return logp, entropy, vocab_term

@@ -1,4 +1,4 @@
-"""The unit view: token, K-block and sequence units as segment reductions (ALGORITHMS.md §0.2).
+"""The unit view: token, K-block and sequence units as segment reductions (docs/objectives.md §0.2).
 
 Every objective works on per-token tensors `[B, T]` with a response mask. An *action unit* is a
 run of consecutive valid tokens of one row; this module turns token values into unit values and
@@ -10,9 +10,10 @@ back, with index operations only (no Python loop over tokens, blocks or rows):
 - `unit_view(mask, unit, k)` → `UnitView`: one unit id per token (padding goes to a dump slot
   that every reduction drops), unit sizes, and `sum` / `mean` / `broadcast`.
 - `segment_sum(values, ids, num_units)`: the one reduction everything is built on.
-- `sliding_window_sum(values, mask, k, weights)`: the sliding layout of §1.5, one window of the
-  next min(K, tokens left) valid tokens per anchor token, with `uniform`, `future:p` or
-  `geometric:γ` weights renormalised over the tokens present.
+- `sliding_windows(mask, k)` and `sliding_window_sum(values, mask, k, weights, tail, future)`:
+  the sliding layout of §1.5, one window of the next min(K, tokens left) valid tokens per anchor
+  token, weighted by `decay:β₂,λ` (MPO's), `uniform` (joint), `future:p` or `geometric:γ`; the
+  future slots read either the tokens' own values (exact) or given per-anchor values (MTP).
 
 Unit ids live on a fixed grid: row b owns slots `b * U … b * U + U - 1` with U = ceil(T / K)
 (U = T for tokens, 1 for sequences). Slots past the end of a short row are empty (size 0); they
@@ -122,13 +123,17 @@ def unit_view(mask: Tensor, unit: UnitKind, k: int | None = None) -> UnitView:
     return UnitView(ids=ids, num_units=num_units, sizes=sizes, mask=mask)
 
 
-def parse_block_weights(spec: str, k: int) -> tuple[Tensor, bool]:
-    """Window weights w_1..w_K of the sliding layout (§1.5) and whether they are renormalised.
+WindowTail = Literal["drop", "renormalise"]
 
-    `uniform`: w_n = 1, not renormalised (a shorter window simply has fewer terms: the joint ratio).
-    `future:p`: w_1 = 1 - p, w_{n>1} = p / (K - 1); `geometric:g`: w_n = g^(n-1). Both are
-    normalised to sum 1 over the tokens present in the window. With K = 1 every kind is w_1 = 1.
-    Returns a float64 CPU tensor [K].
+
+def parse_block_weights(spec: str, k: int) -> tuple[Tensor, bool]:
+    """Window weights β_1..β_K of the sliding layout (docs/objectives.md §1.5) and whether they are
+    a normalised weighting (Σβ = 1 over the full window) rather than the plain joint sum.
+
+    `uniform`: β_n = 1, not normalised (the joint ratio of Eq. 8, an ablation).
+    `decay:b,l` (the paper's Eq. 10): β_n = b·l^(n−2) for n ≥ 2, β_1 = 1 − Σ_{n≥2} β_n, which must
+    stay > 0. `future:p`: β_1 = 1 − p, β_{n>1} = p / (K − 1). `geometric:g`: β_n ∝ g^(n−1).
+    With K = 1 every kind is β_1 = 1. Returns a float64 CPU tensor [K].
     """
     if k < 1:
         raise ValueError(f"block size k must be >= 1, got {k}")
@@ -136,9 +141,14 @@ def parse_block_weights(spec: str, k: int) -> tuple[Tensor, bool]:
     if kind == "uniform" and not arg:
         return torch.ones(k, dtype=torch.float64), False
     try:
-        value = float(arg)
+        values = [float(part) for part in arg.split(",")]
     except ValueError:
         raise ValueError(_weights_message(spec)) from None
+    if kind == "decay" and len(values) == 2 and min(values) >= 0.0:
+        return decay_weights(values[0], values[1], k), True
+    if len(values) != 1:
+        raise ValueError(_weights_message(spec))
+    value = values[0]
     if kind == "future" and 0.0 <= value <= 1.0:
         if k == 1:
             return torch.ones(1, dtype=torch.float64), True
@@ -146,56 +156,138 @@ def parse_block_weights(spec: str, k: int) -> tuple[Tensor, bool]:
         weights[0] = 1.0 - value
         return weights, True
     if kind == "geometric" and value >= 0.0:
-        exponents = torch.arange(k, dtype=torch.float64)
-        return torch.pow(torch.tensor(value, dtype=torch.float64), exponents), True
+        weights = torch.pow(torch.tensor(value, dtype=torch.float64), torch.arange(k))
+        return weights / weights.sum(), True
     raise ValueError(_weights_message(spec))
+
+
+def decay_weights(beta2: float, decay: float, k: int) -> Tensor:
+    """MPO's Eq. 10: β_n = β₂·λ^(n−2) for n = 2..K and β_1 = 1 − Σ_{n≥2} β_n (float64 [K]).
+
+    Raises ValueError when β_1 ≤ 0: the current token must keep a positive share of the window.
+    """
+    future = beta2 * torch.pow(torch.tensor(decay, dtype=torch.float64), torch.arange(k - 1))
+    first = 1.0 - float(future.sum())
+    if first <= 0.0:
+        raise ValueError(
+            f"block_weights=decay:{beta2:g},{decay:g} with k={k} gives the future tokens a total "
+            f"weight of {float(future.sum()):.4g}, so beta_1 = 1 - that = {first:.4g} <= 0; the "
+            "current token must keep a positive share: lower beta_2 or lambda, or k (the paper "
+            "keeps the future share below 0.3: k=5 with decay:0.06,0.8 gives 0.177)"
+        )
+    return torch.cat([torch.tensor([first], dtype=torch.float64), future])
 
 
 def _weights_message(spec: str) -> str:
     return (
-        f"block_weights={spec!r}: expected 'uniform', 'future:p' with 0 <= p <= 1, "
-        "or 'geometric:g' with g >= 0"
+        f"block_weights={spec!r}: expected 'uniform', 'decay:b,l' with b, l >= 0 (MPO's "
+        "beta_2 and lambda), 'future:p' with 0 <= p <= 1, or 'geometric:g' with g >= 0"
     )
 
 
-def sliding_window_sum(
-    values: Tensor, mask: Tensor, k: int, weights: str = "uniform"
-) -> tuple[Tensor, Tensor]:
-    """Weighted sum over each valid token's window of the next min(K, tokens left) valid tokens.
+@dataclass(frozen=True)
+class Windows:
+    """The sliding layout of a `[B, T]` batch: anchor t's window holds its next K valid tokens.
 
-    Returns (sums [B, T], window sizes [B, T] int64), both 0 on padding anchors:
-    sums_t = Σ_{n=1..n_t} w̃_n · values_{t+n-1} (ALGORITHMS.md §1.5). For the normalised kinds,
-    w̃_n = w_n / Σ_{m ≤ n_t} w_m; a window whose present weights sum to 0 (`future:1` at the last
-    token, which has no future) gets the sum 0. Memory is O(B·T·K): one gather of the windows.
+    columns: [B, T, K] int64 column of slot n (n = 1..K) of each anchor's window; T where the
+             slot is empty (past the row's last valid token, or a padding anchor).
+    present: [B, T, K] bool, the slots that hold a token; slot 1 is present at every valid anchor.
+    """
+
+    columns: Tensor
+    present: Tensor
+
+    @property
+    def sizes(self) -> Tensor:
+        """[B, T] int64 tokens in each anchor's window, min(K, tokens left); 0 on padding."""
+        return self.present.sum(dim=-1)
+
+    def gather(self, values: Tensor) -> Tensor:
+        """[B, T] token values → [B, T, K] window values (0 in empty slots)."""
+        rows = values.shape[0]
+        padded = torch.cat([values, values.new_zeros(rows, 1)], dim=1)
+        flat = self.columns.reshape(rows, -1)
+        gathered = padded.gather(1, flat).reshape(self.columns.shape)
+        return torch.where(self.present, gathered, 0.0)
+
+
+def sliding_windows(mask: Tensor, k: int) -> Windows:
+    """One window of the next min(K, tokens left) valid tokens per valid anchor token, with index
+    operations only (no loop over tokens). Valid tokens are counted, so holes in the mask are
+    skipped and the padding may be on either side."""
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
+    if k < 1:
+        raise ValueError(f"window size k must be >= 1, got {k}")
+    mask = mask.bool()
+    rows, columns = mask.shape
+    device = mask.device
+    positions = valid_positions(mask)
+    lengths = mask.sum(dim=1, keepdim=True)  # [B, 1]
+    # column_of[b, q] = column of the q-th valid token of row b; slot T stands for "empty",
+    # slot T + 1 is where the padding tokens' writes land.
+    column_of = torch.full((rows, columns + 2), columns, dtype=torch.long, device=device)
+    source = torch.arange(columns, device=device).expand(rows, columns)
+    column_of.scatter_(1, torch.where(mask, positions, columns + 1), source)
+    targets = positions.unsqueeze(-1) + torch.arange(k, device=device)  # [B, T, K]
+    present = mask.unsqueeze(-1) & (targets < lengths.unsqueeze(-1))
+    targets = torch.where(present, targets, columns)
+    window_columns = column_of.gather(1, targets.reshape(rows, -1)).reshape(rows, columns, k)
+    return Windows(columns=window_columns, present=present)
+
+
+def window_weights(
+    present: Tensor, spec: str, k: int, tail: WindowTail = "drop", dtype: torch.dtype | None = None
+) -> Tensor:
+    """[B, T, K] weight of each window slot: β_n where the slot holds a token, 0 where it is empty.
+
+    A window cut short by the end of the response (docs/objectives.md §1.5, tail):
+    `drop` keeps β_n of the slots present, so the window's total weight is ≤ 1; `renormalise`
+    divides them by their sum (a window whose present weights sum to 0 gets weight 0).
+    `uniform` is the plain joint sum: its slots weigh 1 either way.
+    """
+    base, normalised = parse_block_weights(spec, k)
+    weights = base.to(dtype=dtype or torch.float64, device=present.device).expand(present.shape)
+    weights = torch.where(present, weights, 0.0)
+    if normalised and tail == "renormalise":
+        total = weights.sum(dim=-1, keepdim=True)
+        weights = torch.where(total > 0, weights / torch.where(total > 0, total, 1.0), 0.0)
+    elif tail not in ("drop", "renormalise"):
+        raise ValueError(f"unknown tail {tail!r}: expected drop or renormalise")
+    return weights
+
+
+def sliding_window_sum(
+    values: Tensor,
+    mask: Tensor,
+    k: int,
+    weights: str = "uniform",
+    tail: WindowTail = "drop",
+    future: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Σ_n β_n · d^(n) over each valid anchor's window (docs/objectives.md §1.5).
+
+    values: [B, T] per-token values d_t (log-ratios). Slot n of anchor t holds d^(n)_t:
+    - `future=None` (exact): the value of the window's n-th token, d_{t+n−1};
+    - `future` given, [B, T, K−1]: slot 1 is still d_t, slots n ≥ 2 read future[b, t, n−2]
+      (e.g. the MTP modules' log-ratios for the n-th token, evaluated at the anchor's state).
+    Returns (sums [B, T], window sizes [B, T] int64), both 0 on padding anchors. Memory is
+    O(B·T·K): one gather of the windows.
     """
     if values.shape != mask.shape or values.dim() != 2:
         raise ValueError(
             f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must both be [B, T]"
         )
-    mask = mask.bool()
-    rows, columns = mask.shape
-    base, normalised = parse_block_weights(weights, k)
-    device = values.device
-    positions = valid_positions(mask)
-    lengths = mask.sum(dim=1, keepdim=True)  # [B, 1]
-
-    # column_of[b, q] = column of the q-th valid token of row b; slot T reads the zero column
-    # appended to `values` below, slot T + 1 is where the padding tokens' writes land.
-    column_of = torch.full((rows, columns + 2), columns, dtype=torch.long, device=device)
-    source = torch.arange(columns, device=device).expand(rows, columns)
-    column_of.scatter_(1, torch.where(mask, positions, columns + 1), source)
-
-    offsets = torch.arange(k, device=device)
-    targets = positions.unsqueeze(-1) + offsets  # [B, T, K] valid-token index of each window slot
-    present = mask.unsqueeze(-1) & (targets < lengths.unsqueeze(-1))
-    targets = torch.where(present, targets, columns)
-    window_columns = column_of.gather(1, targets.reshape(rows, -1))
-    padded = torch.cat([values, values.new_zeros(rows, 1)], dim=1)
-    window_values = padded.gather(1, window_columns).reshape(rows, columns, k)
-
-    w = base.to(dtype=values.dtype, device=device).expand_as(window_values)
-    w = torch.where(present, w, 0.0)
-    if normalised:
-        total = w.sum(dim=-1, keepdim=True)
-        w = torch.where(total > 0, w / torch.where(total > 0, total, 1.0), 0.0)
-    return (window_values * w).sum(dim=-1), present.sum(dim=-1)
+    windows = sliding_windows(mask, k)
+    if future is None:
+        slots = windows.gather(values)
+    else:
+        expected = (*values.shape, k - 1)
+        if tuple(future.shape) != expected:
+            raise ValueError(
+                f"future must be [B, T, K-1] = {expected} for k={k}, got {tuple(future.shape)}"
+            )
+        slots = torch.cat([values.unsqueeze(-1), future.to(values.dtype)], dim=-1)
+        slots = torch.where(windows.present, slots, 0.0)
+    w = window_weights(windows.present, weights, k, tail, dtype=values.dtype)
+    return (slots * w).sum(dim=-1), windows.sizes

@@ -50,5 +50,19 @@ def prefill(
         past_key_values=cache,
         use_cache=True,
     ).last_hidden_state
-    cache.batch_select_indices(owner)
+    _gather_rows(cache, owner)
     return hidden, cache
+
+
+def _gather_rows(cache: DynamicCache, owner: torch.Tensor) -> None:
+    """Row i of every layer's keys and values becomes prompt owner[i]'s.
+
+    Not `cache.batch_select_indices`: its advanced indexing has a backward that, on CPU, adds a
+    prompt's rows with parallel atomics once a layer's keys pass 32,768 entries, so the gradient's
+    rounding changed with thread timing and a resumed run could not match the uninterrupted one
+    bit for bit. index_select's backward adds them in a fixed order.
+    """
+    for layer in cache.layers:
+        if layer.keys is not None and layer.keys.numel() > 0:
+            layer.keys = layer.keys.index_select(0, owner)
+            layer.values = layer.values.index_select(0, owner)

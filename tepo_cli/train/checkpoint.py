@@ -151,6 +151,11 @@ def remove_staging(run_dir: Path) -> list[Path]:
     return leftovers
 
 
+def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    """The trainer's own state saved with a checkpoint (step, summary, log lengths)."""
+    return json.loads((checkpoint / TRAINER_STATE).read_text())
+
+
 def load(engine: Any, checkpoint: Path, topo: Topology) -> tuple[dict[str, Any], dict[str, Any]]:
     """Collective: restores the engine; returns (trainer state, this rank's state)."""
     rank_file = checkpoint / f"rank_{topo.rank:05d}.pt"
@@ -162,7 +167,7 @@ def load(engine: Any, checkpoint: Path, topo: Topology) -> tuple[dict[str, Any],
     engine.load_checkpoint(
         str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
     )
-    trainer_state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    trainer_state = read_trainer_state(checkpoint)
     rank_state = torch.load(rank_file, weights_only=False)
     return trainer_state, rank_state
 

@@ -71,6 +71,8 @@ def setup_topology(num_threads: int | None) -> Topology:
     if _SET_BY_US and not _OWN_GROUP:
         _init_single_process_group(device)
         _OWN_GROUP.append(True)
+    elif not _SET_BY_US:
+        _join_launched_group()
     cores = (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
@@ -88,6 +90,15 @@ def _init_single_process_group(device: torch.device) -> None:
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def _join_launched_group() -> None:
+    """Ranks started by a launcher join their group now, not inside deepspeed.initialize: the
+    loop agrees on a checkpoint and broadcasts the warmed-up MTP modules before the engine exists.
+    The back-end is the one deepspeed.initialize would pick (gloo on CPU, NCCL on CUDA)."""
+    import deepspeed
+
+    deepspeed.init_distributed()
 
 
 def teardown() -> None:

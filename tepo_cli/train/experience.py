@@ -37,6 +37,8 @@ class Experience:
     advantages: torch.Tensor  # [N]
     old_logp: torch.Tensor | None = None  # [N, T]; None when the update is on-policy
     old_entropy: torch.Tensor | None = None
+    old_entropy_term: torch.Tensor | None = None  # [N, T] TEPO's first_order mask
+    old_mtp_logp: torch.Tensor | None = None  # [N, T, K-1] MPO's MTP depths (future=mtp)
     ref_logp: torch.Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
@@ -166,30 +168,50 @@ def _refill_failure(cfg: TrainConfig, wanted: int, kept: int, sampled: int, roun
 def _score(
     cfg: TrainConfig, policy: Policy, reference: Policy | None, experience: Experience
 ) -> None:
-    """Old-policy (when off-policy) and reference log-probs, in micro-batches, without gradient."""
+    """Old-policy scores (when off-policy: log-probs, and what the objective reads besides —
+    entropies, TEPO's first-order term, MPO's MTP depths) and reference log-probs, in
+    micro-batches, without gradient."""
     need_old = not on_policy(cfg)
-    need_old_entropy = need_old and cfg.algo.kl_mask == "tepo"
     if not need_old and reference is None:
         return
     batch, width = experience.batch, experience.batch.response_mask.shape[1]
-    old, old_entropy, ref = [], [], []
+    parts: dict[str, list[torch.Tensor]] = {
+        "logp": [],
+        "entropy": [],
+        "entropy_term": [],
+        "mtp_logp": [],
+        "ref": [],
+    }
     for rows in torch.arange(len(batch)).split(cfg.trainer.micro_batch_size):
         part = batch.select(rows)
         if need_old:
-            logp, entropy = policy(part, cfg.rollout.temperature, with_entropy=need_old_entropy)
-            old.append(_widen(logp, width))
-            if entropy is not None:
-                old_entropy.append(_widen(entropy, width))
+            scores = policy(
+                part,
+                cfg.rollout.temperature,
+                with_entropy=cfg.algo.needs_old_entropy,
+                with_entropy_term=cfg.algo.needs_old_entropy_term,
+                with_mtp=cfg.algo.mtp_depths > 0,
+            )
+            for name in ("logp", "entropy", "entropy_term", "mtp_logp"):
+                value = getattr(scores, name)
+                if value is not None:
+                    parts[name].append(_widen(value, width))
         if reference is not None:
-            logp, _ = reference(part, cfg.rollout.temperature)
-            ref.append(_widen(logp, width))
-    experience.old_logp = torch.cat(old) if old else None
-    experience.old_entropy = torch.cat(old_entropy) if old_entropy else None
-    experience.ref_logp = torch.cat(ref) if ref else None
+            parts["ref"].append(_widen(reference(part, cfg.rollout.temperature).logp, width))
+    joined = {name: torch.cat(values) if values else None for name, values in parts.items()}
+    experience.old_logp = joined["logp"]
+    experience.old_entropy = joined["entropy"]
+    experience.old_entropy_term = joined["entropy_term"]
+    experience.old_mtp_logp = joined["mtp_logp"]
+    experience.ref_logp = joined["ref"]
 
 
 def _widen(values: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+    """Pad the token axis (dim 1) of [N, t] or [N, t, D] values to `width` columns."""
+    missing = width - values.shape[1]
+    return torch.nn.functional.pad(
+        values, (0, 0, 0, missing) if values.dim() == 3 else (0, missing)
+    )
 
 
 class _Timer:

@@ -5,6 +5,7 @@
     rollout     after the step's completions are generated, before they are scored
     update      after the first backward of the step, before the optimizer steps
     checkpoint  after the engine state is written to the staging directory, before it is sealed
+    warmup      after an optimizer step of the MTP warm-up (its step numbers count from 1)
   nan_loss      the step's loss is multiplied by NaN (a numeric blow-up, skipped by the guard)
 Unset in normal use; reading it costs one dictionary lookup per point.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 
-KILL_POINTS = ("rollout", "update", "checkpoint")
+KILL_POINTS = ("rollout", "update", "checkpoint", "warmup")
 _current_step = 0
 
 

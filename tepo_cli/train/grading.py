@@ -1,6 +1,6 @@
 """Turn completions into training rewards: the verifier, then the objective's reward shaping.
 
-Correctness always comes from the reward group's verifier. DAPO's shaping (ALGORITHMS.md §1.2)
+Correctness always comes from the reward group's verifier. DAPO's shaping (docs/objectives.md §1.2)
 sits on top: a ±1 correctness reward (`algo.reward_correct/incorrect`) and the soft overlong
 punishment. Dynamic sampling filters on correctness, never on the shaped reward.
 """

@@ -40,6 +40,11 @@ def train_job(cfg: DictConfig) -> None:
             if code:
                 sys.exit(code)
             return
+        from tepo_cli.train.mtp_files import early_mtp_problem, mtp_unsupported_message
+
+        problem = early_mtp_problem(config)
+        if problem is not None:
+            raise ConfigError(mtp_unsupported_message(config, problem))
         topo = distributed.setup_topology(config.trainer.num_threads)
         if topo.world_size > 1 and config.trainer.prompts_per_step % topo.world_size:
             raise ConfigError(

@@ -11,6 +11,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tepo_cli.config.errors import RunError, StopRequested
+from tepo_cli.config.errors import ConfigError, RunError, StopRequested
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.tasks import DatasetTask, build_task
 from tepo_cli.eval.accuracy import evaluate
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.models.loading import load_model, load_tokenizer
+from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rewards import build_reward
 from tepo_cli.rollout.hf import Sampling
 from tepo_cli.train import checkpoint, faults
@@ -35,6 +37,8 @@ from tepo_cli.train.engine import build_engine
 from tepo_cli.train.guards import skipped_optimizer_steps, torch_optimizer
 from tepo_cli.train.host_memory import return_freed_buffers
 from tepo_cli.train.metrics import RunLog
+from tepo_cli.train.mtp_files import MTP_FILE, mtp_unsupported_message, save_mtp_modules
+from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.records import step_record, step_samples
 from tepo_cli.train.resumable import CountingStream, capture_rng, restore_rng
@@ -69,17 +73,24 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     lm = load_model(cfg.model, tokenizer, topo.device)
     if cfg.kernel.lean_layers:
         make_lean(lm)
-    model = Policy(lm, cfg.kernel, share_prompts=cfg.model.share_prompts)
-    reference = _frozen_copy(model) if cfg.algo.needs_ref else None
-    engine = build_engine(model, cfg, accumulation_steps(cfg), topo.world_size)
-    policy: Policy = engine.module
-    generator = torch.Generator().manual_seed(cfg.seed)
-    start = _resume_point(cfg, run_dir, engine, topo)
+    model = build_policy(cfg, lm)
+    reference = _frozen_reference(model, cfg) if cfg.algo.needs_ref else None
+    resume_from = _choose_checkpoint(cfg, run_dir, topo)
     log = (
         RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress and topo.is_main)
         if topo.is_main
         else None
     )
+    sizes = _model_sizes(model)  # before ZeRO-3 partitions the parameters
+    warmup_summary: dict[str, Any] = {}
+    if model.mtp is not None and resume_from is None:
+        # Before the engine exists: its optimizer then starts from the warmed-up modules.
+        warmup_stream = task.train_stream(warmup_stream_seed(cfg.seed))
+        warmup_summary = warm_up(cfg, model, tokenizer, warmup_stream, _emitter(log))
+    engine = build_engine(model, cfg, accumulation_steps(cfg), topo.world_size)
+    policy: Policy = engine.module
+    generator = torch.Generator().manual_seed(cfg.seed)
+    start = _load_checkpoint(engine, resume_from, topo)
     stream = CountingStream(task.train_stream(cfg.seed), start.trainer_state.get("stream_drawn", 0))
     # DAPO refills come from a per-rank stream, so ranks never wait on each other's draws.
     refill = (
@@ -96,6 +107,8 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     summary: dict[str, Any] = start.trainer_state.get("summary") or {
         "run_dir": str(run_dir),
         "steps": 0,
+        **sizes,
+        **warmup_summary,
     }
     step_seconds: list[float] = start.trainer_state.get("step_seconds", [])
     bad_in_row: int = start.trainer_state.get("bad_steps_in_row", 0)
@@ -171,16 +184,37 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
         if cfg.trainer.save_final:
             _save_final(engine, tokenizer, run_dir / "final", topo)
             summary["final_model"] = str(run_dir / "final")
+            if policy.mtp is not None:
+                save_mtp_modules(engine, cfg, run_dir / MTP_FILE, topo)
+                summary["mtp_modules"] = str(run_dir / MTP_FILE)
         if log is not None:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             _report(log, summary)
     return summary
 
 
-def _resume_point(cfg: TrainConfig, run_dir: Path, engine: Any, topo: Topology) -> Start:
-    """With `resume`, restore the newest good checkpoint (all ranks the same one) and cut the logs."""
+def build_policy(cfg: TrainConfig, lm: Any) -> Policy:
+    """The trained module: the LM, its log-prob head and, for MPO's future=mtp, the MTP modules."""
+    depths = cfg.algo.mtp_depths
+    if depths:
+        problem = mtp_support_problem(getattr(lm.config, "model_type", None), lm)
+        if problem is not None:
+            raise ConfigError(mtp_unsupported_message(cfg, problem))
+    return Policy(
+        lm,
+        cfg.kernel,
+        share_prompts=cfg.model.share_prompts,
+        mtp_depths=depths,
+        mtp=cfg.algo.mtp,
+    )
+
+
+def _choose_checkpoint(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Path | None:
+    """With `resume`, the newest good checkpoint (all ranks the same one), the logs cut back to
+    it; None to start at step 0. Chosen before the engine exists: whether the MTP warm-up runs
+    depends on it."""
     if not cfg.resume:
-        return Start()
+        return None
     chosen: list[str | None] = [None]
     if topo.is_main:
         for leftover in checkpoint.remove_staging(run_dir):
@@ -193,16 +227,37 @@ def _resume_point(cfg: TrainConfig, run_dir: Path, engine: Any, topo: Topology) 
         if topo.is_main:
             truncate_logs(run_dir, {})
             _warn(f"{run_dir} has no usable checkpoint: the run starts over from step 0")
-        return Start()
-    trainer_state, rank_state = checkpoint.load(engine, Path(chosen[0]), topo)
+        return None
+    found = Path(chosen[0])
     if topo.is_main:
-        truncate_logs(run_dir, trainer_state["logs"])
+        truncate_logs(run_dir, checkpoint.read_trainer_state(found)["logs"])
+    return found
+
+
+def _load_checkpoint(engine: Any, found: Path | None, topo: Topology) -> Start:
+    """Restore the engine (weights, optimizer, schedule, MTP modules) and the run's states."""
+    if found is None:
+        return Start()
+    trainer_state, rank_state = checkpoint.load(engine, found, topo)
+    if topo.is_main:
         print(
-            f"tepo train: resuming {run_dir} after step {trainer_state['step']} "
-            f"({Path(chosen[0]).name})",
+            f"tepo train: resuming {found.parent.parent} after step {trainer_state['step']} "
+            f"({found.name})",
             file=sys.stderr,
         )
     return Start(trainer_state["step"], trainer_state, rank_state)
+
+
+def _emitter(log: RunLog | None) -> Callable[[dict[str, Any]], None]:
+    return log.warmup if log is not None else (lambda record: None)
+
+
+def _model_sizes(policy: Policy) -> dict[str, int]:
+    """Parameter counts: the policy's own and, with MPO's future=mtp, the MTP modules'."""
+    sizes = {"policy_parameters": sum(p.numel() for p in policy.lm.parameters())}
+    if policy.mtp is not None:
+        sizes["mtp_parameters"] = policy.mtp.parameter_count()
+    return sizes
 
 
 def _warn(message: str) -> None:
@@ -228,8 +283,9 @@ def _stopped(signum: int, step: int, saved: Path, run_dir: Path) -> str:
     )
 
 
-def _frozen_copy(model: Policy) -> Policy:
-    reference = copy.deepcopy(model)
+def _frozen_reference(model: Policy, cfg: TrainConfig) -> Policy:
+    """A frozen copy of the policy's LM (never of its MTP modules) for the KL term."""
+    reference = Policy(copy.deepcopy(model.lm), cfg.kernel, share_prompts=model.share_prompts)
     reference.eval()
     reference.requires_grad_(False)
     return reference

@@ -2,88 +2,169 @@
 
 The backbone returns hidden states; `LogprobHead` turns them into token log-probs (and
 entropies) with the lm-head weight inside `token_logprobs`, chunk by chunk, only at response
-positions — the full [tokens x vocab] logits are never built.
+positions — the full [tokens x vocab] logits are never built. With MPO's `future=mtp` the policy
+also carries the MTP modules (models/mtp.py), scored through the same kernel path.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
-from tepo_cli.kernels import token_logprobs
+from tepo_cli.kernels import token_entropy_terms
+from tepo_cli.models.logprob_head import LogprobHead
+from tepo_cli.models.mtp import MtpStack
+from tepo_cli.models.mtp_loss import mtp_present
 from tepo_cli.models.shared_prompts import distinct_prompts, prefill
 from tepo_cli.train.sequences import SequenceBatch
 
+MTP_PREFIX = "mtp."
 
-class LogprobHead(nn.Module):
-    """Token log-probs from hidden states through the lm-head weight.
 
-    A module of its own that holds the lm-head Parameter (shared, not copied): under ZeRO-3 the
-    engine gathers a module's partitioned parameters around its forward and its backward, which
-    a bare `lm_head.weight` used outside the lm-head's own forward would not get.
+@dataclass
+class Scores:
+    """What one scoring pass returns for N completions (all zero on padding).
+
+    logp:         [N, T] log-probs of the completion tokens (with grad when enabled).
+    entropy:      [N, T] entropies of the next-token distributions, or None.
+    entropy_term: [N, T] S = Σ_j p_j²(log p_j + H), no grad (TEPO's first_order mask), or None.
+    mtp_logp:     [N, T, K−1] MTP depth n's log-prob, at anchor column t, of completion token
+                  t + n − 1 (0 where it does not exist), or None.
     """
 
-    def __init__(self, lm_head: nn.Module, kernel: KernelConfig) -> None:
-        super().__init__()
-        if getattr(lm_head, "bias", None) is not None:
-            raise ValueError("the log-prob kernel path supports lm-heads without bias only")
-        self.weight = lm_head.weight
-        self.kernel = kernel
-
-    def forward(
-        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logprobs(
-            hidden,
-            self.weight,
-            targets,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            chunk_size=self.kernel.chunk_size,
-            backend=self.kernel.backend,
-        )
+    logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+    entropy_term: torch.Tensor | None = None
+    mtp_logp: torch.Tensor | None = None
 
 
 class Policy(nn.Module):
     """`lm` is the transformers model (generation, saving); `forward` scores completions."""
 
     def __init__(
-        self, lm: PreTrainedModel, kernel: KernelConfig, share_prompts: bool = True
+        self,
+        lm: PreTrainedModel,
+        kernel: KernelConfig,
+        share_prompts: bool = True,
+        mtp_depths: int = 0,
+        mtp: MtpConfig | None = None,
     ) -> None:
         super().__init__()
         # Sampling and training must see the same function (ratio = 1 on-policy): no dropout.
         self.lm = lm.eval()
-        self.head = LogprobHead(lm.get_output_embeddings(), kernel)
+        self.head = LogprobHead.of(lm.get_output_embeddings(), kernel)
         self.share_prompts = share_prompts
+        self.mtp_config = mtp or MtpConfig()
+        self.mtp = (
+            MtpStack(lm, mtp_depths, self.mtp_config.head, kernel).eval() if mtp_depths else None
+        )
+        if self.mtp is not None and not self.mtp_config.trainable:
+            self.mtp.requires_grad_(False)
 
     def forward(
-        self, batch: SequenceBatch, temperature: float, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and entropies) of the completion tokens, zero on padding: [N, T] each."""
+        self,
+        batch: SequenceBatch,
+        temperature: float,
+        with_entropy: bool = False,
+        with_entropy_term: bool = False,
+        with_mtp: bool = False,
+    ) -> Scores:
+        """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules."""
+        if with_mtp and self.mtp is None:
+            raise ValueError("with_mtp=True needs a policy built with MTP modules (mtp_depths)")
         checkpointing = self.lm.is_activation_checkpointing and torch.is_grad_enabled()
         if self.share_prompts and not checkpointing:
-            response_hidden = self._shared_prompt_hidden(batch)
+            hidden = self._shared_prompt_hidden(batch, full=with_mtp)
         else:
-            response_hidden = self._response_hidden(batch, checkpointing)
+            hidden = self._hidden(batch, checkpointing, full=with_mtp)
         valid = batch.response_mask
         width = valid.shape[1]
+        response_hidden = hidden[:, batch.prompt_width - 1 :] if with_mtp else hidden
+        targets = batch.completion_ids[:, :width][valid]
         logp_flat, entropy_flat = self.head(
-            response_hidden[valid],
-            batch.completion_ids[:, :width][valid],
-            temperature,
-            with_entropy,
+            response_hidden[valid], targets, temperature, with_entropy
         )
-        logp = _scatter(valid, logp_flat)
-        return logp, None if entropy_flat is None else _scatter(valid, entropy_flat)
+        scores = Scores(_scatter(valid, logp_flat))
+        if entropy_flat is not None:
+            scores.entropy = _scatter(valid, entropy_flat)
+        if with_entropy_term:
+            with torch.no_grad():
+                _, _, term = token_entropy_terms(
+                    response_hidden[valid].detach(),
+                    self.head.weight.detach(),
+                    targets,
+                    temperature,
+                    chunk_size=self.head.kernel.chunk_size,
+                )
+            scores.entropy_term = _scatter(valid, term)
+        if with_mtp:
+            scores.mtp_logp, _ = self.mtp_logprobs(batch, hidden, temperature)
+        return scores
 
-    def _response_hidden(self, batch: SequenceBatch, checkpointing: bool) -> torch.Tensor:
-        """Hidden states that predict each completion token: [N, T, H], one pass per row."""
+    def mtp_logprobs(
+        self,
+        batch: SequenceBatch,
+        hidden: torch.Tensor,
+        temperature: float,
+        backbone_grad: bool | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """[N, T, K−1] depth n's log-prob of completion token t + n − 1 at anchor column t, and
+        each depth's hidden states; `hidden` from `backbone_hidden`. `backbone_grad` overrides
+        `mtp.backbone_grad` (the warm-up keeps the backbone out of the graph)."""
+        assert self.mtp is not None
+        if backbone_grad is None:
+            backbone_grad = self.mtp_config.backbone_grad
+        depth_hidden = self.mtp(
+            self.lm,
+            hidden,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
+            backbone_grad=backbone_grad,
+        )
+        valid = batch.response_mask
+        width = valid.shape[1]
+        completion = batch.completion_ids[:, :width]
+        columns = []
+        present_all = mtp_present(valid, len(self.mtp.depths))
+        pairs = zip(self.mtp.depths, depth_hidden, strict=True)
+        for offset, (depth, states) in enumerate(pairs, start=1):
+            # Anchor column t scores completion token t + offset, present only if that token is.
+            present = present_all[..., offset - 1]
+            targets = torch.zeros_like(completion)
+            targets[:, : width - offset] = completion[:, offset:]
+            anchors = states[:, batch.prompt_width - 1 :]
+            # A shared head is the backbone's own: it learns from the MTP terms only with them.
+            shared = depth.head is None
+            head = self.head if shared else depth.head
+            logp, _ = head(
+                depth.final_norm(anchors[present]),
+                targets[present],
+                temperature,
+                False,
+                weight_grad=backbone_grad or not shared,
+            )
+            columns.append(_scatter(present, logp))
+        return torch.stack(columns, dim=-1), depth_hidden
+
+    def backbone_hidden(self, batch: SequenceBatch) -> torch.Tensor:
+        """[N, P + T − 1, H] the backbone's final hidden states at every position that predicts
+        a token of the sequence (what the MTP modules read)."""
+        if self.share_prompts:
+            return self._shared_prompt_hidden(batch, full=True)
+        return self._hidden(batch, checkpointing=False, full=True)
+
+    def _hidden(self, batch: SequenceBatch, checkpointing: bool, full: bool) -> torch.Tensor:
+        """Hidden states that predict each completion token, [N, T, H] (or, `full`, every
+        position's but the last, [N, P + T − 1, H]); one pass per row."""
         with _layers_in_train_mode(self.lm, checkpointing):
             hidden = self.lm.base_model(
                 input_ids=batch.input_ids,
@@ -93,16 +174,17 @@ class Policy(nn.Module):
             ).last_hidden_state
         width = batch.response_mask.shape[1]
         # The hidden state at column c predicts the token at column c + 1.
-        return hidden[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width]
+        start = 0 if full else batch.prompt_width - 1
+        return hidden[:, start : batch.prompt_width - 1 + width]
 
-    def _shared_prompt_hidden(self, batch: SequenceBatch) -> torch.Tensor:
-        """As `_response_hidden`, with each distinct prompt run once (models/shared_prompts.py)."""
+    def _shared_prompt_hidden(self, batch: SequenceBatch, full: bool) -> torch.Tensor:
+        """As `_hidden`, with each distinct prompt run once (models/shared_prompts.py)."""
         prompt_width, width = batch.prompt_width, batch.response_mask.shape[1]
         first, owner = distinct_prompts(
             batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]
         )
         if len(first) == len(batch):
-            return self._response_hidden(batch, checkpointing=False)
+            return self._hidden(batch, checkpointing=False, full=full)
         prompt_hidden, cache = prefill(
             self.lm,
             batch.input_ids[first, :prompt_width],
@@ -110,7 +192,10 @@ class Policy(nn.Module):
             batch.position_ids[first, :prompt_width],
             owner,
         )
-        parts = [prompt_hidden[owner, prompt_width - 1 :]]  # predicts the first completion token
+        # The last prompt position predicts the first completion token.
+        # index_select: its backward (index_add_) sums the rows of a prompt in a fixed order.
+        rows = prompt_hidden.index_select(0, owner)
+        parts = [rows if full else rows[:, prompt_width - 1 :]]
         if width > 1:  # the last completion token predicts nothing that is scored
             stop = prompt_width + width - 1
             parts.append(
@@ -127,6 +212,14 @@ class Policy(nn.Module):
     def hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This wrapper's state dict (e.g. ZeRO-3's consolidated one) with the LM's own keys."""
         return {key[3:]: value for key, value in state_dict.items() if key.startswith("lm.")}
+
+    def mtp_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The MTP modules' entries of this wrapper's state dict, keys without the prefix."""
+        return {
+            key[len(MTP_PREFIX) :]: value
+            for key, value in state_dict.items()
+            if key.startswith(MTP_PREFIX)
+        }
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 Loss normalisers are the global counts of the whole optimizer step (all micro-batches, all ranks),
 so gradient accumulation and data parallelism give the same objective as one big batch
-(ALGORITHMS.md §0.5). DeepSpeed averages gradients over ranks, hence the loss is scaled by the
+(docs/objectives.md §0.5). DeepSpeed averages gradients over ranks, hence the loss is scaled by the
 world size, and its own 1/accumulation scaling is turned off.
 """
 
@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from tepo_cli.algos import policy_loss
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.train import faults
 from tepo_cli.train.experience import Experience, on_policy
 
@@ -94,28 +95,48 @@ def _forward_backward(
     began = time.perf_counter()
     part = experience.batch.select(rows)
     width = part.response_mask.shape[1]
-    logp, entropy = engine(part, cfg.rollout.temperature, with_entropy=True)
-    if experience.old_logp is None:
-        old_logp, old_entropy = logp.detach(), entropy
+    algo = cfg.algo
+    scores = engine(
+        part,
+        cfg.rollout.temperature,
+        with_entropy=True,
+        with_entropy_term=algo.needs_old_entropy_term and experience.old_logp is None,
+        with_mtp=algo.mtp_depths > 0,
+    )
+    logp, entropy, mtp_logp = scores.logp, scores.entropy, scores.mtp_logp
+    if experience.old_logp is None:  # on-policy: π_old is the current policy, detached
+        old_logp, old_entropy, old_entropy_term = logp.detach(), entropy, scores.entropy_term
+        old_mtp_logp = None if mtp_logp is None else mtp_logp.detach()
     else:
         old_logp = experience.old_logp[rows, :width]
-        old_entropy = (
-            None if experience.old_entropy is None else experience.old_entropy[rows, :width]
-        )
-    ref_logp = None if experience.ref_logp is None else experience.ref_logp[rows, :width]
+        old_entropy = _rows(experience.old_entropy, rows, width)
+        old_entropy_term = _rows(experience.old_entropy_term, rows, width)
+        old_mtp_logp = _rows(experience.old_mtp_logp, rows, width)
     loss, metrics = policy_loss(
-        cfg.algo,
+        algo,
         logp,
         old_logp,
         experience.advantages[rows],
         part.response_mask,
-        ref_logp=ref_logp,
+        ref_logp=_rows(experience.ref_logp, rows, width),
         entropy=entropy,
         old_entropy=old_entropy,
+        mtp_logp=mtp_logp,
+        old_mtp_logp=old_mtp_logp,
+        old_entropy_term=old_entropy_term,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         max_len=cfg.rollout.max_new_tokens,
     )
+    metrics = dict(metrics)
+    if mtp_logp is not None:
+        metrics.update(mtp_metrics(mtp_logp.detach(), logp.detach(), part.response_mask))
+        if algo.mtp.aux_coef > 0:
+            aux = mtp_prediction_loss(
+                mtp_logp, part.response_mask, algo.mtp.warmup.alpha_decay, num_tokens
+            )
+            metrics["mtp_aux_loss"] = float(aux.detach())
+            loss = loss + algo.mtp.aux_coef * aux
     if faults.armed("nan_loss"):
         loss = loss * float("nan")
     forward_done = time.perf_counter()
@@ -123,11 +144,15 @@ def _forward_backward(
     engine.backward(loss * world, scale_wrt_gas=False)
     seconds["backward_seconds"] += time.perf_counter() - forward_done
     valid = part.response_mask
-    metrics = dict(metrics)
     metrics["loss"] = float(loss.detach())
     if entropy is not None:
         metrics["entropy"] = float((entropy.detach() * valid).sum() / valid.sum().clamp(min=1))
     return metrics
+
+
+def _rows(values: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.Tensor | None:
+    """The micro-batch's rows of a per-step tensor, cut to its completion width."""
+    return None if values is None else values[rows, :width]
 
 
 def _grad_norm(model: torch.nn.Module) -> float:

@@ -1,0 +1,233 @@
+"""The MTP modules' warm-up before RL: the backbone frozen, only the modules train (§1.5).
+
+L_MTP = Σ_n α_n · NLL_n on text — the benchmark's reference solutions when it has them (GSM8K,
+MATH, code), otherwise the policy's own sampled completions (the embedded arithmetic task) — with
+its own AdamW. It runs once, before the first RL step, never on resume (a checkpoint holds the
+warmed-up modules), on its own problem stream and its own random-number state, so the RL steps
+that follow draw exactly what they would without it. Every rank runs the same warm-up; rank 0's
+result is then broadcast, so the ranks start RL with identical modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import PreTrainedTokenizerBase
+
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.data.arith import Problem
+from tepo_cli.data.prompts import render_prompt
+from tepo_cli.kernels.argmax import token_argmax
+from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
+from tepo_cli.rollout.hf import Rollout, Sampling, generate
+from tepo_cli.train import faults
+from tepo_cli.train.policy import Policy
+from tepo_cli.train.sequences import SequenceBatch
+
+Emit = Callable[[dict[str, Any]], None]
+_WARMUP_STREAM = 7_919  # seeds the warm-up's problem stream apart from the RL stream
+WARMUP_TEMPERATURE = 1.0  # the modules learn the plain next-n-token distributions
+
+
+def warmup_source(cfg: TrainConfig) -> str:
+    """`solutions` or `samples`: what the warm-up trains on (`mtp.warmup.data=auto` decides by
+    whether the benchmark has reference solutions)."""
+    data = cfg.algo.mtp.warmup.data
+    if data != "auto":
+        return data
+    return "samples" if cfg.benchmark.name == "arith" else "solutions"
+
+
+def warm_up(
+    cfg: TrainConfig,
+    policy: Policy,
+    tokenizer: PreTrainedTokenizerBase,
+    stream: Iterator[Problem],
+    emit: Emit,
+) -> dict[str, Any]:
+    """Train the MTP modules for `mtp.warmup.steps` steps; returns the summary (seconds,
+    parameters, per-depth NLL and top-1 agreement before and after)."""
+    assert policy.mtp is not None
+    settings = cfg.algo.mtp.warmup
+    source = warmup_source(cfg)
+    params = list(policy.mtp.parameters())
+    began = time.perf_counter()
+    summary: dict[str, Any] = {"mtp_warmup_source": source, "mtp_warmup_steps": settings.steps}
+    with _only_modules_train(policy), _own_random_state(cfg.seed):
+        optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+        for step in range(0, settings.steps + 1):
+            batch = _batch(cfg, policy, tokenizer, stream, source)
+            with torch.no_grad():
+                hidden = policy.backbone_hidden(batch)
+            mtp_logp, depth_hidden = policy.mtp_logprobs(
+                batch, hidden, WARMUP_TEMPERATURE, backbone_grad=False
+            )
+            mask = batch.response_mask
+            loss = mtp_prediction_loss(mtp_logp, mask, settings.alpha_decay)
+            if step == 0 or step == settings.steps or step % settings.log_every == 0:
+                record = {"mtp_warmup_step": step, "mtp_warmup_loss": float(loss.detach())}
+                record.update(_depth_metrics(policy, batch, hidden, depth_hidden, mtp_logp))
+                record["mtp_warmup_seconds"] = time.perf_counter() - began
+                emit(record)
+                if step == 0:
+                    summary["mtp_warmup_before"] = record
+                summary["mtp_warmup_after"] = record
+            if step == settings.steps:
+                break  # the record of step s measures the modules after s updates
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.trainer.grad_clip or float("inf"))
+            optimizer.step()
+            faults.enter_step(step + 1)
+            faults.maybe_kill("warmup")
+    faults.enter_step(0)
+    _broadcast_from_rank0(params)
+    summary["mtp_warmup_seconds"] = time.perf_counter() - began
+    return summary
+
+
+def _batch(
+    cfg: TrainConfig,
+    policy: Policy,
+    tokenizer: PreTrainedTokenizerBase,
+    stream: Iterator[Problem],
+    source: str,
+) -> SequenceBatch:
+    size = cfg.algo.mtp.warmup.batch_size
+    if source == "samples":
+        prompts_needed = -(-size // cfg.rollout.n)
+        problems = [next(stream) for _ in range(prompts_needed)]
+        prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
+        sampling = Sampling(
+            n=cfg.rollout.n,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            batch_size=cfg.rollout.batch_size,
+        )
+        rollout = generate(policy.lm, tokenizer, prompts, sampling, policy.share_prompts)
+        return SequenceBatch.from_rollout(rollout.take(torch.arange(size)))
+    problems = [next(stream) for _ in range(size)]
+    return SequenceBatch.from_rollout(_solutions_rollout(cfg, tokenizer, problems, policy))
+
+
+def reference_solution(problem: Problem) -> str | None:
+    """The worked solution a benchmark ships with the problem (GSM8K, MATH), or the canonical
+    program (HumanEval, MBPP); None for the generated arithmetic task."""
+    solution = problem.extra.get("solution")
+    if solution:
+        return str(solution)
+    return problem.answer if "test" in problem.extra else None
+
+
+def _solutions_rollout(
+    cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, problems: list[Problem], policy: Policy
+) -> Rollout:
+    """Prompt + reference solution + EOS, as the rollout would lay them out (prompts left-padded,
+    completions right-padded, at most rollout.max_new_tokens completion tokens)."""
+    device = next(policy.parameters()).device
+    solutions = [reference_solution(p) for p in problems]
+    if any(s is None for s in solutions):
+        raise ValueError(
+            f"benchmark {cfg.benchmark.name} has no reference solutions to warm the MTP modules "
+            "up on: set algo.mtp.warmup.data=samples"
+        )
+    prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    limit = cfg.rollout.max_new_tokens
+    rows = [
+        [*tokenizer(s, add_special_tokens=False)["input_ids"][: limit - 1], tokenizer.eos_token_id]
+        for s in solutions
+    ]
+    width = max(len(r) for r in rows)
+    completion_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for index, ids in enumerate(rows):
+        completion_ids[index, : len(ids)] = torch.tensor(ids)
+        completion_mask[index, : len(ids)] = True
+    return Rollout(
+        encoded["input_ids"].to(device),
+        encoded["attention_mask"].to(device),
+        completion_ids.to(device),
+        completion_mask.to(device),
+        [str(s) for s in solutions],
+        torch.zeros(len(rows), dtype=torch.bool, device=device),
+    )
+
+
+@torch.no_grad()
+def _depth_metrics(
+    policy: Policy,
+    batch: SequenceBatch,
+    hidden: torch.Tensor,
+    depth_hidden: list[torch.Tensor],
+    mtp_logp: torch.Tensor,
+) -> dict[str, float]:
+    """Per depth n: mean NLL of its targets and top-1 agreement with the backbone's own
+    teacher-forced prediction of the same token (the backbone at position t + n − 1)."""
+    assert policy.mtp is not None
+    mask = batch.response_mask
+    start = batch.prompt_width - 1
+    response = hidden[:, start:]
+    width = mask.shape[1]
+    present = mtp_present(mask, len(policy.mtp.depths))
+    metrics: dict[str, float] = {}
+    backbone_top = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
+    backbone_top[mask] = token_argmax(response[mask], policy.head.weight)
+    pairs = zip(policy.mtp.depths, depth_hidden, strict=True)
+    for offset, (depth, states) in enumerate(pairs, start=1):
+        here = present[..., offset - 1]
+        count = int(here.sum())
+        name = offset + 1
+        if count == 0:
+            continue
+        head = depth.head if depth.head is not None else policy.head
+        predicted = token_argmax(depth.final_norm(states[:, start:][here]), head.weight)
+        reference = torch.zeros_like(backbone_top)
+        reference[:, : width - offset] = backbone_top[:, offset:]
+        agree = (predicted == reference[here]).float().mean()
+        metrics[f"mtp_warmup_nll_d{name}"] = float(-mtp_logp[..., offset - 1][here].mean())
+        metrics[f"mtp_warmup_agree_d{name}"] = float(agree)
+    return metrics
+
+
+@contextlib.contextmanager
+def _only_modules_train(policy: Policy) -> Iterator[None]:
+    """The backbone (and a shared head) frozen, the modules trainable, for the warm-up only."""
+    assert policy.mtp is not None
+    flags = {p: p.requires_grad for p in policy.parameters()}
+    policy.requires_grad_(False)
+    policy.mtp.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for param, flag in flags.items():
+            param.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def _own_random_state(seed: int) -> Iterator[None]:
+    """Sampling in the warm-up draws from its own seeded state and leaves the caller's as it was."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed * 1000 + _WARMUP_STREAM)
+        yield
+
+
+def _broadcast_from_rank0(params: list[torch.nn.Parameter]) -> None:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    with torch.no_grad():
+        for param in params:
+            dist.broadcast(param.data, src=0)
+
+
+def warmup_stream_seed(seed: int) -> int:
+    """The seed of the warm-up's own problem stream (apart from the RL stream's)."""
+    return seed * 1000 + _WARMUP_STREAM
