@@ -15,14 +15,16 @@ Any Llama-style decoder from transformers carries them: the model types in `SUPP
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.models.logprob_head import LogprobHead
+from tepo_cli.models.shared_prompts import gather_rows
 
 # Decoder-only models whose layers take (hidden, attention mask, position embeddings) and whose
 # backbone exposes embed_tokens, layers, norm and rotary_emb, as Llama's does.
@@ -63,8 +65,19 @@ class MtpDepth(nn.Module):
             self.project.weight.zero_()
             self.project.weight[:, :size].copy_(torch.eye(size))
         self.block = copy.deepcopy(backbone.layers[-1])
+        self.block.self_attn.layer_idx = 0  # the only layer of its own KV cache (shared prompts)
         self.final_norm = copy.deepcopy(backbone.norm)
         self.head = head  # None: the policy's own head scores this depth (head=shared)
+
+    @property
+    def attention_type(self) -> str:
+        return getattr(self.block, "attention_type", "full_attention")
+
+    def combine(self, previous: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """M_n [RMSNorm(h^(n-1)); RMSNorm(Emb(x))]: the block's input."""
+        return self.project(
+            torch.cat([self.hidden_norm(previous), self.embed_norm(embeds)], dim=-1)
+        )
 
     def forward(
         self,
@@ -73,13 +86,15 @@ class MtpDepth(nn.Module):
         attention_mask: torch.Tensor | None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         position_ids: torch.Tensor,
+        past_key_values: DynamicCache | None = None,
     ) -> torch.Tensor:
-        combined = torch.cat([self.hidden_norm(previous), self.embed_norm(embeds)], dim=-1)
         return self.block(
-            self.project(combined),
+            self.combine(previous, embeds),
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
         )
 
 
@@ -108,6 +123,8 @@ class MtpStack(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         backbone_grad: bool = True,
+        prompts: SharedPrompts | None = None,
+        embedded: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """hidden: [N, S, H] the backbone's final hidden states at positions 0..S-1 (position i
         predicts input_ids[:, i + 1]); input_ids, attention_mask, position_ids: [N, >= S + 1].
@@ -115,45 +132,135 @@ class MtpStack(nn.Module):
         Positions whose inputs run past the sequence read a filler token; causal attention keeps
         them from every earlier position, and they predict nothing that exists.
         `backbone_grad=False` detaches the backbone's hidden states and embeddings, so the
-        modules' outputs send no gradient into the backbone.
+        modules' outputs send no gradient into the backbone. `prompts` (rows that repeat a
+        prompt): depth n's first P − n + 1 positions see only prompt tokens, so they run once per
+        distinct prompt, as the backbone's prompts do (models/shared_prompts.py). `embedded`
+        [N, >= S + 1, H]: the sequence's input embeddings when the caller has them already.
         """
         backbone = lm.base_model
         width = hidden.shape[1]
-        mask = attention_mask[:, :width]
-        positions = position_ids[:, :width]
+        inputs = _DepthInputs(lm, attention_mask[:, :width], position_ids[:, :width], prompts)
         previous = hidden if backbone_grad else hidden.detach()
-        position_embeddings = backbone.rotary_emb(previous, position_ids=positions)
-        masks: dict[str, torch.Tensor | None] = {}
+        # One embedding lookup serves every depth (each reads a shifted slice): each lookup's
+        # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
+        depths = len(self.depths)
+        if embedded is None:
+            embedded = backbone.embed_tokens(input_ids)
+        embedded = embedded[:, 1 : width + depths]  # depth n at position i reads x[i + n - 1]
+        missing = width + depths - 1 - embedded.shape[1]
+        if missing > 0:  # past the sequence's end: a filler nothing reads
+            filler = embedded.new_zeros(embedded.shape[0], missing, embedded.shape[2])
+            embedded = torch.cat([embedded, filler], dim=1)
+        if not backbone_grad:
+            embedded = embedded.detach()
         outputs = []
         for offset, depth in enumerate(self.depths, start=1):
-            tokens = input_ids[:, offset : offset + width]
-            if tokens.shape[1] < width:
-                filler = tokens.new_zeros(tokens.shape[0], width - tokens.shape[1])
-                tokens = torch.cat([tokens, filler], dim=1)
-            embeds = backbone.embed_tokens(tokens)
-            if not backbone_grad:
-                embeds = embeds.detach()
-            kind = getattr(depth.block, "attention_type", "full_attention")
-            if kind not in masks:
-                make = (
-                    create_sliding_window_causal_mask
-                    if kind == "sliding_attention"
-                    else create_causal_mask
-                )
-                masks[kind] = make(
-                    config=lm.config,
-                    inputs_embeds=previous,
-                    attention_mask=mask,
-                    past_key_values=None,
-                    position_ids=positions,
-                )
-            previous = depth(previous, embeds, masks[kind], position_embeddings, positions)
+            embeds = embedded[:, offset - 1 : offset - 1 + width]
+            previous = inputs.run(depth, previous, embeds, shared=inputs.shared_width(offset))
             outputs.append(previous)
         return outputs
 
     def parameter_count(self) -> int:
         """Parameters of the modules (their full size also while ZeRO-3 partitions them)."""
         return sum(getattr(p, "ds_numel", p.numel()) for p in self.parameters())
+
+
+@dataclass(frozen=True)
+class SharedPrompts:
+    """Rows that repeat a prompt: `first` row of each distinct prompt, each row's `owner`, and
+    the prompt width P (prompts left-padded to it)."""
+
+    first: torch.Tensor
+    owner: torch.Tensor
+    width: int
+
+
+class _DepthInputs:
+    """Masks and rotary embeddings of the depths' positions, built once per call and shared."""
+
+    def __init__(
+        self,
+        lm: PreTrainedModel,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        prompts: SharedPrompts | None,
+    ) -> None:
+        self.lm, self.mask, self.positions, self.prompts = lm, attention_mask, position_ids, prompts
+        self._masks: dict[str, torch.Tensor | None] = {}
+
+    def shared_width(self, offset: int) -> int:
+        """Positions of depth offset + 1 that depend on prompt tokens only: P − offset."""
+        if self.prompts is None or len(self.prompts.first) == len(self.prompts.owner):
+            return 0
+        return max(0, self.prompts.width - offset)
+
+    def run(
+        self, depth: MtpDepth, previous: torch.Tensor, embeds: torch.Tensor, shared: int
+    ) -> torch.Tensor:
+        if shared == 0 or depth.attention_type != "full_attention":
+            return depth(
+                previous,
+                embeds,
+                self._mask(depth.attention_type, previous),
+                self._rotary(previous, self.positions),
+                self.positions,
+            )
+        assert self.prompts is not None
+        first, owner = self.prompts.first, self.prompts.owner
+        cache = DynamicCache(config=self.lm.config)
+        head_positions = self.positions[first, :shared]
+        head_in = previous[first, :shared]
+        head = depth(
+            head_in,
+            embeds[first, :shared],
+            create_causal_mask(
+                config=self.lm.config,
+                inputs_embeds=head_in,
+                attention_mask=self.mask[first, :shared],
+                past_key_values=None,
+                position_ids=head_positions,
+            ),
+            self._rotary(head_in, head_positions),
+            head_positions,
+            past_key_values=cache,
+        )
+        gather_rows(cache, owner)
+        tail_positions = self.positions[:, shared:]
+        tail_in = previous[:, shared:]
+        tail = depth(
+            tail_in,
+            embeds[:, shared:],
+            create_causal_mask(
+                config=self.lm.config,
+                inputs_embeds=tail_in,
+                attention_mask=self.mask,
+                past_key_values=cache,
+                position_ids=tail_positions,
+            ),
+            self._rotary(tail_in, tail_positions),
+            tail_positions,
+            past_key_values=cache,
+        )
+        return torch.cat([head.index_select(0, owner), tail], dim=1)
+
+    def _rotary(self, like: torch.Tensor, positions: torch.Tensor):
+        return self.lm.base_model.rotary_emb(like, position_ids=positions)
+
+    def _mask(self, kind: str, like: torch.Tensor) -> torch.Tensor | None:
+        if kind not in self._masks:
+            make = (
+                create_sliding_window_causal_mask
+                if kind == "sliding_attention"
+                else create_causal_mask
+            )
+            self._masks[kind] = make(
+                config=self.lm.config,
+                inputs_embeds=like,
+                attention_mask=self.mask,
+                past_key_values=None,
+                position_ids=self.positions,
+            )
+        return self._masks[kind]
 
 
 def _fresh_norm(norm: nn.Module) -> nn.Module:

@@ -39,22 +39,25 @@ def prefill(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     owner: torch.Tensor,
+    inputs_embeds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, DynamicCache]:
     """Run the distinct prompts [U, P] through the model's backbone; returns their last hidden
-    states [U, P, H] and a KV cache gathered to the rows (`owner`: each row's prompt, [N])."""
+    states [U, P, H] and a KV cache gathered to the rows (`owner`: each row's prompt, [N]).
+    `inputs_embeds` [U, P, H], when given, replaces the embedding of `input_ids`."""
     cache = DynamicCache(config=model.config)
     hidden = model.base_model(
-        input_ids=input_ids,
+        input_ids=None if inputs_embeds is not None else input_ids,
+        inputs_embeds=inputs_embeds,
         attention_mask=attention_mask,
         position_ids=position_ids,
         past_key_values=cache,
         use_cache=True,
     ).last_hidden_state
-    _gather_rows(cache, owner)
+    gather_rows(cache, owner)
     return hidden, cache
 
 
-def _gather_rows(cache: DynamicCache, owner: torch.Tensor) -> None:
+def gather_rows(cache: DynamicCache, owner: torch.Tensor) -> None:
     """Row i of every layer's keys and values becomes prompt owner[i]'s.
 
     Not `cache.batch_select_indices`: its advanced indexing has a backward that, on CPU, adds a

@@ -21,7 +21,7 @@ from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.kernels import token_entropy_terms
 from tepo_cli.models.logprob_head import LogprobHead
-from tepo_cli.models.mtp import MtpStack
+from tepo_cli.models.mtp import MtpStack, SharedPrompts
 from tepo_cli.models.mtp_loss import mtp_present
 from tepo_cli.models.shared_prompts import distinct_prompts, prefill
 from tepo_cli.train.sequences import SequenceBatch
@@ -81,10 +81,13 @@ class Policy(nn.Module):
         if with_mtp and self.mtp is None:
             raise ValueError("with_mtp=True needs a policy built with MTP modules (mtp_depths)")
         checkpointing = self.lm.is_activation_checkpointing and torch.is_grad_enabled()
+        # The sequence is embedded once for the backbone and the MTP modules: every lookup's
+        # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
+        embedded = self.lm.get_input_embeddings()(batch.input_ids)
         if self.share_prompts and not checkpointing:
-            hidden = self._shared_prompt_hidden(batch, full=with_mtp)
+            hidden = self._shared_prompt_hidden(batch, embedded, full=with_mtp)
         else:
-            hidden = self._hidden(batch, checkpointing, full=with_mtp)
+            hidden = self._hidden(batch, embedded, checkpointing, full=with_mtp)
         valid = batch.response_mask
         width = valid.shape[1]
         response_hidden = hidden[:, batch.prompt_width - 1 :] if with_mtp else hidden
@@ -106,7 +109,7 @@ class Policy(nn.Module):
                 )
             scores.entropy_term = _scatter(valid, term)
         if with_mtp:
-            scores.mtp_logp, _ = self.mtp_logprobs(batch, hidden, temperature)
+            scores.mtp_logp, _ = self.mtp_logprobs(batch, hidden, temperature, embedded=embedded)
         return scores
 
     def mtp_logprobs(
@@ -115,6 +118,7 @@ class Policy(nn.Module):
         hidden: torch.Tensor,
         temperature: float,
         backbone_grad: bool | None = None,
+        embedded: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """[N, T, K−1] depth n's log-prob of completion token t + n − 1 at anchor column t, and
         each depth's hidden states; `hidden` from `backbone_hidden`. `backbone_grad` overrides
@@ -122,6 +126,13 @@ class Policy(nn.Module):
         assert self.mtp is not None
         if backbone_grad is None:
             backbone_grad = self.mtp_config.backbone_grad
+        prompts = None
+        if self.share_prompts:
+            width = batch.prompt_width
+            first, owner = distinct_prompts(
+                batch.input_ids[:, :width], batch.attention_mask[:, :width]
+            )
+            prompts = SharedPrompts(first, owner, width)
         depth_hidden = self.mtp(
             self.lm,
             hidden,
@@ -129,6 +140,8 @@ class Policy(nn.Module):
             batch.attention_mask,
             batch.position_ids,
             backbone_grad=backbone_grad,
+            prompts=prompts,
+            embedded=embedded,
         )
         valid = batch.response_mask
         width = valid.shape[1]
@@ -158,16 +171,19 @@ class Policy(nn.Module):
     def backbone_hidden(self, batch: SequenceBatch) -> torch.Tensor:
         """[N, P + T − 1, H] the backbone's final hidden states at every position that predicts
         a token of the sequence (what the MTP modules read)."""
+        embedded = self.lm.get_input_embeddings()(batch.input_ids)
         if self.share_prompts:
-            return self._shared_prompt_hidden(batch, full=True)
-        return self._hidden(batch, checkpointing=False, full=True)
+            return self._shared_prompt_hidden(batch, embedded, full=True)
+        return self._hidden(batch, embedded, checkpointing=False, full=True)
 
-    def _hidden(self, batch: SequenceBatch, checkpointing: bool, full: bool) -> torch.Tensor:
+    def _hidden(
+        self, batch: SequenceBatch, embedded: torch.Tensor, checkpointing: bool, full: bool
+    ) -> torch.Tensor:
         """Hidden states that predict each completion token, [N, T, H] (or, `full`, every
         position's but the last, [N, P + T − 1, H]); one pass per row."""
         with _layers_in_train_mode(self.lm, checkpointing):
             hidden = self.lm.base_model(
-                input_ids=batch.input_ids,
+                inputs_embeds=embedded,
                 attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids,
                 use_cache=False,
@@ -177,20 +193,23 @@ class Policy(nn.Module):
         start = 0 if full else batch.prompt_width - 1
         return hidden[:, start : batch.prompt_width - 1 + width]
 
-    def _shared_prompt_hidden(self, batch: SequenceBatch, full: bool) -> torch.Tensor:
+    def _shared_prompt_hidden(
+        self, batch: SequenceBatch, embedded: torch.Tensor, full: bool
+    ) -> torch.Tensor:
         """As `_hidden`, with each distinct prompt run once (models/shared_prompts.py)."""
         prompt_width, width = batch.prompt_width, batch.response_mask.shape[1]
         first, owner = distinct_prompts(
             batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]
         )
         if len(first) == len(batch):
-            return self._hidden(batch, checkpointing=False, full=full)
+            return self._hidden(batch, embedded, checkpointing=False, full=full)
         prompt_hidden, cache = prefill(
             self.lm,
             batch.input_ids[first, :prompt_width],
             batch.attention_mask[first, :prompt_width],
             batch.position_ids[first, :prompt_width],
             owner,
+            inputs_embeds=embedded.index_select(0, first)[:, :prompt_width],
         )
         # The last prompt position predicts the first completion token.
         # index_select: its backward (index_add_) sums the rows of a prompt in a fixed order.
@@ -200,7 +219,7 @@ class Policy(nn.Module):
             stop = prompt_width + width - 1
             parts.append(
                 self.lm.base_model(
-                    input_ids=batch.input_ids[:, prompt_width:stop],
+                    inputs_embeds=embedded[:, prompt_width:stop],
                     attention_mask=batch.attention_mask[:, :stop],
                     position_ids=batch.position_ids[:, prompt_width:stop],
                     past_key_values=cache,
