@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from tepo_cli.algos import group_advantages, informative_groups, overlong_penalty, policy_loss
+from tepo_cli.algos import (
+    estimate_advantages,
+    group_advantages,
+    informative_groups,
+    overlong_penalty,
+    policy_loss,
+    rloo_advantages,
+)
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.clip import clipped_surrogate
 from tepo_cli.algos.kl import kl_estimate
@@ -36,6 +43,30 @@ def test_group_advantages_none_scale_and_equal_groups() -> None:
     got = group_advantages(rewards, group_size=3, scale="none")
     assert got.tolist() == pytest.approx([-2.0, -1.0, 3.0, 0.0, 0.0, 0.0], abs=1e-12)
     assert torch.all(got[3:] == 0)  # exactly, not a rounding residue of the mean
+
+
+def test_rloo_is_each_reward_against_the_mean_of_the_others() -> None:
+    """§2.11: Â_i = R_i − mean_{j≠i} R_j, which equals G/(G−1)·(R_i − mean R)."""
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(12, generator=gen, dtype=F64)
+    for size in (2, 3, 4):
+        got = rloo_advantages(rewards, size)
+        groups = rewards.view(-1, size).tolist()
+        loops = [
+            r - sum(g[j] for j in range(size) if j != i) / (size - 1)
+            for g in groups
+            for i, r in enumerate(g)
+        ]
+        assert got.tolist() == pytest.approx(loops, abs=1e-14)
+        centred = rewards.view(-1, size) - rewards.view(-1, size).mean(dim=1, keepdim=True)
+        identity = (size / (size - 1) * centred).reshape(-1)
+        torch.testing.assert_close(got, identity, rtol=0, atol=1e-14)
+    flat = rloo_advantages(t([1.0, 1.0, 1.0, 0.3, 0.3, 0.3]), 3)
+    assert torch.all(flat == 0)  # equal rewards: exactly no signal
+    assert torch.equal(estimate_advantages("rloo", rewards, 4), rloo_advantages(rewards, 4))
+    assert torch.equal(estimate_advantages("grpo", rewards, 4), group_advantages(rewards, 4))
+    with pytest.raises(ValueError, match="unknown advantage estimator 'gae'"):
+        estimate_advantages("gae", rewards, 4)  # type: ignore[arg-type]
 
 
 def test_group_advantages_errors() -> None:

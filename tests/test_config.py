@@ -30,7 +30,22 @@ def test_default_eval_config_is_valid(compose_config):
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("rollout.n=1", ["rollout.n=1", "greater than or equal to 2", "conf/rollout/hf.yaml"]),
+        (
+            "rollout.n=1",
+            ["advantage=grpo compares each response", "rollout.n >= 2", "got rollout.n=1"],
+        ),
+        ("advantage=rloo rollout.n=1", ["advantage=rloo compares each response", "rollout.n=1"]),
+        (
+            "advantage=rloo +advantage.scale=none",
+            ["advantage.scale do not apply to advantage=rloo"],
+        ),
+        ("advantage=gae advantage.gamma=1.5", ["advantage.gamma=1.5", "less than or equal to 1"]),
+        ("advantage=gae advantage.value_clip=0", ["advantage.value_clip=0", "greater than 0"]),
+        ("algo=dapo advantage=gae rollout.n=1", ["algo.dynamic_sampling drops the prompts"]),
+        (
+            "advantage.scale=rank",
+            ["advantage.scale='rank'", "'std' or 'none'", "conf/advantage/grpo.yaml"],
+        ),
         (
             "algo.eps_low=-1",
             ["algo.eps_low=-1", "greater than or equal to 0", "conf/algo/grpo.yaml"],
@@ -49,7 +64,8 @@ def test_default_eval_config_is_valid(compose_config):
 def test_bad_values_name_key_value_and_rule(compose_config, override, expected):
     with pytest.raises(ConfigError) as caught:
         load_train_config(
-            compose_config("train", override.split()), {"algo": "grpo", "rollout": "hf"}
+            compose_config("train", override.split()),
+            {"algo": "grpo", "rollout": "hf", "advantage": "grpo"},
         )
     message = str(caught.value)
     assert "\n" not in message
@@ -59,7 +75,7 @@ def test_bad_values_name_key_value_and_rule(compose_config, override, expected):
 
 def test_several_problems_are_reported_together(compose_config):
     with pytest.raises(ConfigError, match=r"\(2 problems\)"):
-        load_train_config(compose_config("train", ["rollout.n=1", "trainer.lr=abc"]))
+        load_train_config(compose_config("train", ["algo.eps_low=-1", "trainer.lr=abc"]))
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "gspo", "tepo", "mpo"])
@@ -110,7 +126,10 @@ def _tepo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     ("args", "fragment"),
     [
         (["train", "algo=nope"], "Could not find 'algo/nope'"),
-        (["train", "rollout.n=1"], "rollout.n=1 is not allowed"),
+        (["train", "rollout.n=1"], "advantage=grpo compares each response with the other"),
+        (["train", "advantage=ppo"], "Could not find 'advantage/ppo'"),
+        (["train", "advantage=gae", "advantage.gamma=1.5"], "advantage.gamma=1.5 is not allowed"),
+        (["train", "advantage=rloo", "rollout.n=1"], "advantage=rloo compares each response"),
         (["train", "algo.eps_low=-1"], "algo.eps_low=-1 is not allowed"),
         (["train", "trainer.lr=abc"], "trainer.lr='abc' is not allowed"),
         (
@@ -221,3 +240,24 @@ def test_entropy_drop_needs_more_than_one_update_per_rollout(compose_config):
         load_train_config(compose_config("train", overrides))
     config = load_train_config(compose_config("train", [*overrides, "trainer.ppo_epochs=2"]))
     assert config.algo.needs_entropy
+
+
+@pytest.mark.parametrize(
+    ("choice", "name"), [([], "grpo"), (["advantage=rloo"], "rloo"), (["advantage=gae"], "gae")]
+)
+def test_the_advantage_group_picks_the_estimator(compose_config, choice, name):
+    config = load_train_config(compose_config("train", choice))
+    assert config.advantage.name == name and config.rollout.n == 8
+    assert config.advantage.needs_critic == (name == "gae")
+    assert "advantage_scale" not in config.algo.model_dump()  # the loss no longer holds it
+
+
+def test_gae_takes_one_response_per_prompt(compose_config):
+    config = load_train_config(compose_config("train", ["advantage=gae", "rollout.n=1"]))
+    advantage = config.advantage
+    assert (advantage.gamma, advantage.lam, advantage.value_clip, advantage.critic_lr) == (
+        1.0,
+        1.0,
+        0.5,
+        1e-5,
+    )

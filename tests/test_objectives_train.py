@@ -40,6 +40,18 @@ pytestmark = pytest.mark.slow
         ["algo=tepo", "algo.mask_criterion=first_order", "trainer.ppo_epochs=2"],
         ["algo=tepo", "algo.mask_criterion=first_order"],
         ["algo=tepo", "algo.mask_criterion=advantage_only"],
+        ["algo=grpo", "advantage=rloo"],
+        ["algo=grpo", "advantage=gae", "rollout.n=1", "trainer.prompts_per_step=8"],
+        [
+            "algo=tepo",
+            "advantage=gae",
+            "advantage.gamma=0.95",
+            "advantage.lam=0.9",
+            "rollout.n=2",
+            "trainer.ppo_epochs=2",
+        ],
+        ["algo=mpo", "k=3", "advantage=gae", "rollout.n=1", "algo.mtp.warmup.steps=1"],
+        ["algo=mpo_exact", "advantage=grpo", "advantage.scale=none"],
         [
             "algo=grpo",
             "trainer.ppo_epochs=2",
@@ -98,3 +110,8 @@ def test_objective_trains_three_steps(compose_config, tmp_path, overrides):
         assert all(0.0 <= r["dropped_group_frac"] < 1.0 for r in records)
     if config.algo.needs_ref:
         assert records[-1]["kl"] > 0  # the policy moved away from the frozen reference
+    if config.advantage.needs_critic:
+        assert summary["critic_parameters"] > 0
+        for record in records:
+            assert record["value_loss"] >= 0 and record["critic_grad_norm"] > 0
+            assert 0 <= record["value_clip_frac"] <= 1 and "explained_variance" in record

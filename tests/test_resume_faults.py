@@ -85,7 +85,13 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     steps = [m["step"] for m in ours if "step" in m]  # MTP warm-up records have none
     assert steps == list(range(1, STEPS + 1))  # no step lost, none twice
     assert ours == theirs
-    for weights in ("final/model.safetensors", "mtp_modules.safetensors"):
+    weights_files = (
+        "final/model.safetensors",
+        "mtp_modules.safetensors",
+        "critic/model.safetensors",
+        "critic/value_head.safetensors",
+    )
+    for weights in weights_files:
         if (reference / weights).exists() or (run_dir / weights).exists():
             assert (run_dir / weights).read_bytes() == (reference / weights).read_bytes()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
@@ -140,6 +146,41 @@ def test_mpo_mtp_run_killed_then_resumed_loses_nothing(tmp_path, mtp_reference, 
     warmed_again = "MTP warm-up step" in resumed.stderr
     assert warmed_again == fault.startswith("warmup")
     assert_same_run(run_dir, mtp_reference)
+
+
+def gae_args(tmp: Path, run_dir: Path) -> list[str]:
+    """PPO with a critic, one response per prompt, two epochs: V_old, returns and the critic's
+    optimizer are state the resumed run must restore."""
+    return [
+        *base_args(tmp, run_dir),
+        "advantage=gae",
+        "rollout.n=1",
+        "trainer.prompts_per_step=4",
+        "trainer.ppo_epochs=2",
+        "advantage.save_critic=true",
+    ]
+
+
+@pytest.fixture(scope="module")
+def gae_reference(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("gae_reference")
+    run_dir = tmp / "run"
+    result = tepo(gae_args(tmp, run_dir), cwd=tmp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_gae_run_killed_then_resumed_loses_nothing(tmp_path, gae_reference):
+    """kill -9 in the update of step 3: the policy's and the critic's engines come back from the
+    same checkpoint; metrics (value losses included), final/ and critic/ end byte for byte equal."""
+    run_dir = tmp_path / "run"
+    args = gae_args(tmp_path, run_dir)
+    assert tepo(args, cwd=tmp_path, fault="update:3").returncode == -signal.SIGKILL
+    assert (run_dir / "checkpoints" / "step_00000002" / "critic").is_dir()
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(run_dir, gae_reference)
+    assert (run_dir / "critic" / "value_head.safetensors").is_file()
 
 
 @pytest.mark.parametrize("fault", ["rollout:3", "update:2", "checkpoint:3"])
@@ -282,6 +323,20 @@ def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp
     weights = "final/model.safetensors"
     assert (runs["killed"] / weights).read_bytes() == (runs["whole"] / weights).read_bytes()
     assert comparable_metrics(runs["killed"]) == comparable_metrics(runs["whole"])
+
+
+def test_two_rank_gae_run_ends_with_identical_policy_and_critic(tmp_path):
+    """advantage=gae under ZeRO-2 on two ranks: GAE's whitening statistics are all-reduced, and
+    both ranks end with the same policy and the same critic."""
+    run_dir = tmp_path / "run"
+    args = [*gae_args(tmp_path, run_dir), "trainer.max_steps=2", "trainer.nproc=2"]
+    result = tepo([*args, "deepspeed=zero2"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    first, second = summary["rank_param_checksums"]
+    critic_first, critic_second = summary["critic_rank_param_checksums"]
+    assert first == second and critic_first == critic_second
+    assert summary["critic_parameters"] > 0
 
 
 def test_two_rank_mpo_mtp_run_ends_with_identical_ranks(tmp_path):

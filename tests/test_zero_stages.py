@@ -95,3 +95,39 @@ def test_mpo_mtp_modules_train_and_are_saved_beside_final_in_zero_stages(
     assert names and not any("mtp" in name for name in names)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     assert all(torch.isfinite(p).all() for p in saved.parameters())
+
+
+@pytest.mark.parametrize("preset", ["zero0", "zero3"])
+def test_gae_critic_trains_and_is_saved_in_zero_stages(compose_config, tmp_path, preset):
+    """The critic is a second engine (partitioned under ZeRO-3, gathered to save)."""
+    from tepo_cli.models.critic import Critic
+
+    (tmp_path / "parity.py").write_text(
+        "def score(completion, problem):\n    return len(completion) % 2\n"
+    )
+    overrides = [
+        "model=tiny",
+        "reward=custom",
+        f"reward.path={tmp_path / 'parity.py'}",
+        f"deepspeed={preset}",
+        "advantage=gae",
+        "advantage.save_critic=true",
+        "rollout.n=1",
+        "trainer.prompts_per_step=4",
+        "trainer.max_steps=2",
+        "trainer.eval_before=false",
+        "trainer.eval_after=false",
+        "trainer.progress=false",
+        "rollout.max_new_tokens=6",
+    ]
+    config = load_train_config(compose_config("train", overrides))
+    topo = setup_topology(num_threads=None)
+    try:
+        summary = train(config, tmp_path, topo)
+    finally:
+        teardown()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["critic_grad_norm"] > 0 and r["value_loss"] > 0 for r in records)
+    critic = Critic.from_path(str(tmp_path / "critic"), torch.float32, torch.device("cpu"))
+    assert sum(p.numel() for p in critic.parameters()) == summary["critic_parameters"]
+    assert all(torch.isfinite(p).all() for p in critic.parameters())

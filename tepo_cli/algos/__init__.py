@@ -16,7 +16,9 @@ _EXPORTS = {
     "AlgoConfig": "tepo_cli.algos.config",
     "PolicyBatch": "tepo_cli.algos.batch",
     "get_policy_loss": "tepo_cli.algos.registry",
+    "estimate_advantages": "tepo_cli.algos.advantage",
     "group_advantages": "tepo_cli.algos.advantage",
+    "rloo_advantages": "tepo_cli.algos.advantage",
     "informative_groups": "tepo_cli.algos.filtering",
     "load_preset": "tepo_cli.algos.presets",
     "make_policy_batch": "tepo_cli.algos.batch",
@@ -32,6 +34,7 @@ _EXPORTS = {
 __all__ = [
     "AlgoConfig",
     "PolicyBatch",
+    "estimate_advantages",
     "get_policy_loss",
     "group_advantages",
     "informative_groups",
@@ -44,10 +47,15 @@ __all__ = [
     "registered_policy_losses",
     "resolve_algo",
     "resolve_overlong_lengths",
+    "rloo_advantages",
 ]
 
 if TYPE_CHECKING:
-    from tepo_cli.algos.advantage import group_advantages
+    from tepo_cli.algos.advantage import (
+        estimate_advantages,
+        group_advantages,
+        rloo_advantages,
+    )
     from tepo_cli.algos.api import policy_loss
     from tepo_cli.algos.batch import PolicyBatch, make_policy_batch
     from tepo_cli.algos.config import AlgoConfig

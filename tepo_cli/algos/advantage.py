@@ -1,4 +1,4 @@
-"""Group-relative advantages (docs/objectives.md §0.1)."""
+"""Advantage estimators (docs/objectives.md §0.1): rewards in, one advantage per response out."""
 
 from __future__ import annotations
 
@@ -40,3 +40,26 @@ def group_advantages(
     if scale == "std":
         centred = centred / (groups.std(dim=1, keepdim=True) + eps)
     return centred.reshape(-1)
+
+
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """Â_i = R_i − mean_{j≠i} R_j over the G responses of a prompt (REINFORCE leave-one-out),
+    computed as G/(G−1)·(R_i − mean R). Rows ordered group by group; equal rewards give exactly 0.
+    """
+    centred = group_advantages(rewards, group_size, scale="none")
+    return centred * (group_size / (group_size - 1))
+
+
+def estimate_advantages(
+    name: Literal["grpo", "rloo"],
+    rewards: Tensor,
+    group_size: int,
+    scale: Literal["std", "none"] = "std",
+    eps: float = 1e-6,
+) -> Tensor:
+    """The `advantage` group's estimator `name` on [N] rewards, G = `group_size` per prompt."""
+    if name == "grpo":
+        return group_advantages(rewards, group_size, scale=scale, eps=eps)
+    if name == "rloo":
+        return rloo_advantages(rewards, group_size)
+    raise ValueError(f"unknown advantage estimator {name!r}: expected grpo or rloo")

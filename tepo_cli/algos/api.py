@@ -34,7 +34,8 @@ def policy_loss(
     algo:        a preset name from conf/algo/ ("grpo", "dapo", "gspo", "tepo", "mpo"), or an
                  algo config (dict, DictConfig, AlgoConfig) whose `name` is a registered loss.
     logp:        [B, T] current token log-probs (with grad); old_logp: [B, T] rollout log-probs.
-    advantages:  [B] one advantage per response.
+    advantages:  [B] one advantage per response, or [B, T] one per token (e.g. GAE); a unit takes
+                 its anchor's or its own token's, or its tokens' mean (docs/objectives.md §0.1).
     mask:        [B, T] bool / 0-1 response tokens; padding may be on either side.
     ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
     entropy, old_entropy: [B, T], required by TEPO's KL mask (old_entropy; entropy too for

@@ -14,7 +14,8 @@ from tepo_cli.algos.config import AlgoConfig
 
 @dataclass(frozen=True)
 class PolicyBatch:
-    """Per-token inputs [B, T] (advantages [B]) of B responses, as every loss plugin receives them.
+    """Per-token inputs [B, T] (advantages [B] or [B, T]) of B responses, as every loss plugin
+    receives them.
 
     Built by `make_policy_batch`, which checks shapes and makes padding harmless: `mask` is bool,
     every [B, T] tensor is 0 on padding (so padding gets exactly zero gradient, whatever the caller
@@ -72,9 +73,10 @@ def make_policy_batch(
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must be bool or hold only 0 and 1")
         mask = mask != 0
-    if not isinstance(advantages, Tensor) or tuple(advantages.shape) != shape[:1]:
+    if not isinstance(advantages, Tensor) or tuple(advantages.shape) not in (shape[:1], shape):
         raise ValueError(
-            f"advantages must be [B] = ({shape[0]},), one per response, got {_describe(advantages)}"
+            f"advantages must be [B] = ({shape[0]},), one per response, or [B, T] = {shape}, one "
+            f"per token, got {_describe(advantages)}"
         )
     tensors = {
         "old_logp": old_logp,
@@ -107,7 +109,11 @@ def make_policy_batch(
     return PolicyBatch(
         logp=clean(logp, detach=False),  # type: ignore[arg-type]
         old_logp=clean(old_logp, detach=True),  # type: ignore[arg-type]
-        advantages=advantages.detach().to(logp.dtype),
+        advantages=(
+            advantages.detach().to(logp.dtype)
+            if advantages.dim() == 1
+            else clean(advantages.to(logp.dtype), detach=True)
+        ),
         mask=mask,
         ref_logp=clean(ref_logp, detach=True),
         entropy=clean(entropy, detach=False),

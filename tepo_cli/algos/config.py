@@ -81,7 +81,6 @@ class AlgoConfig(BaseModel):
     eps_high: float = Field(default=0.2, ge=0.0)
     dual_clip: float | None = Field(default=None, gt=1.0)
     loss_agg: LossAgg = "token-mean"
-    advantage_scale: Literal["std", "none"] = "std"
     beta: float = Field(default=0.0, ge=0.0)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_target: Literal["ref", "old"] = "ref"

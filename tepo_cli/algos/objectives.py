@@ -19,6 +19,25 @@ from tepo_cli.algos.kl import kl_estimate
 from tepo_cli.algos.ratio import route_ratio, unit_log_ratio, unit_ratio
 from tepo_cli.algos.registry import register_policy_loss
 from tepo_cli.algos.tepo_mask import tepo_kl_mask
+from tepo_cli.kernels.units import unit_view
+
+
+def unit_advantages(advantages: Tensor, mask: Tensor, cfg: AlgoConfig) -> Tensor:
+    """The advantage each token's surrogate uses (§0.1), [B, 1] or [B, T].
+
+    One advantage per response ([B]) is every token's. Token-level advantages ([B, T], e.g. GAE)
+    [our reading]: a token unit and an MPO window (named by its anchor, the paper's Â_{i,t}) take
+    their own token's; with `route=token` each token keeps its own too (GSPO-token's definition);
+    a disjoint block or sequence clipped as one action (`route=unit`) takes the mean over its
+    tokens, so the whole unit shares one clip decision.
+    """
+    if advantages.dim() == 1:
+        return advantages.unsqueeze(1)
+    own = cfg.unit == "token" or cfg.layout == "sliding" or cfg.route == "token"
+    if own:
+        return advantages
+    view = unit_view(mask, cfg.unit, cfg.k)
+    return view.broadcast(view.mean(advantages))
 
 
 def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
@@ -44,7 +63,7 @@ def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
 def policy_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
     """The clipped surrogate aggregated over the batch, and its clip / ratio metrics."""
     ratio = token_ratios(batch, cfg)
-    advantages = batch.advantages.unsqueeze(1)
+    advantages = unit_advantages(batch.advantages, batch.mask, cfg)
     surrogate, flags = clipped_surrogate(
         ratio, advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip
     )

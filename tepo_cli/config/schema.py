@@ -114,9 +114,51 @@ class RewardConfig(Strict):
         return self
 
 
+class AdvantageConfig(Strict):
+    """How rewards become advantages (docs/objectives.md §0.1), outside the loss."""
+
+    name: Literal["grpo", "rloo", "gae"]
+    # grpo
+    scale: Literal["std", "none"] = "std"
+    eps: float = Field(default=1e-6, gt=0.0)
+    # gae
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    lam: float = Field(default=1.0, ge=0.0, le=1.0)
+    value_clip: float | None = Field(default=0.5, gt=0.0)
+    whiten: bool = True
+    critic_lr: float = Field(default=1e-5, gt=0.0)
+    critic_path: str | None = None
+    save_critic: bool = False
+
+    @model_validator(mode="after")
+    def _check_knobs(self) -> AdvantageConfig:
+        own = {"grpo": _GRPO_KNOBS, "rloo": set(), "gae": _GAE_KNOBS}[self.name]
+        misplaced = sorted((self.model_fields_set - own) & (_GRPO_KNOBS | _GAE_KNOBS))
+        if misplaced:
+            raise ValueError(
+                f"{', '.join('advantage.' + k for k in misplaced)} do not apply to "
+                f"advantage={self.name} (grpo: {', '.join(sorted(_GRPO_KNOBS))}; gae: "
+                f"{', '.join(sorted(_GAE_KNOBS))})"
+            )
+        return self
+
+    @property
+    def needs_groups(self) -> bool:
+        """Group estimators compare the samples of one prompt: they need rollout.n >= 2."""
+        return self.name in ("grpo", "rloo")
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.name == "gae"
+
+
+_GRPO_KNOBS = {"scale", "eps"}
+_GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path", "save_critic"}
+
+
 class RolloutConfig(Strict):
     backend: Literal["hf"] = "hf"
-    n: int = Field(default=8, ge=2)
+    n: int = Field(default=8, ge=1)
     temperature: float = Field(default=0.7, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
@@ -185,6 +227,7 @@ class TrainConfig(Strict):
     plugins: list[str] = Field(default_factory=list)
     resume: bool | str = False
     algo: AlgoConfig
+    advantage: AdvantageConfig = Field(default_factory=lambda: AdvantageConfig(name="grpo"))
     model: ModelConfig
     reward: RewardConfig
     benchmark: BenchmarkConfig
@@ -200,6 +243,18 @@ class TrainConfig(Strict):
                 f"model={self.model.source} has no weights to train; it is for tepo eval"
             )
         t = self.trainer
+        if self.algo.dynamic_sampling and self.rollout.n < 2:
+            raise ValueError(
+                "algo.dynamic_sampling drops the prompts whose responses all agree, so it needs "
+                f"rollout.n >= 2 (got rollout.n={self.rollout.n})"
+            )
+        if self.advantage.needs_groups and self.rollout.n < 2:
+            raise ValueError(
+                f"advantage={self.advantage.name} compares each response with the other "
+                f"responses to the same prompt, so it needs rollout.n >= 2 (got "
+                f"rollout.n={self.rollout.n}); sample several responses per prompt, or use "
+                "advantage=gae (a learned critic), which works with one"
+            )
         if t.prompts_per_step % t.nproc:
             raise ValueError(
                 f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "

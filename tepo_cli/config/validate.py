@@ -15,7 +15,7 @@ from tepo_cli.config.schema import EvalConfig, TrainConfig
 
 Model = TypeVar("Model", bound=BaseModel)
 
-GROUPS = ("algo", "model", "reward", "benchmark", "rollout", "deepspeed")
+GROUPS = ("algo", "advantage", "model", "reward", "benchmark", "rollout", "deepspeed")
 
 
 def load_train_config(

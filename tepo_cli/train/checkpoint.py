@@ -3,7 +3,8 @@
 Written into a hidden staging directory, sealed by a manifest (size and sha256 of every file),
 then renamed into place: a checkpoint either exists whole or not at all, and one torn or
 corrupted on disk afterwards fails its manifest check, so the previous good one is used.
-Each holds the DeepSpeed engine state (weights, optimizer, schedule, ZeRO partitions), one file
+Each holds the DeepSpeed engine states (weights, optimizer, schedule, ZeRO partitions: the
+policy's under `engine/`, the critic's under `critic/` with advantage=gae), one file
 of random-number states and stream positions per rank, and the trainer's own state (step,
 summary so far, byte lengths of the run's log files) as JSON.
 """
@@ -30,6 +31,7 @@ CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 ENGINE_TAG = "engine"
+CRITIC_TAG = "critic"
 _NAME = re.compile(r"^step_(\d{8})$")
 
 
@@ -54,6 +56,7 @@ def save(
     rank_state: dict[str, Any],
     topo: Topology,
     keep: int,
+    critic_engine: Any = None,
 ) -> Path:
     """Collective: every rank calls it. Returns the sealed directory; RunError if a write failed."""
     root = checkpoint_root(run_dir)
@@ -63,7 +66,7 @@ def save(
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
     _barrier()
-    error = _attempt(lambda: _write_rank_parts(engine, staging, rank_state, topo))
+    error = _attempt(lambda: _write_rank_parts(engine, critic_engine, staging, rank_state, topo))
     faults.maybe_kill("checkpoint")
     if error is None and topo.is_main:
         error = _attempt(lambda: _seal(staging, final, trainer_state))
@@ -90,9 +93,11 @@ def save(
 
 
 def _write_rank_parts(
-    engine: Any, staging: Path, rank_state: dict[str, Any], topo: Topology
+    engine: Any, critic_engine: Any, staging: Path, rank_state: dict[str, Any], topo: Topology
 ) -> None:
     engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
+    if critic_engine is not None:
+        critic_engine.save_checkpoint(str(staging), tag=CRITIC_TAG, save_latest=False)
     torch.save(rank_state, staging / f"rank_{topo.rank:05d}.pt")
 
 
@@ -156,8 +161,10 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / TRAINER_STATE).read_text())
 
 
-def load(engine: Any, checkpoint: Path, topo: Topology) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Collective: restores the engine; returns (trainer state, this rank's state)."""
+def load(
+    engine: Any, checkpoint: Path, topo: Topology, critic_engine: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Collective: restores the engine(s); returns (trainer state, this rank's state)."""
     rank_file = checkpoint / f"rank_{topo.rank:05d}.pt"
     if not rank_file.is_file():
         raise RunError(
@@ -167,6 +174,18 @@ def load(engine: Any, checkpoint: Path, topo: Topology) -> tuple[dict[str, Any],
     engine.load_checkpoint(
         str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
     )
+    if critic_engine is not None:
+        if not (checkpoint / CRITIC_TAG).is_dir():
+            raise RunError(
+                f"checkpoint {checkpoint} has no critic: it was written by a run without "
+                "advantage=gae."
+            )
+        critic_engine.load_checkpoint(
+            str(checkpoint),
+            tag=CRITIC_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
     trainer_state = read_trainer_state(checkpoint)
     rank_state = torch.load(rank_file, weights_only=False)
     return trainer_state, rank_state

@@ -43,8 +43,13 @@ def deepspeed_config(
     return _merge(config, cfg.extra)
 
 
-def build_engine(model: nn.Module, cfg: TrainConfig, accumulation: int, world: int) -> Any:
-    """deepspeed.initialize with a guarded torch AdamW (no op compilation) and a LambdaLR schedule."""
+def build_engine(
+    model: nn.Module, cfg: TrainConfig, accumulation: int, world: int, lr: float | None = None
+) -> Any:
+    """deepspeed.initialize with a guarded torch AdamW (no op compilation) and a LambdaLR schedule.
+
+    `lr` (default trainer.lr) lets a second engine — the critic's — have its own learning rate.
+    """
     import deepspeed
 
     if not torch.cuda.is_available():
@@ -53,7 +58,7 @@ def build_engine(model: nn.Module, cfg: TrainConfig, accumulation: int, world: i
     dtype = next(model.parameters()).dtype
     optimizer = FiniteAdamW(
         [p for p in model.parameters() if p.requires_grad],
-        lr=trainer.lr,
+        lr=trainer.lr if lr is None else lr,
         betas=trainer.adam_betas,
         eps=trainer.adam_eps,
         weight_decay=trainer.weight_decay,

@@ -14,11 +14,13 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
-from tepo_cli.algos import group_advantages, informative_groups
+from tepo_cli.algos import estimate_advantages, informative_groups
+from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
 from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
+from tepo_cli.models.critic import Critic
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout.hf import Rollout, Sampling, generate
 from tepo_cli.train import faults
@@ -40,6 +42,9 @@ class Experience:
     old_entropy_term: torch.Tensor | None = None  # [N, T] TEPO's first_order mask
     old_mtp_logp: torch.Tensor | None = None  # [N, T, K-1] MPO's MTP depths (future=mtp)
     ref_logp: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None  # [N, T] the critic's V at rollout (advantage=gae)
+    returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets
+    critic_metrics: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
     refill_rounds: int = 0
@@ -59,6 +64,7 @@ def collect(
     problems: list[Problem],
     reward: Reward,
     refill: Iterator[Problem] | None = None,
+    critic: Critic | None = None,
 ) -> Experience:
     """Sample, grade and score one step's groups for this rank.
 
@@ -95,11 +101,23 @@ def collect(
     rollout = Rollout.concat([r for r, _, _ in kept], tokenizer.pad_token_id)
     rewards = torch.cat([g.rewards for _, g, _ in kept])
     correct = torch.cat([g.correct for _, g, _ in kept])
-    advantages = group_advantages(rewards, cfg.rollout.n, scale=cfg.algo.advantage_scale)
+    batch = SequenceBatch.from_rollout(rollout)
+    estimator = cfg.advantage
+    targets = None
+    if estimator.needs_critic:
+        if critic is None:
+            raise ValueError("advantage=gae needs the critic")
+        with timer("values"):
+            targets = critic_targets(cfg, critic, batch, rewards)
+        advantages = targets.advantages
+    else:
+        advantages = estimate_advantages(
+            estimator.name, rewards, cfg.rollout.n, scale=estimator.scale, eps=estimator.eps
+        )
     experience = Experience(
         problems=[p for _, _, part in kept for p in part],
         rollout=rollout,
-        batch=SequenceBatch.from_rollout(rollout),
+        batch=batch,
         rewards=rewards,
         correct=correct,
         advantages=advantages,
@@ -107,10 +125,75 @@ def collect(
         refill_rounds=rounds,
         overlong_mean=float(torch.cat([g.overlong for _, g, _ in kept]).mean()),
     )
+    if targets is not None:
+        experience.old_values, experience.returns = targets.values, targets.returns
+        experience.critic_metrics = targets.metrics
     with timer("score"):
         _score(cfg, policy, reference, experience)
     experience.seconds = timer.seconds
     return experience
+
+
+@dataclass
+class CriticTargets:
+    """What the critic's rollout pass yields for a step (all [N, T], 0 on padding)."""
+
+    values: torch.Tensor  # V_old
+    advantages: torch.Tensor  # GAE, whitened over the step's valid tokens on every rank
+    returns: torch.Tensor  # Â + V_old before whitening: the critic's regression targets
+    metrics: dict[str, float]
+
+
+@torch.no_grad()
+def critic_targets(
+    cfg: TrainConfig, critic: Critic, batch: SequenceBatch, rewards: torch.Tensor
+) -> CriticTargets:
+    """V_old in micro-batches, the sequence reward on each last token, GAE (γ, λ), returns, and
+    the advantages whitened over every valid token of the step, on all ranks (docs §0.1)."""
+    settings = cfg.advantage
+    width = batch.response_mask.shape[1]
+    parts = [
+        _widen(critic(batch.select(rows)), width)
+        for rows in torch.arange(len(batch)).split(cfg.trainer.micro_batch_size)
+    ]
+    values = torch.cat(parts).to(torch.float32)
+    mask = batch.response_mask
+    advantages, returns = gae(
+        token_rewards(rewards.to(values.dtype), mask), values, mask, settings.gamma, settings.lam
+    )
+    sums = _all_ranks_sum(whiten_sums(advantages, mask))
+    if settings.whiten:
+        advantages = whiten(advantages, mask, sums)
+    residual = _all_ranks_sum(whiten_sums(returns - values, mask))
+    target = _all_ranks_sum(whiten_sums(returns, mask))
+    metrics = {
+        "value_mean": _mean(_all_ranks_sum(whiten_sums(values, mask))),
+        "return_mean": _mean(target),
+        "explained_variance": 1.0 - _variance(residual) / max(_variance(target), 1e-12),
+    }
+    return CriticTargets(values, advantages, returns, metrics)
+
+
+def _all_ranks_sum(sums: torch.Tensor) -> torch.Tensor:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return sums
+    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    total = sums.to(device)
+    dist.all_reduce(total)
+    return total.cpu()
+
+
+def _mean(sums: torch.Tensor) -> float:
+    count, total, _ = sums.tolist()
+    return total / count if count else 0.0
+
+
+def _variance(sums: torch.Tensor) -> float:
+    count, total, squares = sums.tolist()
+    if count == 0:
+        return 0.0
+    mean = total / count
+    return max(squares / count - mean * mean, 0.0)
 
 
 def _sample(

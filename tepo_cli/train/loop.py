@@ -26,12 +26,14 @@ from tepo_cli.data.arith import Problem
 from tepo_cli.data.tasks import DatasetTask, build_task
 from tepo_cli.eval.accuracy import evaluate
 from tepo_cli.kernels.lean_layers import make_lean
+from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rewards import build_reward
 from tepo_cli.rollout.hf import Sampling
 from tepo_cli.train import checkpoint, faults
 from tepo_cli.train import experience as exp
+from tepo_cli.train.critic_files import CRITIC_DIR, build_critic, save_critic
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine
 from tepo_cli.train.guards import skipped_optimizer_steps, torch_optimizer
@@ -75,22 +77,30 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
         make_lean(lm)
     model = build_policy(cfg, lm)
     reference = _frozen_reference(model, cfg) if cfg.algo.needs_ref else None
+    critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
     resume_from = _choose_checkpoint(cfg, run_dir, topo)
     log = (
         RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress and topo.is_main)
         if topo.is_main
         else None
     )
-    sizes = _model_sizes(model)  # before ZeRO-3 partitions the parameters
+    sizes = _model_sizes(model, critic)  # before ZeRO-3 partitions the parameters
     warmup_summary: dict[str, Any] = {}
     if model.mtp is not None and resume_from is None:
         # Before the engine exists: its optimizer then starts from the warmed-up modules.
         warmup_stream = task.train_stream(warmup_stream_seed(cfg.seed))
         warmup_summary = warm_up(cfg, model, tokenizer, warmup_stream, _emitter(log))
     engine = build_engine(model, cfg, accumulation_steps(cfg), topo.world_size)
+    critic_engine = (
+        build_engine(
+            critic, cfg, accumulation_steps(cfg), topo.world_size, lr=cfg.advantage.critic_lr
+        )
+        if critic is not None
+        else None
+    )
     policy: Policy = engine.module
     generator = torch.Generator().manual_seed(cfg.seed)
-    start = _load_checkpoint(engine, resume_from, topo)
+    start = _load_checkpoint(engine, resume_from, topo, critic_engine)
     stream = CountingStream(task.train_stream(cfg.seed), start.trainer_state.get("stream_drawn", 0))
     # DAPO refills come from a per-rank stream, so ranks never wait on each other's draws.
     refill = (
@@ -122,10 +132,19 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
             began = time.perf_counter()
             problems = [next(stream) for _ in range(cfg.trainer.prompts_per_step)]
             local = problems[topo.rank * per_rank : (topo.rank + 1) * per_rank]
-            experience = exp.collect(cfg, policy, reference, tokenizer, local, reward, refill)
+            experience = exp.collect(
+                cfg,
+                policy,
+                reference,
+                tokenizer,
+                local,
+                reward,
+                refill,
+                critic_engine.module if critic_engine is not None else None,
+            )
             update_start = time.perf_counter()
             skipped_before = skipped_optimizer_steps(engine)
-            metrics = update(cfg, engine, experience, generator)
+            metrics = update(cfg, engine, experience, generator, critic_engine)
             metrics["update_seconds"] = time.perf_counter() - update_start
             skipped = skipped_optimizer_steps(engine) - skipped_before
             metrics["skipped_optimizer_steps"] = skipped
@@ -167,12 +186,15 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                     rank_state,
                     topo,
                     cfg.trainer.keep_checkpoints,
+                    critic_engine,
                 )
             if signum:
                 raise StopRequested(signum, _stopped(signum, step, saved, run_dir))
         # No optimizer step follows: the AdamW moments (2x the weights) go before the final
         # evaluation and save, which then run in the memory of inference plus the weights.
-        torch_optimizer(engine).state.clear()
+        for owner in (engine, critic_engine):
+            if owner is not None:
+                torch_optimizer(owner).state.clear()
         if cfg.trainer.eval_after:
             summary["eval_after"] = _evaluate(
                 cfg, policy, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"
@@ -181,12 +203,17 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
             summary["median_step_seconds"] = float(np.median(step_seconds))
         if topo.world_size > 1:
             summary["rank_param_checksums"] = _rank_checksums(engine, topo)
+            if critic_engine is not None:
+                summary["critic_rank_param_checksums"] = _rank_checksums(critic_engine, topo)
         if cfg.trainer.save_final:
             _save_final(engine, tokenizer, run_dir / "final", topo)
             summary["final_model"] = str(run_dir / "final")
             if policy.mtp is not None:
                 save_mtp_modules(engine, cfg, run_dir / MTP_FILE, topo)
                 summary["mtp_modules"] = str(run_dir / MTP_FILE)
+            if critic_engine is not None and cfg.advantage.save_critic:
+                save_critic(critic_engine, run_dir / CRITIC_DIR, topo)
+                summary["critic"] = str(run_dir / CRITIC_DIR)
         if log is not None:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             _report(log, summary)
@@ -234,11 +261,14 @@ def _choose_checkpoint(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Path 
     return found
 
 
-def _load_checkpoint(engine: Any, found: Path | None, topo: Topology) -> Start:
-    """Restore the engine (weights, optimizer, schedule, MTP modules) and the run's states."""
+def _load_checkpoint(
+    engine: Any, found: Path | None, topo: Topology, critic_engine: Any = None
+) -> Start:
+    """Restore the engines (weights, optimizer, schedule, MTP modules, critic) and the run's
+    states."""
     if found is None:
         return Start()
-    trainer_state, rank_state = checkpoint.load(engine, found, topo)
+    trainer_state, rank_state = checkpoint.load(engine, found, topo, critic_engine)
     if topo.is_main:
         print(
             f"tepo train: resuming {found.parent.parent} after step {trainer_state['step']} "
@@ -252,11 +282,14 @@ def _emitter(log: RunLog | None) -> Callable[[dict[str, Any]], None]:
     return log.warmup if log is not None else (lambda record: None)
 
 
-def _model_sizes(policy: Policy) -> dict[str, int]:
-    """Parameter counts: the policy's own and, with MPO's future=mtp, the MTP modules'."""
+def _model_sizes(policy: Policy, critic: Critic | None = None) -> dict[str, int]:
+    """Parameter counts: the policy's own and, with MPO's future=mtp, the MTP modules', and the
+    critic's with advantage=gae."""
     sizes = {"policy_parameters": sum(p.numel() for p in policy.lm.parameters())}
     if policy.mtp is not None:
         sizes["mtp_parameters"] = policy.mtp.parameter_count()
+    if critic is not None:
+        sizes["critic_parameters"] = sum(p.numel() for p in critic.parameters())
     return sizes
 
 

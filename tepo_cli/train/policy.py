@@ -8,14 +8,11 @@ also carries the MTP modules (models/mtp.py), scored through the same kernel pat
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
@@ -23,7 +20,8 @@ from tepo_cli.kernels import token_entropy_terms
 from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.mtp import MtpStack, SharedPrompts
 from tepo_cli.models.mtp_loss import mtp_present
-from tepo_cli.models.shared_prompts import distinct_prompts, prefill
+from tepo_cli.models.sequence_hidden import sequence_hidden
+from tepo_cli.models.shared_prompts import distinct_prompts
 from tepo_cli.train.sequences import SequenceBatch
 
 MTP_PREFIX = "mtp."
@@ -80,14 +78,10 @@ class Policy(nn.Module):
         """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules."""
         if with_mtp and self.mtp is None:
             raise ValueError("with_mtp=True needs a policy built with MTP modules (mtp_depths)")
-        checkpointing = self.lm.is_activation_checkpointing and torch.is_grad_enabled()
         # The sequence is embedded once for the backbone and the MTP modules: every lookup's
         # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
-        if self.share_prompts and not checkpointing:
-            hidden = self._shared_prompt_hidden(batch, embedded, full=with_mtp)
-        else:
-            hidden = self._hidden(batch, embedded, checkpointing, full=with_mtp)
+        hidden = sequence_hidden(self.lm, batch, embedded, self.share_prompts, full=with_mtp)
         valid = batch.response_mask
         width = valid.shape[1]
         response_hidden = hidden[:, batch.prompt_width - 1 :] if with_mtp else hidden
@@ -172,61 +166,7 @@ class Policy(nn.Module):
         """[N, P + T − 1, H] the backbone's final hidden states at every position that predicts
         a token of the sequence (what the MTP modules read)."""
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
-        if self.share_prompts:
-            return self._shared_prompt_hidden(batch, embedded, full=True)
-        return self._hidden(batch, embedded, checkpointing=False, full=True)
-
-    def _hidden(
-        self, batch: SequenceBatch, embedded: torch.Tensor, checkpointing: bool, full: bool
-    ) -> torch.Tensor:
-        """Hidden states that predict each completion token, [N, T, H] (or, `full`, every
-        position's but the last, [N, P + T − 1, H]); one pass per row."""
-        with _layers_in_train_mode(self.lm, checkpointing):
-            hidden = self.lm.base_model(
-                inputs_embeds=embedded,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).last_hidden_state
-        width = batch.response_mask.shape[1]
-        # The hidden state at column c predicts the token at column c + 1.
-        start = 0 if full else batch.prompt_width - 1
-        return hidden[:, start : batch.prompt_width - 1 + width]
-
-    def _shared_prompt_hidden(
-        self, batch: SequenceBatch, embedded: torch.Tensor, full: bool
-    ) -> torch.Tensor:
-        """As `_hidden`, with each distinct prompt run once (models/shared_prompts.py)."""
-        prompt_width, width = batch.prompt_width, batch.response_mask.shape[1]
-        first, owner = distinct_prompts(
-            batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]
-        )
-        if len(first) == len(batch):
-            return self._hidden(batch, embedded, checkpointing=False, full=full)
-        prompt_hidden, cache = prefill(
-            self.lm,
-            batch.input_ids[first, :prompt_width],
-            batch.attention_mask[first, :prompt_width],
-            batch.position_ids[first, :prompt_width],
-            owner,
-            inputs_embeds=embedded.index_select(0, first)[:, :prompt_width],
-        )
-        # The last prompt position predicts the first completion token.
-        # index_select: its backward (index_add_) sums the rows of a prompt in a fixed order.
-        rows = prompt_hidden.index_select(0, owner)
-        parts = [rows if full else rows[:, prompt_width - 1 :]]
-        if width > 1:  # the last completion token predicts nothing that is scored
-            stop = prompt_width + width - 1
-            parts.append(
-                self.lm.base_model(
-                    inputs_embeds=embedded[:, prompt_width:stop],
-                    attention_mask=batch.attention_mask[:, :stop],
-                    position_ids=batch.position_ids[:, prompt_width:stop],
-                    past_key_values=cache,
-                    use_cache=True,
-                ).last_hidden_state
-            )
-        return torch.cat(parts, dim=1)
+        return sequence_hidden(self.lm, batch, embedded, self.share_prompts, full=True)
 
     def hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This wrapper's state dict (e.g. ZeRO-3's consolidated one) with the LM's own keys."""
@@ -239,22 +179,6 @@ class Policy(nn.Module):
             for key, value in state_dict.items()
             if key.startswith(MTP_PREFIX)
         }
-
-
-@contextlib.contextmanager
-def _layers_in_train_mode(lm: PreTrainedModel, enabled: bool) -> Iterator[None]:
-    """transformers recomputes a layer in backward only while that layer is in train mode; the
-    policy stays in eval mode (no dropout), so only the layers' own flags flip, for this pass."""
-    layers = (
-        [m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer)] if enabled else []
-    )
-    for layer in layers:
-        layer.training = True
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.training = False
 
 
 def _scatter(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

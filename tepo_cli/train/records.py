@@ -85,7 +85,16 @@ def step_samples(cfg: TrainConfig, step: int, experience: exp.Experience) -> lis
                 "answer": problem.answer,
                 "completion": experience.rollout.texts[index],
                 "reward": float(experience.rewards[index]),
-                "advantage": float(experience.advantages[index]),
+                "advantage": response_advantage(experience, index),
             }
         )
     return samples
+
+
+def response_advantage(experience: exp.Experience, index: int) -> float:
+    """One number per response: its advantage, or (token-level, from a critic) their mean."""
+    advantages = experience.advantages[index]
+    if advantages.dim() == 0:
+        return float(advantages)
+    mask = experience.batch.response_mask[index]
+    return float(advantages[mask].mean()) if mask.any() else 0.0

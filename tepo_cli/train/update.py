@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 
 from tepo_cli.algos import policy_loss
+from tepo_cli.algos.aggregate import aggregate
+from tepo_cli.algos.gae import value_loss
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.train import faults
@@ -31,14 +33,20 @@ def accumulation_steps(cfg: TrainConfig) -> int:
 
 
 def update(
-    cfg: TrainConfig, engine: Any, experience: Experience, generator: torch.Generator
+    cfg: TrainConfig,
+    engine: Any,
+    experience: Experience,
+    generator: torch.Generator,
+    critic_engine: Any = None,
 ) -> dict[str, float]:
+    """μ epochs × minibatches of the objective (and, with advantage=gae, of the critic's loss:
+    its own engine, stepped at the same accumulation boundaries)."""
     batch = experience.batch
     world = dist.get_world_size() if dist.is_initialized() else 1
     sums: dict[str, float] = defaultdict(float)
     seconds: dict[str, float] = defaultdict(float)  # summed over the step, not averaged
     micro_count = 0
-    grad_norms = []
+    grad_norms, critic_norms = [], []
     for _ in range(cfg.trainer.ppo_epochs):
         order = (
             torch.randperm(len(batch), generator=generator)
@@ -55,11 +63,17 @@ def update(
                 sums["empty_minibatches"] += 1
                 continue
             micro_batches = minibatch.split(cfg.trainer.micro_batch_size)
-            own_norm = None
+            own_norm = critic_own_norm = None
             for index, rows in enumerate(micro_batches):
                 metrics = _forward_backward(
                     cfg, engine, experience, rows, num_tokens, num_seqs, world, seconds
                 )
+                if critic_engine is not None:
+                    metrics.update(
+                        _critic_backward(
+                            cfg, critic_engine, experience, rows, num_tokens, num_seqs, world
+                        )
+                    )
                 for key, value in metrics.items():
                     sums[key] += value
                 micro_count += 1
@@ -67,18 +81,30 @@ def update(
                 began = time.perf_counter()
                 if index == len(micro_batches) - 1 and engine.zero_optimization_stage() == 0:
                     own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
+                    if critic_engine is not None:
+                        critic_own_norm = _grad_norm(critic_engine.module)
                 engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
+                if critic_engine is not None:
+                    critic_engine.step()
                 seconds["optimizer_seconds"] += time.perf_counter() - began
             norm = engine.get_global_grad_norm()
             norm = own_norm if norm is None else norm
             if norm is not None:
                 grad_norms.append(float(norm))
+            if critic_engine is not None:
+                critic_norm = critic_engine.get_global_grad_norm()
+                critic_norm = critic_own_norm if critic_norm is None else critic_norm
+                if critic_norm is not None:
+                    critic_norms.append(float(critic_norm))
     empty = sums.pop("empty_minibatches", 0.0)
     result = {key: value / max(1, micro_count) for key, value in sums.items()}
     result["empty_minibatches"] = empty
     result.update(seconds)
     if grad_norms:
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if critic_norms:
+        result["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
+    result.update(experience.critic_metrics)
     return result
 
 
@@ -116,7 +142,9 @@ def _forward_backward(
         algo,
         logp,
         old_logp,
-        experience.advantages[rows],
+        _rows(experience.advantages, rows, width)
+        if experience.advantages.dim() == 2
+        else experience.advantages[rows],
         part.response_mask,
         ref_logp=_rows(experience.ref_logp, rows, width),
         entropy=entropy,
@@ -148,6 +176,42 @@ def _forward_backward(
     if entropy is not None:
         metrics["entropy"] = float((entropy.detach() * valid).sum() / valid.sum().clamp(min=1))
     return metrics
+
+
+def _critic_backward(
+    cfg: TrainConfig,
+    critic_engine: Any,
+    experience: Experience,
+    rows: torch.Tensor,
+    num_tokens: float,
+    num_seqs: float,
+    world: int,
+) -> dict[str, float]:
+    """The critic's value-clipped loss on these rows, aggregated as the policy term (§0.1)."""
+    part = experience.batch.select(rows)
+    width = part.response_mask.shape[1]
+    values = critic_engine(part)
+    per_token, clipped = value_loss(
+        values,
+        experience.old_values[rows, :width],
+        experience.returns[rows, :width],
+        cfg.advantage.value_clip,
+    )
+    mask = part.response_mask
+    loss = aggregate(
+        per_token,
+        mask,
+        cfg.algo.loss_agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        max_len=cfg.rollout.max_new_tokens,
+    )
+    critic_engine.backward(loss * world, scale_wrt_gas=False)
+    count = int(mask.sum())
+    return {
+        "value_loss": float(loss.detach()),
+        "value_clip_frac": int((clipped & mask).sum()) / count if count else 0.0,
+    }
 
 
 def _rows(values: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.Tensor | None:

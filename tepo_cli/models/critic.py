@@ -1,0 +1,88 @@
+"""The critic of PPO (`advantage=gae`, docs/objectives.md §0.1): the policy's architecture with a
+scalar value head.
+
+V(s_t) is read at the same position as the policy's log-prob of completion token t — the state
+that emits it — from the decoder's final hidden state through a linear head. The decoder starts as
+a copy of the policy's (or is loaded from `advantage.critic_path`); the head is a
+token-classification-style linear layer initialised N(0, initializer_range) with a zero bias, as
+verl's value model (a `...ForTokenClassification` with one label). Saved as a Hugging Face
+decoder directory plus `value_head.safetensors`, which `from_path` reads back.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+
+from tepo_cli.models.sequence_hidden import sequence_hidden
+
+if TYPE_CHECKING:
+    from tepo_cli.train.sequences import SequenceBatch
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class Critic(nn.Module):
+    """`backbone` is a decoder (a transformers base model); `forward` returns values [N, T]."""
+
+    def __init__(self, backbone: PreTrainedModel, share_prompts: bool = True) -> None:
+        super().__init__()
+        self.backbone = backbone.eval()  # no dropout: V_old and V see the same function
+        self.share_prompts = share_prompts
+        reference = next(backbone.parameters())
+        self.value_head = nn.Linear(
+            backbone.config.hidden_size, 1, dtype=reference.dtype, device=reference.device
+        )
+        std = getattr(backbone.config, "initializer_range", 0.02)
+        with torch.no_grad():
+            self.value_head.weight.normal_(0.0, std)
+            self.value_head.bias.zero_()
+
+    @classmethod
+    def from_policy(cls, lm: PreTrainedModel, share_prompts: bool = True) -> Critic:
+        """A critic whose decoder is a copy of the policy's (its LM head is not copied)."""
+        return cls(copy.deepcopy(lm.base_model), share_prompts)
+
+    @classmethod
+    def from_path(
+        cls,
+        path: str,
+        dtype: torch.dtype,
+        device: torch.device,
+        share_prompts: bool = True,
+        trust_remote_code: bool = False,
+    ) -> Critic:
+        """A decoder from a saved model (a causal LM's or a critic's directory, or a hub id), and
+        the value head saved beside it when there is one (a fresh head otherwise)."""
+        backbone = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        critic = cls(backbone.to(device), share_prompts)
+        head = Path(path) / VALUE_HEAD_FILE
+        if head.is_file():
+            critic.value_head.load_state_dict(load_file(head, device=str(device)))
+        return critic
+
+    def forward(self, batch: SequenceBatch) -> torch.Tensor:
+        """V at every completion position, [N, T] float32 (0 on padding)."""
+        embedded = self.backbone.get_input_embeddings()(batch.input_ids)
+        hidden = sequence_hidden(self.backbone, batch, embedded, self.share_prompts, full=False)
+        values = self.value_head(hidden).squeeze(-1).float()
+        return torch.where(batch.response_mask, values, 0.0)
+
+    def save(self, target: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """The decoder with save_pretrained and the head beside it (`state_dict`: this module's,
+        e.g. ZeRO-3's consolidated one; None reads the parameters)."""
+        state = state_dict if state_dict is not None else self.state_dict()
+        backbone = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
+        head = {
+            k[len("value_head.") :]: v.detach().cpu().contiguous()
+            for k, v in state.items()
+            if k.startswith("value_head.")
+        }
+        self.backbone.save_pretrained(target, state_dict=backbone)
+        save_file(head, target / VALUE_HEAD_FILE)

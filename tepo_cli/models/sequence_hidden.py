@@ -1,0 +1,112 @@
+"""The decoder's hidden states over prompt + completion sequences, each distinct prompt run once.
+
+Shared by everything that reads a decoder over a batch of completions: the policy (its log-probs,
+its MTP modules) and the critic (its values). `model` is a transformers model whose `base_model`
+is the decoder stack (a causal LM, or the bare decoder itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from tepo_cli.models.shared_prompts import distinct_prompts, prefill
+
+if TYPE_CHECKING:
+    from tepo_cli.train.sequences import SequenceBatch
+
+
+def sequence_hidden(
+    model: PreTrainedModel,
+    batch: SequenceBatch,
+    embedded: torch.Tensor,
+    share_prompts: bool,
+    full: bool,
+) -> torch.Tensor:
+    """The final hidden states that predict each completion token, [N, T, H] — or, with `full`,
+    every position's but the last, [N, P + T − 1, H] (the column c state predicts token c + 1).
+
+    `embedded` [N, P + T, H] is the batch's input embedding, computed once by the caller (every
+    lookup's backward is a dense [vocab, hidden] gradient). With `share_prompts`, each distinct
+    prompt runs once and its KV cache is gathered to its rows; with gradient checkpointing on, one
+    pass per row (the layers recompute in backward).
+    """
+    checkpointing = model.is_activation_checkpointing and torch.is_grad_enabled()
+    if share_prompts and not checkpointing:
+        return _shared_prompt_hidden(model, batch, embedded, full)
+    return _per_row_hidden(model, batch, embedded, checkpointing, full)
+
+
+def _per_row_hidden(
+    model: PreTrainedModel,
+    batch: SequenceBatch,
+    embedded: torch.Tensor,
+    checkpointing: bool,
+    full: bool,
+) -> torch.Tensor:
+    with _layers_in_train_mode(model, checkpointing):
+        hidden = model.base_model(
+            inputs_embeds=embedded,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+    width = batch.response_mask.shape[1]
+    start = 0 if full else batch.prompt_width - 1
+    return hidden[:, start : batch.prompt_width - 1 + width]
+
+
+def _shared_prompt_hidden(
+    model: PreTrainedModel, batch: SequenceBatch, embedded: torch.Tensor, full: bool
+) -> torch.Tensor:
+    prompt_width, width = batch.prompt_width, batch.response_mask.shape[1]
+    first, owner = distinct_prompts(
+        batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]
+    )
+    if len(first) == len(batch):
+        return _per_row_hidden(model, batch, embedded, checkpointing=False, full=full)
+    prompt_hidden, cache = prefill(
+        model,
+        batch.input_ids[first, :prompt_width],
+        batch.attention_mask[first, :prompt_width],
+        batch.position_ids[first, :prompt_width],
+        owner,
+        inputs_embeds=embedded.index_select(0, first)[:, :prompt_width],
+    )
+    # The last prompt position predicts the first completion token.
+    # index_select: its backward (index_add_) sums the rows of a prompt in a fixed order.
+    rows = prompt_hidden.index_select(0, owner)
+    parts = [rows if full else rows[:, prompt_width - 1 :]]
+    if width > 1:  # the last completion token predicts nothing that is scored
+        stop = prompt_width + width - 1
+        parts.append(
+            model.base_model(
+                inputs_embeds=embedded[:, prompt_width:stop],
+                attention_mask=batch.attention_mask[:, :stop],
+                position_ids=batch.position_ids[:, prompt_width:stop],
+                past_key_values=cache,
+                use_cache=True,
+            ).last_hidden_state
+        )
+    return torch.cat(parts, dim=1)
+
+
+@contextlib.contextmanager
+def _layers_in_train_mode(model: PreTrainedModel, enabled: bool) -> Iterator[None]:
+    """transformers recomputes a layer in backward only while that layer is in train mode; the
+    models stay in eval mode (no dropout), so only the layers' own flags flip, for this pass."""
+    layers = (
+        [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)] if enabled else []
+    )
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = False
