@@ -15,28 +15,32 @@ from tepo_cli.train.loop import train
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("preset", ["zero0", "zero1", "zero2", "zero3", "zero2_offload"])
-def test_one_step_in_every_zero_stage(compose_config, tmp_path, preset):
+def train_tiny(compose_config, tmp_path, preset: str, *overrides: str) -> dict:
+    """The tiny model on a parity reward through DeepSpeed `preset`, in this process."""
     (tmp_path / "parity.py").write_text(
         "def score(completion, problem):\n    return len(completion) % 2\n"
     )
-    overrides = [
+    base = [
         "model=tiny",
         "reward=custom",
         f"reward.path={tmp_path / 'parity.py'}",
         f"deepspeed={preset}",
-        "trainer.max_steps=1",
         "trainer.eval_before=false",
         "trainer.eval_after=false",
         "trainer.progress=false",
         "rollout.max_new_tokens=6",
     ]
-    config = load_train_config(compose_config("train", overrides))
+    config = load_train_config(compose_config("train", [*base, *overrides]))
     topo = setup_topology(num_threads=None)
     try:
-        summary = train(config, tmp_path, topo)
+        return train(config, tmp_path, topo)
     finally:
         teardown()
+
+
+@pytest.mark.parametrize("preset", ["zero0", "zero1", "zero2", "zero3", "zero2_offload"])
+def test_one_step_in_every_zero_stage(compose_config, tmp_path, preset):
+    summary = train_tiny(compose_config, tmp_path, preset, "trainer.max_steps=1")
     assert summary["steps"] == 1
     (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert record["grad_norm"] > 0
@@ -54,30 +58,16 @@ def test_mpo_mtp_modules_train_and_are_saved_beside_final_in_zero_stages(
 
     from tepo_cli.train.mtp_files import load_mtp_modules
 
-    (tmp_path / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2\n"
-    )
-    overrides = [
-        "model=tiny",
-        "reward=custom",
-        f"reward.path={tmp_path / 'parity.py'}",
-        f"deepspeed={preset}",
+    summary = train_tiny(
+        compose_config,
+        tmp_path,
+        preset,
         "algo=mpo",
         "k=3",
         "algo.mtp.warmup.steps=1",
         "algo.mtp.warmup.batch_size=4",
         "trainer.max_steps=2",
-        "trainer.eval_before=false",
-        "trainer.eval_after=false",
-        "trainer.progress=false",
-        "rollout.max_new_tokens=6",
-    ]
-    config = load_train_config(compose_config("train", overrides))
-    topo = setup_topology(num_threads=None)
-    try:
-        summary = train(config, tmp_path, topo)
-    finally:
-        teardown()
+    )
     tensors, settings = load_mtp_modules(tmp_path / "mtp_modules.safetensors")
     assert (settings["depths"], settings["mtp"]["head"], settings["model_type"]) == (
         2,
@@ -102,30 +92,16 @@ def test_gae_critic_trains_and_is_saved_in_zero_stages(compose_config, tmp_path,
     """The critic is a second engine (partitioned under ZeRO-3, gathered to save)."""
     from tepo_cli.models.critic import Critic
 
-    (tmp_path / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2\n"
-    )
-    overrides = [
-        "model=tiny",
-        "reward=custom",
-        f"reward.path={tmp_path / 'parity.py'}",
-        f"deepspeed={preset}",
+    summary = train_tiny(
+        compose_config,
+        tmp_path,
+        preset,
         "advantage=gae",
         "advantage.save_critic=true",
         "rollout.n=1",
         "trainer.prompts_per_step=4",
         "trainer.max_steps=2",
-        "trainer.eval_before=false",
-        "trainer.eval_after=false",
-        "trainer.progress=false",
-        "rollout.max_new_tokens=6",
-    ]
-    config = load_train_config(compose_config("train", overrides))
-    topo = setup_topology(num_threads=None)
-    try:
-        summary = train(config, tmp_path, topo)
-    finally:
-        teardown()
+    )
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(r["critic_grad_norm"] > 0 and r["value_loss"] > 0 for r in records)
     critic = Critic.from_path(str(tmp_path / "critic"), torch.float32, torch.device("cpu"))

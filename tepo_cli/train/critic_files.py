@@ -8,14 +8,14 @@ written to `<run dir>/critic/` (a Hugging Face decoder plus `value_head.safetens
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import resolve_dtype
+from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.policy import Policy
 
@@ -51,15 +51,4 @@ def save_critic(critic_engine: Any, target: Path, topo: Topology) -> None:
         state = critic_engine._zero3_consolidated_16bit_state_dict()
     if not topo.is_main:
         return
-    staging = target.with_name(target.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        critic.save(staging, state)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RunError(
-            f"could not save the critic to {target}: {error}. The checkpoints still hold it."
-        ) from None
+    write_directory(target, lambda staging: critic.save(staging, state), "the critic")

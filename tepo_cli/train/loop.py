@@ -7,7 +7,6 @@ import contextlib
 import copy
 import json
 import random
-import shutil
 import signal
 import sys
 import time
@@ -33,6 +32,7 @@ from tepo_cli.rewards import build_reward
 from tepo_cli.rollout.hf import Sampling
 from tepo_cli.train import checkpoint, faults
 from tepo_cli.train import experience as exp
+from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.critic_files import CRITIC_DIR, build_critic, save_critic
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine
@@ -377,21 +377,12 @@ def _save_final(engine: Any, tokenizer: Any, target: Path, topo: Topology) -> No
         state_dict = policy.hf_state_dict(engine._zero3_consolidated_16bit_state_dict())
     if not topo.is_main:
         return
-    staging = target.with_name(target.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+
+    def write(staging: Path) -> None:
         policy.lm.save_pretrained(staging, state_dict=state_dict)
         tokenizer.save_pretrained(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RunError(
-            f"could not save the final model to {target}: {error}. Nothing partial was left "
-            f"behind; the checkpoints under {target.parent / 'checkpoints'} still hold the run "
-            f"(free some disk space and continue with resume=true)."
-        ) from None
+
+    write_directory(target, write, "the final model")
 
 
 def _report(log: RunLog, summary: dict[str, Any]) -> None:
