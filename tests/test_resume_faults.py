@@ -99,13 +99,18 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert summary["steps"] == STEPS and len(summary) >= 4
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("reference")
+def uninterrupted(tmp_path_factory, name: str, make_args) -> Path:
+    """The run a killed-and-resumed one must equal: the same arguments, never stopped."""
+    tmp = tmp_path_factory.mktemp(name)
     run_dir = tmp / "run"
-    result = tepo(base_args(tmp, run_dir), cwd=tmp)
+    result = tepo(make_args(tmp, run_dir), cwd=tmp)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    return uninterrupted(tmp_path_factory, "reference", base_args)
 
 
 def mtp_args(tmp: Path, run_dir: Path) -> list[str]:
@@ -124,10 +129,7 @@ def mtp_args(tmp: Path, run_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def mtp_reference(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("mtp_reference")
-    run_dir = tmp / "run"
-    result = tepo(mtp_args(tmp, run_dir), cwd=tmp)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = uninterrupted(tmp_path_factory, "mtp_reference", mtp_args)
     assert len([line for line in (run_dir / "metrics.jsonl").open() if "mtp_warmup_step" in line])
     return run_dir
 
@@ -163,11 +165,7 @@ def gae_args(tmp: Path, run_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def gae_reference(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("gae_reference")
-    run_dir = tmp / "run"
-    result = tepo(gae_args(tmp, run_dir), cwd=tmp)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+    return uninterrupted(tmp_path_factory, "gae_reference", gae_args)
 
 
 def test_gae_run_killed_then_resumed_loses_nothing(tmp_path, gae_reference):
