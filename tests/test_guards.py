@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.rollout.hf import Rollout
 from tepo_cli.train import experience as exp
@@ -92,7 +93,7 @@ def test_only_padding_completions_leave_the_model_untouched(engine_and_config):
         batch=SequenceBatch.from_rollout(rollout),
         rewards=rewards,
         correct=rewards.bool(),
-        advantages=exp.group_advantages(rewards, 4),
+        advantages=group_advantages(rewards, 4),
     )
     weights = [p.detach().clone() for p in engine.module.parameters()]
     metrics = update(cfg, engine, experience, torch.Generator().manual_seed(0))
