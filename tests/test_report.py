@@ -136,6 +136,9 @@ def test_first_crossing_smoothed():
     assert first_crossing(metrics, "accuracy", 0.65, window=2).step == 4  # (.6 + .8) / 2 = .7
     assert first_crossing(metrics, "accuracy", 0.75, window=2) is None  # raw .8 would reach it
     assert first_crossing(metrics, "accuracy", 0.9) is None
+    warmup = [{"mtp_warmup_step": 0, "mtp_warmup_loss": 9.0}]  # MPO's warm-up: not a step
+    crossing = first_crossing(warmup + metrics, "accuracy", 0.5, window=2)
+    assert (crossing.step, crossing.seconds) == (3, 3.0)
 
 
 def test_report_numbers_match_the_hand_computation(sweep, tmp_path):

@@ -77,6 +77,8 @@ def first_crossing(
     recent: list[float] = []
     seconds: float | None = 0.0
     for record in metrics:
+        if "step" not in record:
+            continue  # not a training step (e.g. an MTP warm-up record)
         step_seconds = record.get("step_seconds")
         seconds = None if seconds is None or step_seconds is None else seconds + step_seconds
         value = record.get(key)
