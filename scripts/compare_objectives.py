@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-OBJECTIVES = ("grpo", "dapo", "gspo", "tepo", "mpo")
+OBJECTIVES = ("grpo", "dapo", "gspo", "tepo", "mpo", "mpo_exact", "mpo_disjoint")
 
 
 def main() -> int:
