@@ -12,7 +12,7 @@ from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.data.arith import ArithTask
 from tepo_cli.rewards import Reward, RewardResult, build_reward
-from tepo_cli.rollout.hf import Rollout
+from tepo_cli.rollout import Rollout
 from tepo_cli.train import experience as exp
 from tepo_cli.train.grading import grade
 from tepo_cli.train.policy import Policy

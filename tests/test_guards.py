@@ -10,7 +10,7 @@ import torch
 
 from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
-from tepo_cli.rollout.hf import Rollout
+from tepo_cli.rollout import Rollout
 from tepo_cli.train import experience as exp
 from tepo_cli.train.distributed import setup_topology, teardown
 from tepo_cli.train.engine import build_engine

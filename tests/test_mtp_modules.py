@@ -12,7 +12,8 @@ from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.models.mtp import MtpStack, mtp_support_problem
 from tepo_cli.models.mtp_loss import alpha_weights, mtp_prediction_loss, mtp_present
-from tepo_cli.rollout.hf import Sampling, generate
+from tepo_cli.rollout import Sampling
+from tepo_cli.rollout.hf import generate
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.sequences import SequenceBatch
 

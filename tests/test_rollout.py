@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from tepo_cli.rollout.hf import Sampling, _completion_mask, generate
+from tepo_cli.rollout import Sampling
+from tepo_cli.rollout.base import completion_mask
+from tepo_cli.rollout.hf import generate
 
 
 def test_completion_mask_keeps_first_eos_and_drops_the_rest():
     eos = 2
     ids = torch.tensor([[5, 6, 2, 2, 2], [5, 2, 7, 2, 9], [5, 6, 7, 8, 9]])
-    mask, truncated = _completion_mask(ids, [eos])
+    mask, truncated = completion_mask(ids, [eos])
     assert mask.tolist() == [
         [True, True, True, False, False],
         [True, True, False, False, False],
@@ -20,7 +22,7 @@ def test_completion_mask_keeps_first_eos_and_drops_the_rest():
 
 
 def test_completion_mask_with_several_eos_ids():
-    mask, truncated = _completion_mask(torch.tensor([[4, 9, 1, 3]]), [3, 9])
+    mask, truncated = completion_mask(torch.tensor([[4, 9, 1, 3]]), [3, 9])
     assert mask.tolist() == [[True, True, False, False]]
     assert truncated.tolist() == [False]
 
@@ -50,7 +52,7 @@ def test_greedy_generation_is_deterministic(tiny_model, tiny_tokenizer):
 
 
 def test_take_and_concat_repad_prompts_left_and_completions_right():
-    from tepo_cli.rollout.hf import Rollout
+    from tepo_cli.rollout import Rollout
 
     short = Rollout(
         prompt_ids=torch.tensor([[7, 8]]),

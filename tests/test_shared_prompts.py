@@ -11,7 +11,8 @@ import torch
 
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.models.shared_prompts import distinct_prompts
-from tepo_cli.rollout.hf import Sampling, generate
+from tepo_cli.rollout import Sampling
+from tepo_cli.rollout.hf import generate
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.sequences import SequenceBatch
 

@@ -24,7 +24,8 @@ def evaluate_models(job: Job, config_path: Path, models: dict[str, str]) -> dict
     from tepo_cli.eval.accuracy import evaluate
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.rewards import build_reward
-    from tepo_cli.rollout.hf import Sampling
+    from tepo_cli.rollout import Sampling
+    from tepo_cli.rollout.hf import HfBackend
 
     config = load_tepo_config(config_path)
     problems = build_task(config.benchmark).eval_problems()
@@ -38,7 +39,8 @@ def evaluate_models(job: Job, config_path: Path, models: dict[str, str]) -> dict
         )
         tokenizer = load_tokenizer(model_cfg)
         model = load_model(model_cfg, tokenizer, device)
-        result = evaluate(model, tokenizer, problems, config.benchmark, reward, sampling)
+        backend = HfBackend(model, tokenizer, share_prompts=True)
+        result = evaluate(backend, tokenizer, problems, config.benchmark, reward, sampling)
         results[name] = {
             "accuracy": result.accuracy,
             "problems": result.problems,

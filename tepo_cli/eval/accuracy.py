@@ -7,14 +7,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import Reward
-from tepo_cli.rollout.hf import Sampling, generate
+from tepo_cli.rollout import RolloutBackend, Sampling
 
 
 @dataclass
@@ -27,20 +26,19 @@ class EvalResult:
 
 
 def sample_and_grade(
-    model: nn.Module,
+    backend: RolloutBackend,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
     benchmark: BenchmarkConfig,
     reward: Reward,
     sampling: Sampling,
-    share_prompts: bool = True,
 ) -> Iterator[list[dict[str, Any]]]:
     """Yield the records of each generation batch (so callers can write them as they come)."""
     per_batch = max(1, sampling.batch_size // sampling.n)
     for start in range(0, len(problems), per_batch):
         chunk = problems[start : start + per_batch]
         prompts = [render_prompt(tokenizer, benchmark, p.question) for p in chunk]
-        rollout = generate(model, tokenizer, prompts, sampling, share_prompts)
+        rollout = backend.generate(prompts, sampling)
         owners = [p for p in chunk for _ in range(sampling.n)]
         results = reward.score_many(rollout.texts, owners)
         yield [
@@ -63,7 +61,7 @@ def sample_and_grade(
 
 
 def evaluate(
-    model: nn.Module,
+    backend: RolloutBackend,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
     benchmark: BenchmarkConfig,
@@ -74,7 +72,7 @@ def evaluate(
     start = time.perf_counter()
     records = [
         record
-        for batch in sample_and_grade(model, tokenizer, problems, benchmark, reward, sampling)
+        for batch in sample_and_grade(backend, tokenizer, problems, benchmark, reward, sampling)
         for record in batch
     ]
     correct = sum(r["passed"] for r in records)

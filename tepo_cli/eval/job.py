@@ -46,7 +46,8 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     from tepo_cli.eval.summary import summarize
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.rewards import build_reward
-    from tepo_cli.rollout.hf import Sampling
+    from tepo_cli.rollout import Sampling
+    from tepo_cli.rollout.hf import HfBackend
 
     options, benchmark = config.eval, config.benchmark
     problems = build_task(benchmark).eval_problems(options.limit)
@@ -74,9 +75,8 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = load_tokenizer(config.model)
         model = load_model(config.model, tokenizer, device)
-        batches = sample_and_grade(
-            model, tokenizer, todo, benchmark, reward, sampling, config.model.share_prompts
-        )
+        backend = HfBackend(model, tokenizer, config.model.share_prompts)
+        batches = sample_and_grade(backend, tokenizer, todo, benchmark, reward, sampling)
         for batch in batches:
             _append(run_dir / SAMPLES, batch, done)
     seconds = time.perf_counter() - start

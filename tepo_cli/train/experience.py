@@ -22,7 +22,8 @@ from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.models.critic import Critic
 from tepo_cli.rewards import Reward
-from tepo_cli.rollout.hf import Rollout, Sampling, generate
+from tepo_cli.rollout import Rollout, RolloutBackend, Sampling
+from tepo_cli.rollout.hf import HfBackend
 from tepo_cli.train import faults
 from tepo_cli.train.grading import Graded, grade
 from tepo_cli.train.policy import Policy
@@ -65,20 +66,25 @@ def collect(
     reward: Reward,
     refill: Iterator[Problem] | None = None,
     critic: Critic | None = None,
+    backend: RolloutBackend | None = None,
 ) -> Experience:
     """Sample, grade and score one step's groups for this rank.
+
+    `backend` generates (rollout/); None means transformers' generate() on the policy itself.
 
     With `algo.dynamic_sampling` (DAPO), groups whose answers are all right or all wrong are
     dropped and replaced by groups of fresh prompts from `refill`, up to `algo.max_refill_rounds`.
     """
     timer = _Timer()
+    if backend is None:
+        backend = HfBackend(policy.lm, tokenizer, policy.share_prompts)
     wanted = len(problems)
     kept: list[tuple[Rollout, Graded, list[Problem]]] = []
     kept_groups, sampled, rounds = 0, 0, 0
     batch_problems = problems
     while True:
         with timer("rollout"):
-            rollout = _sample(cfg, policy, tokenizer, batch_problems)
+            rollout = _sample(cfg, backend, tokenizer, batch_problems)
         faults.maybe_kill("rollout")
         with timer("reward"):
             graded = grade(cfg, rollout, batch_problems, reward)
@@ -197,7 +203,10 @@ def _variance(sums: torch.Tensor) -> float:
 
 
 def _sample(
-    cfg: TrainConfig, policy: Policy, tokenizer: PreTrainedTokenizerBase, problems: list[Problem]
+    cfg: TrainConfig,
+    backend: RolloutBackend,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
 ) -> Rollout:
     rollout_cfg = cfg.rollout
     prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
@@ -209,7 +218,7 @@ def _sample(
         max_new_tokens=rollout_cfg.max_new_tokens,
         batch_size=rollout_cfg.batch_size,
     )
-    return generate(policy.lm, tokenizer, prompts, sampling, share_prompts=policy.share_prompts)
+    return backend.generate(prompts, sampling)
 
 
 def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:

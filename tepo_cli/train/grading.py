@@ -15,7 +15,7 @@ from tepo_cli.algos import overlong_penalty, resolve_overlong_lengths
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.data.arith import Problem
 from tepo_cli.rewards import Reward
-from tepo_cli.rollout.hf import Rollout
+from tepo_cli.rollout import Rollout
 
 
 @dataclass

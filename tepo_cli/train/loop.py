@@ -29,7 +29,7 @@ from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rewards import build_reward
-from tepo_cli.rollout.hf import Sampling
+from tepo_cli.rollout import RolloutBackend, Sampling, build_backend
 from tepo_cli.train import checkpoint, faults
 from tepo_cli.train import experience as exp
 from tepo_cli.train.atomic_dir import write_directory
@@ -101,6 +101,8 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     policy: Policy = engine.module
     generator = torch.Generator().manual_seed(cfg.seed)
     start = _load_checkpoint(engine, resume_from, topo, critic_engine)
+    # After the checkpoint: an engine of its own starts from the resumed weights.
+    backend = build_backend(cfg.rollout, policy.lm, tokenizer, policy.share_prompts)
     stream = CountingStream(task.train_stream(cfg.seed), start.trainer_state.get("stream_drawn", 0))
     # DAPO refills come from a per-rank stream, so ranks never wait on each other's draws.
     refill = (
@@ -125,7 +127,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     with log or contextlib.nullcontext(), StopSignals() as signals:
         if cfg.trainer.eval_before and start.step == 0:
             summary["eval_before"] = _evaluate(
-                cfg, policy, tokenizer, task, reward, topo, log, 0, "before"
+                cfg, backend, tokenizer, task, reward, topo, log, 0, "before"
             )
         for step in range(start.step + 1, cfg.trainer.max_steps + 1):
             faults.enter_step(step)
@@ -141,11 +143,13 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 reward,
                 refill,
                 critic_engine.module if critic_engine is not None else None,
+                backend,
             )
             update_start = time.perf_counter()
             skipped_before = skipped_optimizer_steps(engine)
             metrics = update(cfg, engine, experience, generator, critic_engine)
             metrics["update_seconds"] = time.perf_counter() - update_start
+            metrics["sync_seconds"] = backend.sync(policy.lm)
             skipped = skipped_optimizer_steps(engine) - skipped_before
             metrics["skipped_optimizer_steps"] = skipped
             record = step_record(
@@ -163,7 +167,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 and step % cfg.trainer.eval_every == 0
                 and step < cfg.trainer.max_steps
             ):
-                _evaluate(cfg, policy, tokenizer, task, reward, topo, log, step, "during")
+                _evaluate(cfg, backend, tokenizer, task, reward, topo, log, step, "during")
             signum = signals.requested(topo.device)
             if signum or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
                 trainer_state = {
@@ -197,7 +201,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 torch_optimizer(owner).state.clear()
         if cfg.trainer.eval_after:
             summary["eval_after"] = _evaluate(
-                cfg, policy, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"
+                cfg, backend, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"
             )
         if step_seconds:
             summary["median_step_seconds"] = float(np.median(step_seconds))
@@ -325,7 +329,7 @@ def _frozen_reference(model: Policy, cfg: TrainConfig) -> Policy:
 
 
 def _evaluate(
-    cfg, policy, tokenizer, task, reward, topo: Topology, log, step: int, when: str
+    cfg, backend: RolloutBackend, tokenizer, task, reward, topo: Topology, log, step: int, when: str
 ) -> float:
     """Greedy accuracy on the held-out split; ranks evaluate disjoint shards and add up."""
     problems: list[Problem] = task.eval_problems()[topo.rank :: topo.world_size]
@@ -335,7 +339,7 @@ def _evaluate(
         max_new_tokens=cfg.rollout.max_new_tokens,
         batch_size=cfg.rollout.batch_size,
     )
-    result = evaluate(policy.lm, tokenizer, problems, cfg.benchmark, reward, sampling)
+    result = evaluate(backend, tokenizer, problems, cfg.benchmark, reward, sampling)
     totals = torch.tensor([result.accuracy * result.samples, result.samples], dtype=torch.float64)
     if dist.is_initialized() and topo.world_size > 1:
         totals = totals.to(topo.device)

@@ -24,7 +24,8 @@ from tepo_cli.data.arith import Problem
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
-from tepo_cli.rollout.hf import Rollout, Sampling, generate
+from tepo_cli.rollout import Rollout, Sampling
+from tepo_cli.rollout.hf import generate
 from tepo_cli.train import faults
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.sequences import SequenceBatch
