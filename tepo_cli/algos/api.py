@@ -27,6 +27,7 @@ def policy_loss(
     mtp_logp: Tensor | None = None,
     old_mtp_logp: Tensor | None = None,
     old_entropy_term: Tensor | None = None,
+    token_weights: Tensor | None = None,
     **overrides: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss (0-dim: policy term + KL term) and float metrics of objective `algo` on B responses.
@@ -45,6 +46,9 @@ def policy_loss(
                  after t (current with grad, and rollout). Ignored entries may hold anything.
     old_entropy_term: [B, T] S = Σ_j p_j²(log p_j + H) of the rollout policy, required by TEPO's
                  mask_criterion=first_order (tepo_cli.kernels.token_entropy_terms).
+    token_weights: [B, T] ≥ 0, detached: each token's policy term is multiplied by its weight
+                 (rollout–training mismatch correction, tepo_cli.algos.mismatch); the KL term is
+                 not. None = 1 everywhere.
     overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
                  normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
                  `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
@@ -68,6 +72,7 @@ def policy_loss(
         mtp_logp=mtp_logp,
         old_mtp_logp=old_mtp_logp,
         old_entropy_term=old_entropy_term,
+        token_weights=token_weights,
         **normalisers,
     )
     require_inputs(batch, cfg)

@@ -25,6 +25,8 @@ class PolicyBatch:
     MPO with `future=mtp` reads `mtp_logp` / `old_mtp_logp` [B, T, K−1]: entry [b, t, n−2] is the
     log-prob, under MTP depth n at anchor t, of the token n−1 valid positions after t (0 where
     that token does not exist). TEPO's `first_order` mask reads `old_entropy_term` [B, T].
+    `token_weights` [B, T] (None = 1) multiply each token's policy term: the rollout–training
+    mismatch correction (algos/mismatch.py); a plugin that builds its own surrogate applies them.
     """
 
     logp: Tensor
@@ -37,6 +39,7 @@ class PolicyBatch:
     mtp_logp: Tensor | None = None
     old_mtp_logp: Tensor | None = None
     old_entropy_term: Tensor | None = None
+    token_weights: Tensor | None = None
     num_tokens: Count | None = None
     num_seqs: Count | None = None
     max_len: Count | None = None
@@ -60,6 +63,7 @@ def make_policy_batch(
     mtp_logp: Tensor | None = None,
     old_mtp_logp: Tensor | None = None,
     old_entropy_term: Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> PolicyBatch:
     """Check the inputs (ValueError naming the argument) and build a `PolicyBatch`."""
     if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
@@ -84,6 +88,7 @@ def make_policy_batch(
         "entropy": entropy,
         "old_entropy": old_entropy,
         "old_entropy_term": old_entropy_term,
+        "token_weights": token_weights,
     }
     for name, tensor in tensors.items():
         if tensor is None:
@@ -121,6 +126,7 @@ def make_policy_batch(
         mtp_logp=clean(mtp_logp, detach=False),
         old_mtp_logp=clean(old_mtp_logp, detach=True),
         old_entropy_term=clean(old_entropy_term, detach=True),
+        token_weights=clean(token_weights, detach=True),
         **counts,
     )
 

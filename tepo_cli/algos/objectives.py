@@ -67,6 +67,8 @@ def policy_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, 
     surrogate, flags = clipped_surrogate(
         ratio, advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip
     )
+    if batch.token_weights is not None:  # mismatch correction (algos/mismatch.py)
+        surrogate = surrogate * batch.token_weights.to(surrogate.dtype)
     loss = aggregate(surrogate, batch.mask, cfg.loss_agg, **batch.normalisers)
     mask = batch.mask
     metrics = {

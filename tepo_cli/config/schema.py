@@ -164,6 +164,26 @@ class RolloutConfig(Strict):
     top_k: int = Field(default=0, ge=0)
     max_new_tokens: int = Field(default=16, ge=1)
     batch_size: int = Field(default=64, ge=1)
+    correction: Literal["auto", "none", "token_tis", "seq_mask"] = "auto"
+    correction_cap: float = Field(default=3.0, gt=1.0)
+
+    @model_validator(mode="after")
+    def _check_correction(self) -> RolloutConfig:
+        if self.backend == "hf" and self.correction not in ("auto", "none"):
+            raise ValueError(
+                f"rollout.correction={self.correction} corrects the gap between a rollout engine's "
+                "log-probs and the trainer's, but with rollout=hf the trainer's own model "
+                "generates: there is no gap. Use rollout.correction=auto or none with hf."
+            )
+        return self
+
+    @property
+    def correction_mode(self) -> str:
+        """auto = TRL's default (sequence mask, C = 3) for an engine that is not the trainer,
+        none for hf (docs/objectives.md §0.8)."""
+        if self.correction != "auto":
+            return self.correction
+        return "none" if self.backend == "hf" else "seq_mask"
 
 
 class DeepSpeedConfig(Strict):

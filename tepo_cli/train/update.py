@@ -18,6 +18,7 @@ import torch.distributed as dist
 from tepo_cli.algos import policy_loss
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.gae import value_loss
+from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.train import faults
@@ -47,7 +48,8 @@ def update(
     seconds: dict[str, float] = defaultdict(float)  # summed over the step, not averaged
     micro_count = 0
     grad_norms, critic_norms = [], []
-    for _ in range(cfg.trainer.ppo_epochs):
+    tally = MismatchTally() if experience.rollout.logprobs is not None else None
+    for epoch in range(cfg.trainer.ppo_epochs):
         order = (
             torch.randperm(len(batch), generator=generator)
             if not on_policy(cfg)
@@ -66,7 +68,15 @@ def update(
             own_norm = critic_own_norm = None
             for index, rows in enumerate(micro_batches):
                 metrics = _forward_backward(
-                    cfg, engine, experience, rows, num_tokens, num_seqs, world, seconds
+                    cfg,
+                    engine,
+                    experience,
+                    rows,
+                    num_tokens,
+                    num_seqs,
+                    world,
+                    seconds,
+                    tally if epoch == 0 else None,  # each row counted once
                 )
                 if critic_engine is not None:
                     metrics.update(
@@ -105,7 +115,20 @@ def update(
     if critic_norms:
         result["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
     result.update(experience.critic_metrics)
+    if tally is not None:
+        result.update(_mismatch_metrics(tally, engine.device))
     return result
+
+
+def _mismatch_metrics(tally: MismatchTally, device: torch.device) -> dict[str, float]:
+    """The step's mismatch metrics over every rank's rows."""
+    sums = tally.as_tensor()
+    largest = torch.tensor([tally.abs_max], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        sums, largest = sums.to(device), largest.to(device)
+        dist.all_reduce(sums)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return MismatchTally.metrics(sums.cpu(), float(largest.item()))
 
 
 def _forward_backward(
@@ -117,6 +140,7 @@ def _forward_backward(
     num_seqs: float,
     world: int,
     seconds: dict[str, float],
+    tally: MismatchTally | None = None,
 ) -> dict[str, float]:
     began = time.perf_counter()
     part = experience.batch.select(rows)
@@ -138,13 +162,23 @@ def _forward_backward(
         old_entropy = _rows(experience.old_entropy, rows, width)
         old_entropy_term = _rows(experience.old_entropy_term, rows, width)
         old_mtp_logp = _rows(experience.old_mtp_logp, rows, width)
+    advantages = (
+        _rows(experience.advantages, rows, width)
+        if experience.advantages.dim() == 2
+        else experience.advantages[rows]
+    )
+    rollout_logp = _rows(experience.rollout.logprobs, rows, width)
+    weights = None
+    if rollout_logp is not None:  # an engine that is not the trainer sampled (docs §0.8)
+        mode, cap = cfg.rollout.correction_mode, cfg.rollout.correction_cap
+        weights = correction_weights(old_logp, rollout_logp, part.response_mask, mode, cap)
+        if tally is not None:
+            tally.add(old_logp, rollout_logp, part.response_mask, weights, mode, cap)
     loss, metrics = policy_loss(
         algo,
         logp,
         old_logp,
-        _rows(experience.advantages, rows, width)
-        if experience.advantages.dim() == 2
-        else experience.advantages[rows],
+        advantages,
         part.response_mask,
         ref_logp=_rows(experience.ref_logp, rows, width),
         entropy=entropy,
@@ -152,6 +186,7 @@ def _forward_backward(
         mtp_logp=mtp_logp,
         old_mtp_logp=old_mtp_logp,
         old_entropy_term=old_entropy_term,
+        token_weights=weights,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         max_len=cfg.rollout.max_new_tokens,

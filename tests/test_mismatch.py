@@ -1,0 +1,258 @@
+"""Rollout–training mismatch correction (docs/objectives.md §0.8, invariant 12): float64
+references for truncated IS and the sequence mask, the exact no-op when the engine's log-probs
+are the trainer's, and the correction inside a real update."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from tepo_cli.algos import policy_loss
+from tepo_cli.algos.advantage import group_advantages
+from tepo_cli.algos.mismatch import MismatchTally, correction_weights
+from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.validate import load_train_config
+from tepo_cli.rollout import Rollout
+from tepo_cli.train import experience as exp
+from tepo_cli.train.distributed import setup_topology, teardown
+from tepo_cli.train.engine import build_engine
+from tepo_cli.train.policy import Policy
+from tepo_cli.train.sequences import SequenceBatch
+from tepo_cli.train.update import accumulation_steps, update
+
+CAP = 3.0
+
+
+def _logps(rows: int = 4, width: int = 6, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    old = -torch.rand(rows, width, generator=generator, dtype=torch.float64) * 3
+    rollout = old + torch.randn(rows, width, generator=generator, dtype=torch.float64) * 1.5
+    mask = torch.ones(rows, width, dtype=torch.bool)
+    mask[1, 4:] = False  # right padding
+    mask[2, :2] = False  # left padding
+    mask[3, :] = False  # nothing generated
+    return old, rollout, mask
+
+
+def test_token_tis_matches_a_float64_reference():
+    old, rollout, mask = _logps()
+    weights = correction_weights(old, rollout, mask, "token_tis", CAP)
+    for b in range(old.shape[0]):
+        for t in range(old.shape[1]):
+            expected = min(math.exp(old[b, t] - rollout[b, t]), CAP) if mask[b, t] else 0.0
+            assert math.isclose(float(weights[b, t]), expected, rel_tol=1e-15, abs_tol=0)
+    assert (weights[mask] < CAP).any() and (weights[mask] == CAP).any()  # both sides exercised
+
+
+def test_seq_mask_keeps_responses_whose_geometric_mean_weight_lies_in_the_band():
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    mask[2, 2] = False
+    old = torch.zeros(4, 3, dtype=torch.float64)
+    gaps = torch.tensor(  # old - rollout, per token
+        [[0.5, -0.5, 1.0], [1.2, 1.2, 1.2], [-1.0, -1.0, 9.0], [math.log(3), 0.0, 0.0]],
+        dtype=torch.float64,
+    )
+    weights = correction_weights(old, old - gaps, mask, "seq_mask", CAP)
+    expected_keep = []
+    for b in range(4):
+        valid = [float(gaps[b, t]) for t in range(3) if mask[b, t]]
+        mean = math.exp(sum(valid) / len(valid))
+        expected_keep.append(1.0 / CAP <= mean <= CAP)
+    # row 0: e^(1/3) -> kept; row 1: e^1.2 > 3 -> masked; row 2: the padded 9.0 is ignored,
+    # e^-1 > 1/3 -> kept; row 3: e^(log 3 / 3) -> kept
+    assert expected_keep == [True, False, True, True]
+    for b, keep in enumerate(expected_keep):
+        assert torch.equal(weights[b], mask[b].double() * float(keep))
+    tally = MismatchTally()
+    tally.add(old, old - gaps, mask, weights, "seq_mask", CAP)
+    metrics = MismatchTally.metrics(tally.as_tensor(), tally.abs_max)
+    valid_gaps = gaps[mask].abs()
+    assert metrics["mismatch_masked_frac"] == 0.25
+    assert math.isclose(metrics["mismatch_abs_mean"], float(valid_gaps.mean()), rel_tol=1e-15)
+    assert metrics["mismatch_abs_max"] == 1.2  # the padded 9.0 is not a token
+
+
+def test_token_tis_tally_counts_the_truncated_tokens():
+    old, rollout, mask = _logps()
+    weights = correction_weights(old, rollout, mask, "token_tis", CAP)
+    tally = MismatchTally()
+    tally.add(old, rollout, mask, weights, "token_tis", CAP)
+    metrics = MismatchTally.metrics(tally.as_tensor(), tally.abs_max)
+    truncated = sum(
+        1 for b, t in mask.nonzero().tolist() if math.exp(old[b, t] - rollout[b, t]) > CAP
+    )
+    assert metrics["mismatch_truncated_frac"] == truncated / int(mask.sum()) > 0
+    assert metrics["mismatch_masked_frac"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["none", "token_tis", "seq_mask"])
+def test_equal_log_probs_give_weights_of_exactly_one(mode):
+    old, _, mask = _logps()
+    weights = correction_weights(old, old.clone(), mask, mode, CAP)
+    assert torch.equal(weights, mask.double())
+
+
+def _off_policy_batch(seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    rows, width = 4, 7
+    mask = torch.ones(rows, width, dtype=torch.bool)
+    mask[0, 5:] = False
+    mask[3, :2] = False
+    old = -torch.rand(rows, width, generator=generator, dtype=torch.float64) * 2
+    logp = old + torch.randn(rows, width, generator=generator, dtype=torch.float64) * 0.3
+    ref = old + torch.randn(rows, width, generator=generator, dtype=torch.float64) * 0.1
+    entropy = torch.rand(rows, width, generator=generator, dtype=torch.float64) * 2
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
+    return logp.requires_grad_(), old, ref, entropy, advantages, mask
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint"])
+def test_weights_of_one_leave_every_objective_unchanged(algo):
+    """Invariant 12: with ℓ^roll = ℓ^old the corrected loss and gradient are the uncorrected ones,
+    bit for bit."""
+    logp, old, ref, entropy, advantages, mask = _off_policy_batch()
+    weights = correction_weights(old, old.clone(), mask, "token_tis", CAP)
+    common = dict(ref_logp=ref, entropy=entropy.clone(), old_entropy=entropy, num_tokens=20.0)
+    plain, _ = policy_loss(algo, logp, old, advantages, mask, **common)
+    (plain_grad,) = torch.autograd.grad(plain, logp)
+    corrected, _ = policy_loss(algo, logp, old, advantages, mask, token_weights=weights, **common)
+    (corrected_grad,) = torch.autograd.grad(corrected, logp)
+    assert torch.equal(plain, corrected) and torch.equal(plain_grad, corrected_grad)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "gspo", "mpo_exact"])
+def test_a_masked_response_contributes_nothing_but_still_counts(algo):
+    """seq_mask: weight 0 on a response = that response with no policy term, same normalisers."""
+    logp, old, _, _, advantages, mask = _off_policy_batch()
+    weights = mask.double()
+    weights[1] = 0.0
+    beta0 = dict(beta=0.0, num_tokens=float(mask.sum()), num_seqs=4.0)
+    corrected, _ = policy_loss(algo, logp, old, advantages, mask, token_weights=weights, **beta0)
+    silenced = advantages.clone()
+    silenced[1] = 0.0
+    expected, _ = policy_loss(algo, logp, old, silenced, mask, **beta0)
+    assert math.isclose(float(corrected), float(expected), rel_tol=1e-14, abs_tol=1e-16)
+    (grad,) = torch.autograd.grad(corrected, logp)
+    assert torch.equal(grad[1], torch.zeros_like(grad[1]))
+
+
+def test_token_weights_scale_each_tokens_policy_term():
+    logp, old, _, _, advantages, mask = _off_policy_batch()
+    weights = torch.rand(
+        mask.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
+    count = float(mask.sum())
+    corrected, _ = policy_loss(
+        "grpo",
+        logp,
+        old,
+        advantages,
+        mask,
+        token_weights=weights,
+        beta=0.0,
+        loss_agg="token-mean",
+        num_tokens=count,
+    )
+    ratio = torch.exp(logp.detach() - old)
+    surrogate = -torch.minimum(
+        ratio * advantages[:, None], ratio.clamp(0.8, 1.2) * advantages[:, None]
+    )
+    expected = float((surrogate * weights)[mask].sum()) / count
+    assert math.isclose(float(corrected), expected, rel_tol=1e-13)
+
+
+def test_correction_settings_are_checked(compose_config):
+    cfg = load_train_config(compose_config("train", ["model=tiny"]))
+    assert cfg.rollout.correction_mode == "none"  # hf: the trainer generates
+    with pytest.raises(ConfigError, match=r"rollout\.correction=token_tis"):
+        load_train_config(compose_config("train", ["model=tiny", "rollout.correction=token_tis"]))
+    with pytest.raises(ConfigError, match="correction_cap"):
+        load_train_config(compose_config("train", ["model=tiny", "rollout.correction_cap=1.0"]))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        correction_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), "tis", CAP)
+
+
+@pytest.fixture()
+def two_engines(compose_config, tiny_model):
+    """Two DeepSpeed engines over identical copies of the tiny policy, and the config."""
+    cfg = load_train_config(
+        compose_config(
+            "train",
+            [
+                "model=tiny",
+                "rollout.n=4",
+                "trainer.prompts_per_step=2",
+                "trainer.lr=1e-3",
+                "algo.beta=0",
+            ],
+        )
+    )
+    # The check on rollout=hf is a config rule; the update itself corrects whatever log-probs
+    # a rollout carries, with the mode an engine of its own gets by default.
+    cfg.rollout.correction = "seq_mask"
+    setup_topology(num_threads=None)
+    try:
+        steps = accumulation_steps(cfg)
+        first = build_engine(Policy(copy.deepcopy(tiny_model), cfg.kernel), cfg, steps, 1)
+        second = build_engine(Policy(tiny_model, cfg.kernel), cfg, steps, 1)
+        yield first, second, cfg
+    finally:
+        teardown()
+
+
+def _experience(cfg, engine, rollout_logp_shift: float | None, shifted_row: int = 5):
+    generator = torch.Generator().manual_seed(0)
+    rows, width = 8, 5
+    completion_mask = torch.ones(rows, width, dtype=torch.bool)
+    completion_mask[2, 3:] = False
+    rollout = Rollout(
+        prompt_ids=torch.randint(3, 60, (rows, 4), generator=generator),
+        prompt_mask=torch.ones(rows, 4, dtype=torch.long),
+        completion_ids=torch.randint(3, 60, (rows, width), generator=generator),
+        completion_mask=completion_mask,
+        texts=[""] * rows,
+        truncated=torch.zeros(rows, dtype=torch.bool),
+    )
+    rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 0])
+    batch = SequenceBatch.from_rollout(rollout)
+    if rollout_logp_shift is not None:
+        with torch.no_grad():
+            logp = engine.module(batch, cfg.rollout.temperature).logp
+        logp = torch.where(batch.response_mask, logp, 0.0)
+        logp[shifted_row] += rollout_logp_shift * batch.response_mask[shifted_row]
+        rollout.logprobs = logp
+    advantages = group_advantages(rewards, 4)
+    return exp.Experience([], rollout, batch, rewards, rewards.bool(), advantages)
+
+
+def test_update_with_the_trainers_own_log_probs_is_the_uncorrected_update(two_engines):
+    first, second, cfg = two_engines
+    plain = update(cfg, first, _experience(cfg, first, None), torch.Generator().manual_seed(0))
+    corrected = update(cfg, second, _experience(cfg, second, 0.0), torch.Generator().manual_seed(0))
+    # The same weights scored without and with autograd agree to float32 rounding only; the
+    # sequence mask's weights are then exactly 1.
+    assert corrected["mismatch_abs_max"] < 1e-5
+    assert corrected["mismatch_masked_frac"] == 0.0
+    assert corrected["loss"] == plain["loss"]
+    for a, b in zip(first.module.parameters(), second.module.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_update_leaves_out_a_response_the_engine_sampled_too_differently(two_engines):
+    """Row 5's engine log-probs are 2 nats below the trainer's on every token: w = e^2 > C, so
+    the sequence mask drops it, which is the update with row 5's advantage set to 0."""
+    first, second, cfg = two_engines
+    masked = _experience(cfg, first, -2.0)
+    result = update(cfg, first, masked, torch.Generator().manual_seed(0))
+    assert result["mismatch_masked_frac"] == 1 / 8
+    assert math.isclose(result["mismatch_abs_max"], 2.0, rel_tol=1e-6)
+    silenced = _experience(cfg, second, 0.0)
+    silenced.advantages = silenced.advantages.clone()
+    assert silenced.advantages[5] != 0  # the mask does change this update
+    silenced.advantages[5] = 0.0
+    update(cfg, second, silenced, torch.Generator().manual_seed(0))
+    for a, b in zip(first.module.parameters(), second.module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
