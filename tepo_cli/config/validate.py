@@ -73,7 +73,7 @@ def _explain_one(
     model: type[BaseModel], err: Mapping[str, Any], config_name: str, choices: Mapping[str, str]
 ) -> str:
     loc = [str(part) for part in err["loc"] if not str(part).startswith("function-after")]
-    key = ".".join(loc) or "(top level)"
+    key = ".".join(loc)
     where = _doc_file(loc, config_name, choices)
     if err["type"] == "extra_forbidden":
         parent = _model_at(model, loc[:-1])
@@ -89,7 +89,9 @@ def _explain_one(
         return f"'{key}' is required but not set (see {where})."
     message = err["msg"][0].lower() + err["msg"][1:]
     message = message.removeprefix("value error, ")
-    if not loc or loc[-1] not in _fields_of(model, loc[:-1]) or isinstance(err["input"], dict):
+    if not loc:  # a rule across groups (e.g. advantage x rollout): its message names the keys
+        return f"{message} (see {where})."
+    if loc[-1] not in _fields_of(model, loc[:-1]) or isinstance(err["input"], dict):
         return f"{key}: {message} (see {where})."
     return f"{key}={describe_value(err['input'])} is not allowed: {message} (see {where})."
 
