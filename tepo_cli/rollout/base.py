@@ -79,15 +79,11 @@ class Sampling:
 class RolloutBackend(Protocol):
     """A generation engine, as train and eval see it (rollout/__init__.py names the back-ends).
 
-    `generate` samples `sampling.n` completions per prompt. `sync` makes the engine generate
-    with the trainer's current weights; the trainer calls it after every optimizer step and
-    before every held-out evaluation, and it returns the seconds it took. `separate_engine` is
-    True when the engine computes its own log-probs (rollout–training mismatch: §0.8 of
-    docs/objectives.md applies).
+    `generate` samples `sampling.n` completions per prompt; an engine with kernels of its own
+    also returns its log-probs of the sampled tokens (`Rollout.logprobs`, corrected for as in
+    docs/objectives.md §0.8). `sync` makes the engine generate with the trainer's current weights;
+    the trainer calls it after every optimizer step, and it returns the seconds it took.
     """
-
-    name: str
-    separate_engine: bool
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout: ...
 

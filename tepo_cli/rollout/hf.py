@@ -23,9 +23,6 @@ from tepo_cli.rollout.base import (
 class HfBackend:
     """Generation with the policy's own transformers model."""
 
-    name = "hf"
-    separate_engine = False
-
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prompts: bool
     ) -> None:

@@ -21,15 +21,13 @@ import torch.distributed as dist
 
 from tepo_cli.config.errors import ConfigError, RunError, StopRequested
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import Problem
 from tepo_cli.data.tasks import DatasetTask, build_task
-from tepo_cli.eval.accuracy import evaluate
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rewards import build_reward
-from tepo_cli.rollout import RolloutBackend, Sampling, build_backend
+from tepo_cli.rollout import build_backend
 from tepo_cli.train import checkpoint, faults
 from tepo_cli.train import experience as exp
 from tepo_cli.train.atomic_dir import write_directory
@@ -37,6 +35,7 @@ from tepo_cli.train.critic_files import CRITIC_DIR, build_critic, save_critic
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine
 from tepo_cli.train.guards import skipped_optimizer_steps, torch_optimizer
+from tepo_cli.train.held_out import held_out_accuracy
 from tepo_cli.train.host_memory import return_freed_buffers
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.mtp_files import MTP_FILE, mtp_unsupported_message, save_mtp_modules
@@ -126,7 +125,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     bad_in_row: int = start.trainer_state.get("bad_steps_in_row", 0)
     with log or contextlib.nullcontext(), StopSignals() as signals:
         if cfg.trainer.eval_before and start.step == 0:
-            summary["eval_before"] = _evaluate(
+            summary["eval_before"] = held_out_accuracy(
                 cfg, backend, tokenizer, task, reward, topo, log, 0, "before"
             )
         for step in range(start.step + 1, cfg.trainer.max_steps + 1):
@@ -167,7 +166,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 and step % cfg.trainer.eval_every == 0
                 and step < cfg.trainer.max_steps
             ):
-                _evaluate(cfg, backend, tokenizer, task, reward, topo, log, step, "during")
+                held_out_accuracy(cfg, backend, tokenizer, task, reward, topo, log, step, "during")
             signum = signals.requested(topo.device)
             if signum or (cfg.trainer.save_every and step % cfg.trainer.save_every == 0):
                 trainer_state = {
@@ -200,7 +199,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
             if owner is not None:
                 torch_optimizer(owner).state.clear()
         if cfg.trainer.eval_after:
-            summary["eval_after"] = _evaluate(
+            summary["eval_after"] = held_out_accuracy(
                 cfg, backend, tokenizer, task, reward, topo, log, cfg.trainer.max_steps, "after"
             )
         if step_seconds:
@@ -326,37 +325,6 @@ def _frozen_reference(model: Policy, cfg: TrainConfig) -> Policy:
     reference.eval()
     reference.requires_grad_(False)
     return reference
-
-
-def _evaluate(
-    cfg, backend: RolloutBackend, tokenizer, task, reward, topo: Topology, log, step: int, when: str
-) -> float:
-    """Greedy accuracy on the held-out split; ranks evaluate disjoint shards and add up."""
-    problems: list[Problem] = task.eval_problems()[topo.rank :: topo.world_size]
-    sampling = Sampling(
-        n=1,
-        greedy=True,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        batch_size=cfg.rollout.batch_size,
-    )
-    result = evaluate(backend, tokenizer, problems, cfg.benchmark, reward, sampling)
-    totals = torch.tensor([result.accuracy * result.samples, result.samples], dtype=torch.float64)
-    if dist.is_initialized() and topo.world_size > 1:
-        totals = totals.to(topo.device)
-        dist.all_reduce(totals)
-        totals = totals.cpu()
-    accuracy = float(totals[0] / totals[1])
-    if log is not None:
-        log.evaluation(
-            {
-                "step": step,
-                "when": when,
-                "accuracy": accuracy,
-                "problems": int(totals[1]),
-                "seconds": result.seconds,
-            }
-        )
-    return accuracy
 
 
 def _rank_checksums(engine: Any, topo: Topology) -> list[float]:

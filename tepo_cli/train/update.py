@@ -131,6 +131,26 @@ def _mismatch_metrics(tally: MismatchTally, device: torch.device) -> dict[str, f
     return MismatchTally.metrics(sums.cpu(), float(largest.item()))
 
 
+def _mismatch_weights(
+    cfg: TrainConfig,
+    experience: Experience,
+    rows: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor,
+    tally: MismatchTally | None,
+) -> torch.Tensor | None:
+    """Each token's mismatch weight when an engine that is not the trainer sampled (docs §0.8);
+    None when nothing is corrected."""
+    rollout_logp = _rows(experience.rollout.logprobs, rows, mask.shape[1])
+    if rollout_logp is None:
+        return None
+    mode, cap = cfg.rollout.correction_mode, cfg.rollout.correction_cap
+    weights = correction_weights(old_logp, rollout_logp, mask, mode, cap)
+    if tally is not None:
+        tally.add(old_logp, rollout_logp, mask, weights, mode, cap)
+    return None if mode == "none" else weights
+
+
 def _forward_backward(
     cfg: TrainConfig,
     engine: Any,
@@ -167,13 +187,7 @@ def _forward_backward(
         if experience.advantages.dim() == 2
         else experience.advantages[rows]
     )
-    rollout_logp = _rows(experience.rollout.logprobs, rows, width)
-    weights = None
-    if rollout_logp is not None:  # an engine that is not the trainer sampled (docs §0.8)
-        mode, cap = cfg.rollout.correction_mode, cfg.rollout.correction_cap
-        weights = correction_weights(old_logp, rollout_logp, part.response_mask, mode, cap)
-        if tally is not None:
-            tally.add(old_logp, rollout_logp, part.response_mask, weights, mode, cap)
+    weights = _mismatch_weights(cfg, experience, rows, old_logp, part.response_mask, tally)
     loss, metrics = policy_loss(
         algo,
         logp,
