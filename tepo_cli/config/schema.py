@@ -32,8 +32,8 @@ class ModelConfig(Strict):
     hidden_size: int = Field(default=64, ge=8)
     intermediate_size: int = Field(default=128, ge=8)
     num_hidden_layers: int = Field(default=2, ge=1)
-    num_attention_heads: int = Field(default=4, ge=1)
-    num_key_value_heads: int = Field(default=2, ge=1)
+    num_attention_heads: int = Field(default=2, ge=1)
+    num_key_value_heads: int = Field(default=1, ge=1)
     init_seed: int = 0
 
     @model_validator(mode="after")
@@ -156,8 +156,19 @@ _GRPO_KNOBS = {"scale", "eps"}
 _GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path", "save_critic"}
 
 
+class EngineConfig(Strict):
+    """A rollout engine's own knobs (rollout=vllm; conf/rollout/vllm.yaml says what each does)."""
+
+    max_model_len: int = Field(default=2048, ge=16)
+    kv_cache_gib: int = Field(default=2, ge=1)
+    gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
+    max_num_seqs: int = Field(default=256, ge=1)
+    enforce_eager: bool = True
+    prefix_caching: bool = True
+
+
 class RolloutConfig(Strict):
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = "hf"
     n: int = Field(default=8, ge=1)
     temperature: float = Field(default=0.7, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -166,6 +177,7 @@ class RolloutConfig(Strict):
     batch_size: int = Field(default=64, ge=1)
     correction: Literal["auto", "none", "token_tis", "seq_mask"] = "auto"
     correction_cap: float = Field(default=3.0, gt=1.0)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")
     def _check_correction(self) -> RolloutConfig:
@@ -328,6 +340,7 @@ class EvalOptions(Strict):
 class EvalConfig(Strict):
     seed: int = 0
     model: ModelConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # the back-end; eval.* samples
     benchmark: BenchmarkConfig
     reward: RewardConfig
     eval: EvalOptions = Field(default_factory=EvalOptions)

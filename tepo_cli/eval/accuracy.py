@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ def sample_and_grade(
     for start in range(0, len(problems), per_batch):
         chunk = problems[start : start + per_batch]
         prompts = [render_prompt(tokenizer, benchmark, p.question) for p in chunk]
-        rollout = backend.generate(prompts, sampling)
+        rollout = backend.generate(prompts, _batch_seeded(sampling, start))
         owners = [p for p in chunk for _ in range(sampling.n)]
         results = reward.score_many(rollout.texts, owners)
         yield [
@@ -83,3 +84,10 @@ def evaluate(
         seconds=time.perf_counter() - start,
         records=records,
     )
+
+
+def _batch_seeded(sampling: Sampling, first_problem: int) -> Sampling:
+    """Seeds continue across batches: problem i of the list draws from seed + i * n + j."""
+    if sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + first_problem * sampling.n)

@@ -6,6 +6,7 @@ same command again with `hydra.run.dir=<that dir>` skips the problems already co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -33,6 +34,9 @@ def eval_job(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         config = load_eval_config(cfg, hydra_cfg.runtime.choices)
+        from tepo_cli.rollout import check_installed
+
+        check_installed(config.rollout)
         summary = run_eval(config, run_dir)
     except (ConfigError, RunError) as error:
         print(f"tepo eval: {error}", file=sys.stderr)
@@ -46,8 +50,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     from tepo_cli.eval.summary import summarize
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.rewards import build_reward
-    from tepo_cli.rollout import Sampling
-    from tepo_cli.rollout.hf import HfBackend
+    from tepo_cli.rollout import Sampling, build_backend
 
     options, benchmark = config.eval, config.benchmark
     problems = build_task(benchmark).eval_problems(options.limit)
@@ -63,6 +66,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         top_p=options.top_p,
         max_new_tokens=options.max_new_tokens or benchmark.max_new_tokens,
         batch_size=options.batch_size,
+        seed=config.seed,
     )
     start = time.perf_counter()
     if todo and config.model.source in ("reference", "replay"):
@@ -75,10 +79,11 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = load_tokenizer(config.model)
         model = load_model(config.model, tokenizer, device)
-        backend = HfBackend(model, tokenizer, config.model.share_prompts)
-        batches = sample_and_grade(backend, tokenizer, todo, benchmark, reward, sampling)
-        for batch in batches:
-            _append(run_dir / SAMPLES, batch, done)
+        backend = build_backend(config.rollout, model, tokenizer, config.model.share_prompts)
+        with contextlib.closing(backend):
+            batches = sample_and_grade(backend, tokenizer, todo, benchmark, reward, sampling)
+            for batch in batches:
+                _append(run_dir / SAMPLES, batch, done)
     seconds = time.perf_counter() - start
     records = [r for p in problems for r in done[p.id]]
     summary = {

@@ -74,6 +74,9 @@ class Sampling:
     top_k: int = 0
     max_new_tokens: int = 16
     batch_size: int = 64
+    # Engines that seed each request (vllm): prompt i's j-th sample draws from seed + i * n + j, so
+    # a run reproduces. None: the engine's own stream. hf draws from torch's global generator.
+    seed: int | None = None
 
 
 class RolloutBackend(Protocol):
@@ -82,12 +85,15 @@ class RolloutBackend(Protocol):
     `generate` samples `sampling.n` completions per prompt; an engine with kernels of its own
     also returns its log-probs of the sampled tokens (`Rollout.logprobs`, corrected for as in
     docs/objectives.md §0.8). `sync` makes the engine generate with the trainer's current weights;
-    the trainer calls it after every optimizer step, and it returns the seconds it took.
+    the trainer calls it after every optimizer step, and it returns the seconds it took. `close`
+    releases the engine at the end of a job.
     """
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout: ...
 
     def sync(self, lm: PreTrainedModel) -> float: ...
+
+    def close(self) -> None: ...
 
 
 def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,9 @@ class HfBackend:
         """Nothing to do: generate() reads the trainer's parameters themselves."""
         return 0.0
 
+    def close(self) -> None:
+        """Nothing to release: the model is the trainer's."""
+
 
 @torch.no_grad()
 def generate(

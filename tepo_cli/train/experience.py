@@ -6,6 +6,7 @@ Groups never straddle ranks (each rank owns whole prompts), so group statistics 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,10 +68,13 @@ def collect(
     refill: Iterator[Problem] | None = None,
     critic: Critic | None = None,
     backend: RolloutBackend | None = None,
+    seed: int | None = None,
 ) -> Experience:
     """Sample, grade and score one step's groups for this rank.
 
     `backend` generates (rollout/); None means transformers' generate() on the policy itself.
+    `seed` seeds engines that take per-request seeds (rollout_seed below); hf samples from torch's
+    generator, which checkpoints restore.
 
     With `algo.dynamic_sampling` (DAPO), groups whose answers are all right or all wrong are
     dropped and replaced by groups of fresh prompts from `refill`, up to `algo.max_refill_rounds`.
@@ -84,7 +88,8 @@ def collect(
     batch_problems = problems
     while True:
         with timer("rollout"):
-            rollout = _sample(cfg, backend, tokenizer, batch_problems)
+            round_seed = None if seed is None else seed + sampled * cfg.rollout.n
+            rollout = _sample(cfg, backend, tokenizer, batch_problems, round_seed)
         faults.maybe_kill("rollout")
         with timer("reward"):
             graded = grade(cfg, rollout, batch_problems, reward)
@@ -207,6 +212,7 @@ def _sample(
     backend: RolloutBackend,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
+    seed: int | None,
 ) -> Rollout:
     rollout_cfg = cfg.rollout
     prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
@@ -217,8 +223,16 @@ def _sample(
         top_k=rollout_cfg.top_k,
         max_new_tokens=rollout_cfg.max_new_tokens,
         batch_size=rollout_cfg.batch_size,
+        seed=seed,
     )
     return backend.generate(prompts, sampling)
+
+
+def rollout_seed(run_seed: int, step: int, rank: int) -> int:
+    """The first request seed of a step on a rank: a 40-bit hash of the three, so steps and ranks
+    draw apart and a resumed run draws what the uninterrupted one would have."""
+    digest = hashlib.sha256(f"{run_seed}/{step}/{rank}".encode()).digest()
+    return int.from_bytes(digest[:5], "big")
 
 
 def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -21,6 +21,9 @@ def train_job(cfg: DictConfig) -> None:
 
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
+        from tepo_cli.rollout import check_installed
+
+        check_installed(config.rollout)
         from tepo_cli.algos.plugins import load_objectives
 
         load_objectives(config.plugins, config.algo.name)

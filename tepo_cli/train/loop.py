@@ -123,7 +123,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
     }
     step_seconds: list[float] = start.trainer_state.get("step_seconds", [])
     bad_in_row: int = start.trainer_state.get("bad_steps_in_row", 0)
-    with log or contextlib.nullcontext(), StopSignals() as signals:
+    with log or contextlib.nullcontext(), StopSignals() as signals, contextlib.closing(backend):
         if cfg.trainer.eval_before and start.step == 0:
             summary["eval_before"] = held_out_accuracy(
                 cfg, backend, tokenizer, task, reward, topo, log, 0, "before"
@@ -143,6 +143,7 @@ def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
                 refill,
                 critic_engine.module if critic_engine is not None else None,
                 backend,
+                exp.rollout_seed(cfg.seed, step, topo.rank),
             )
             update_start = time.perf_counter()
             skipped_before = skipped_optimizer_steps(engine)
@@ -343,12 +344,13 @@ def _rank_checksums(engine: Any, topo: Topology) -> list[float]:
 def _save_final(engine: Any, tokenizer: Any, target: Path, topo: Topology) -> None:
     """save_pretrained into a staging directory renamed into place (never a half-written model)."""
     policy: Policy = engine.module
-    state_dict = None
+    consolidated = None
     if engine.zero_optimization_stage() == 3:
-        # Collective: every rank calls it; rank 0 gets the full weights.
-        state_dict = policy.hf_state_dict(engine._zero3_consolidated_16bit_state_dict())
+        # Collective: every rank calls it; rank 0 gets the full weights, the others None.
+        consolidated = engine._zero3_consolidated_16bit_state_dict()
     if not topo.is_main:
         return
+    state_dict = None if consolidated is None else policy.hf_state_dict(consolidated)
 
     def write(staging: Path) -> None:
         policy.lm.save_pretrained(staging, state_dict=state_dict)

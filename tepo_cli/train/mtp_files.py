@@ -25,12 +25,12 @@ METADATA_KEY = "tepo_mtp"
 def save_mtp_modules(engine: Any, cfg: TrainConfig, target: Path, topo: Topology) -> None:
     """Collective under ZeRO-3 (every rank calls it); rank 0 writes `target` atomically."""
     policy = engine.module
-    if engine.zero_optimization_stage() == 3:
-        state = policy.mtp_state_dict(engine._zero3_consolidated_16bit_state_dict())
-    else:
-        state = policy.mtp.state_dict()
+    zero3 = engine.zero_optimization_stage() == 3
+    # Collective under ZeRO-3: rank 0 gets the full weights, the others None.
+    consolidated = engine._zero3_consolidated_16bit_state_dict() if zero3 else None
     if not topo.is_main:
         return
+    state = policy.mtp_state_dict(consolidated) if zero3 else policy.mtp.state_dict()
     settings = {
         "format": "tepo-mtp-1",
         "depths": cfg.algo.mtp_depths,

@@ -1,0 +1,218 @@
+"""rollout=vllm vs rollout=hf, the same job on both back-ends, each run in its own process.
+
+    make install-vllm
+    python scripts/bench_vllm.py eval                   # tepo eval: GSM8K (first 100, 512 tokens)
+                                                        # and the held-out arithmetic split, greedy
+    python scripts/bench_vllm.py eval --limit 20        # a shorter GSM8K run
+    python scripts/bench_vllm.py step                   # bench_step.py's training job, 30 steps
+    python scripts/bench_vllm.py step --steps 5         # smoke run (numbers meaningless)
+
+`eval` runs `tepo eval` on each back-end with the same model, benchmark and settings (greedy,
+eval.batch_size prompts per engine call) and reads its summary.json: samples/s as tepo eval
+reports it (from model load to the last sample: vLLM's engine start and warm-up are included),
+accuracy, mean length. `step` runs the training job of scripts/bench_step.py (SmolLM2-135M,
+1-digit addition, 2 prompts x 8 samples, 16 new tokens, 30 steps) through benchstep.tepo_side
+with rollout=hf and with rollout=vllm: median s/step over steps 2-N, the split into generation,
+weight sync and update, peak RSS (wait4), and the rollout-trainer log-prob gap vLLM leaves.
+
+On a GPU machine pass --device cuda (and a model): the vllm package must be installed there;
+where it cannot be (a lent machine this repository is copied to has no vLLM wheel), only hf runs.
+Output: a Markdown table, printed and written to OUT/results.md; OUT/results.json holds the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchstep.job import Job, resolve_model
+from benchstep.procs import log_tail, python_module, run_child, thread_env
+
+SCRIPTS = Path(__file__).resolve().parent
+BACKENDS = ("hf", "vllm")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("mode", choices=["eval", "step"])
+    p.add_argument("--model", default="smollm2_135m", help="embedded model, a directory or hub id")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--limit", type=int, default=100, help="eval: GSM8K problems (default 100)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="eval: GSM8K answer limit")
+    p.add_argument("--batch-size", type=int, default=64, help="eval: prompts per engine call")
+    p.add_argument("--steps", type=int, default=30, help="step: optimizer steps (default 30)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
+    p.add_argument("--backends", default="hf,vllm", help="which back-ends (default hf,vllm)")
+    p.add_argument("--out", type=Path, help="results directory (default outputs/bench_vllm/<time>)")
+    args = p.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not args.backends or not set(args.backends) <= set(BACKENDS):
+        p.error("--backends takes hf, vllm or hf,vllm")
+    args.threads = args.threads or len(os.sched_getaffinity(0))
+    return args
+
+
+def child_env(threads: int, device: str) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path, **thread_env(threads)}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run(command: list[str], log: Path, args: argparse.Namespace) -> Any:
+    result = run_child(command, log, child_env(args.threads, args.device))
+    if result.returncode != 0:
+        sys.exit(f"bench_vllm: exit {result.returncode}; {log}:\n{log_tail(log)}")
+    return result
+
+
+def eval_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    model = ["model=hf", f"model.path={resolve_model(args.model)}", f"model.dtype={args.dtype}"]
+    settings = {
+        "gsm8k": [
+            "benchmark=gsm8k",
+            f"eval.limit={args.limit}",
+            f"eval.max_new_tokens={args.max_new_tokens}",
+        ],
+        "arith (held-out)": ["benchmark=arith"],
+    }
+    rows = []
+    for benchmark, overrides in settings.items():
+        for backend in args.backends:
+            name = f"{benchmark.split()[0]}_{backend}"
+            print(f"tepo eval {benchmark} rollout={backend} …", flush=True)
+            command = python_module(
+                sys.executable,
+                "tepo_cli",
+                "eval",
+                *model,
+                *overrides,
+                f"rollout={backend}",
+                f"eval.batch_size={args.batch_size}",
+                f"num_threads={args.threads}",
+                f"hydra.run.dir={out / name}",
+            )
+            result = run(command, out / f"{name}.log", args)
+            summary = json.loads((out / name / "summary.json").read_text())
+            rows.append(
+                {
+                    "benchmark": benchmark,
+                    "backend": backend,
+                    "samples": summary["samples"],
+                    "accuracy": summary["accuracy"],
+                    "mean_length": summary["mean_length"],
+                    "samples_per_second": summary["samples_per_second"],
+                    "eval_seconds": summary["seconds"],
+                    "wall_seconds": result.wall_seconds,
+                    "peak_rss_bytes": result.peak_rss_bytes,
+                }
+            )
+            print(
+                f"  accuracy {summary['accuracy']:.3f}, {summary['samples_per_second']:.3f} "
+                f"samples/s, wall {result.wall_seconds:.0f} s",
+                flush=True,
+            )
+    return rows
+
+
+def step_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    job = Job(
+        model=resolve_model(args.model),
+        steps=args.steps,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+    )
+    rows = []
+    for backend in args.backends:
+        run_dir = out / f"step_{backend}"
+        overrides = [f"rollout={backend}" if o == "rollout=hf" else o for o in job.tepo_overrides()]
+        print(f"tepo train (bench_step job) rollout={backend} …", flush=True)
+        command = python_module(
+            sys.executable,
+            "benchstep.tepo_side",
+            str(out / f"step_{backend}.probes.jsonl"),
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        )
+        result = run(command, out / f"step_{backend}.log", args)
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        steps = [m for m in metrics if "step_seconds" in m][1:]  # step 1 warms caches up
+
+        def median(key: str, rows: list[dict[str, Any]] = steps) -> float | None:
+            values = [m[key] for m in rows if m.get(key) is not None]
+            return statistics.median(values) if values else None
+
+        rows.append(
+            {
+                "backend": backend,
+                "steps": len(steps) + 1,
+                "median_step_seconds": median("step_seconds"),
+                "rollout_seconds": median("rollout_seconds"),
+                "sync_seconds": median("sync_seconds"),
+                "update_seconds": median("update_seconds"),
+                "scoring_seconds": median("score_seconds"),
+                "mismatch_abs_max": max((m.get("mismatch_abs_max", 0.0) for m in steps), default=0),
+                "final_reward_mean": statistics.mean(m["reward_mean"] for m in steps[-10:]),
+                "wall_seconds": result.wall_seconds,
+                "peak_rss_bytes": result.peak_rss_bytes,
+            }
+        )
+        print(f"  median {rows[-1]['median_step_seconds']:.2f} s/step", flush=True)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(k, row[k]) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def ratios(rows: list[dict[str, Any]], key: str, group: str | None) -> list[str]:
+    """vllm / hf of `key` within each group (benchmark) of rows."""
+    out = []
+    groups = sorted({r[group] for r in rows}) if group else [None]
+    for name in groups:
+        part = {r["backend"]: r for r in rows if group is None or r[group] == name}
+        if {"hf", "vllm"} <= set(part) and part["hf"][key]:
+            label = f"{name}: " if name else ""
+            out.append(f"{label}{key} vllm/hf = {part['vllm'][key] / part['hf'][key]:.2f}x")
+    return out
+
+
+def _cell(key: str, value: Any) -> str:
+    if key.endswith("_bytes"):
+        return f"{value / 1e9:.2f} GB"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e-2 else f"{value:.3f}"
+    return str(value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = args.out or Path("outputs/bench_vllm") / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "eval":
+        rows = eval_runs(args, out)
+        notes = ratios(rows, "samples_per_second", "benchmark")
+    else:
+        rows = step_runs(args, out)
+        notes = ratios(rows, "median_step_seconds", None) + ratios(rows, "rollout_seconds", None)
+    text = f"{table(rows)}\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    print(text)
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, default=str))
+
+
+if __name__ == "__main__":
+    main()

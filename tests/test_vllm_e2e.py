@@ -1,0 +1,112 @@
+"""rollout=vllm through the real CLI: two ranks under ZeRO-3, `tepo eval`, and the one-paragraph
+refusal when vLLM is not installed (that one runs everywhere). One rank, kill -9 and resume:
+tests/test_resume_faults.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+needs_vllm = pytest.mark.skipif(
+    os.environ.get("TEPO_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vllm") is None,
+    reason="rollout=vllm needs `make install-vllm`",
+)
+
+
+def tepo(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tepo_cli", *args],
+        cwd=cwd,
+        env=env or dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def train_args(tmp: Path, run_dir: Path) -> list[str]:
+    """The tiny model on a parity reward, a learning rate large enough that every step moves the
+    weights far: a sync that failed would show as a large rollout-trainer gap."""
+    (tmp / "parity.py").write_text(
+        "def score(completion, problem):\n    return len(completion) % 2\n"
+    )
+    return [
+        "model=tiny",
+        "rollout=vllm",
+        "rollout.engine.kv_cache_gib=1",
+        "reward=custom",
+        f"reward.path={tmp / 'parity.py'}",
+        "trainer.max_steps=3",
+        "trainer.lr=1e-2",
+        "trainer.progress=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+
+
+def records(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+
+
+def assert_engine_followed_the_trainer(steps: list[dict]) -> None:
+    """Every step's rollout log-probs are the trainer's own (ℓ^old) to float rounding: the
+    engine generated with the weights of the step before, synced after each update."""
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    for m in steps:
+        assert m["mismatch_abs_max"] < 1e-3
+        assert m["mismatch_masked_frac"] == 0.0
+        assert m["sync_seconds"] > 0
+    assert steps[-1]["grad_norm"] > 0
+
+
+@needs_vllm
+def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
+    """Under ZeRO-3 every rank gathers each parameter for its own engine (the mismatch metrics
+    are the maximum over ranks); the final model is consolidated from the partitions."""
+    run_dir = tmp_path / "run"
+    args = [*train_args(tmp_path, run_dir), "trainer.nproc=2", "deepspeed=zero3"]
+    result = tepo("train", *args, "trainer.eval_before=false", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_engine_followed_the_trainer(records(run_dir))
+    assert (run_dir / "final" / "model.safetensors").is_file()
+
+
+@needs_vllm
+def test_eval_with_vllm_samples_pass_at_k_and_resumes(tmp_path):
+    """`tepo eval rollout=vllm`: pass@k over seeded samples; a second run over the same directory
+    has nothing left to do (greedy agreement with hf: tests/test_vllm_backend.py)."""
+    sampled = tmp_path / "sampled"
+    args = ["model=tiny", "benchmark=arith", "eval.limit=6", "rollout=vllm", "eval.n=4"]
+    args += ["eval.greedy=false", f"hydra.run.dir={sampled}"]
+    result = tepo("eval", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((sampled / "summary.json").read_text())
+    assert summary["problems"] == 6 and summary["samples"] == 24 and "pass@1" in summary
+    assert len({r["completion"] for r in records(sampled, "samples.jsonl")}) > 6
+    again = tepo("eval", *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((sampled / "summary.json").read_text())["resumed_problems"] == 6
+
+
+def test_without_vllm_rollout_vllm_is_refused_before_any_model_loads(tmp_path):
+    """One paragraph naming `make install-vllm`, exit 2, nothing of a run written."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['vllm'] = None\n")
+    env = dict(os.environ, PYTHONPATH=f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    for command in ("train", "eval"):
+        run_dir = tmp_path / command
+        result = tepo(command, "rollout=vllm", f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
+        assert result.returncode == 2
+        message = result.stderr.strip().splitlines()
+        assert len(message) == 1 and "make install-vllm" in message[0]
+        assert "rollout=vllm" in message[0]
+        written = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
+        assert not written & {"config.yaml", "metrics.jsonl", "samples.jsonl", "status.json"}
