@@ -168,7 +168,7 @@ class EngineConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: str = "hf"  # a module of tepo_cli/rollout/ (checked by rollout.check_backend)
     n: int = Field(default=8, ge=1)
     temperature: float = Field(default=0.7, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

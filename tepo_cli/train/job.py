@@ -21,9 +21,9 @@ def train_job(cfg: DictConfig) -> None:
 
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
-        from tepo_cli.rollout import check_installed
+        from tepo_cli.rollout import check_backend
 
-        check_installed(config.rollout)
+        check_backend(config.rollout)
         from tepo_cli.algos.plugins import load_objectives
 
         load_objectives(config.plugins, config.algo.name)
