@@ -1,6 +1,6 @@
-"""rollout=vllm through the real CLI: two ranks under ZeRO-3, `tepo eval`, and the one-paragraph
-refusal when vLLM is not installed (that one runs everywhere). One rank, kill -9 and resume:
-tests/test_resume_faults.py."""
+"""rollout=vllm end to end: two ranks under ZeRO-3 and the one-paragraph refusal when vLLM is not
+installed (that one runs everywhere) through the real CLI; `tepo eval`'s job in this process.
+One rank, kill -9 and resume: tests/test_resume_faults.py."""
 
 from __future__ import annotations
 
@@ -79,20 +79,20 @@ def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
 
 
 @needs_vllm
-def test_eval_with_vllm_samples_pass_at_k_and_resumes(tmp_path):
-    """`tepo eval rollout=vllm`: pass@k over seeded samples; a second run over the same directory
-    has nothing left to do (greedy agreement with hf: tests/test_vllm_backend.py)."""
-    sampled = tmp_path / "sampled"
-    args = ["model=tiny", "benchmark=arith", "eval.limit=6", "rollout=vllm", "eval.n=4"]
-    args += ["eval.greedy=false", f"hydra.run.dir={sampled}"]
-    result = tepo("eval", *args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((sampled / "summary.json").read_text())
+def test_eval_with_vllm_samples_pass_at_k_and_resumes(compose_config, tmp_path):
+    """`tepo eval rollout=vllm` (in this process, as a sweep job would run it): pass@k over
+    seeded samples; a second run over the same directory has nothing left to do and starts no
+    engine (greedy agreement with hf: tests/test_vllm_backend.py)."""
+    from tepo_cli.config.validate import load_eval_config
+    from tepo_cli.eval.job import run_eval
+
+    overrides = ["model=tiny", "benchmark=arith", "eval.limit=6", "rollout=vllm", "eval.n=4"]
+    overrides += ["eval.greedy=false", "rollout.engine.kv_cache_gib=1"]
+    config = load_eval_config(compose_config("eval", overrides))
+    summary = run_eval(config, tmp_path)
     assert summary["problems"] == 6 and summary["samples"] == 24 and "pass@1" in summary
-    assert len({r["completion"] for r in records(sampled, "samples.jsonl")}) > 6
-    again = tepo("eval", *args, cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((sampled / "summary.json").read_text())["resumed_problems"] == 6
+    assert len({r["completion"] for r in records(tmp_path, "samples.jsonl")}) > 6
+    assert run_eval(config, tmp_path)["resumed_problems"] == 6
 
 
 def test_without_vllm_rollout_vllm_is_refused_before_any_model_loads(tmp_path):
