@@ -261,3 +261,30 @@ def test_gae_takes_one_response_per_prompt(compose_config):
         0.5,
         1e-5,
     )
+
+
+@pytest.mark.slow
+def test_trainer_nproc_must_match_the_launchers_world_size(tmp_path):
+    """Started by a launcher (RANK and WORLD_SIZE set) as one rank, but told trainer.nproc=2."""
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29533",
+    )
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "tepo_cli", "train", "model=tiny", "trainer.nproc=2"]
+    result = subprocess.run(
+        [*command, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "trainer.nproc=2, but the launcher started 1 rank(s)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (run_dir / "config.yaml").exists()

@@ -49,10 +49,12 @@ def train_job(cfg: DictConfig) -> None:
         if problem is not None:
             raise ConfigError(mtp_unsupported_message(config, problem))
         topo = distributed.setup_topology(config.trainer.num_threads)
-        if topo.world_size > 1 and config.trainer.prompts_per_step % topo.world_size:
+        if topo.world_size != config.trainer.nproc:
             raise ConfigError(
-                f"trainer.prompts_per_step={config.trainer.prompts_per_step} must be a multiple of "
-                f"the number of ranks ({topo.world_size}): each rank takes whole groups."
+                f"trainer.nproc={config.trainer.nproc}, but the launcher started "
+                f"{topo.world_size} rank(s) (WORLD_SIZE={topo.world_size}). Set "
+                f"trainer.nproc={topo.world_size}, the number of ranks over all nodes: the "
+                f"split of each step's prompts and the per-rank batch checks use it."
             )
         if topo.is_main:
             _prepare_run_dir(config, run_dir)
