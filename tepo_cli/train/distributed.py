@@ -41,6 +41,11 @@ def launched_by_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ and not _SET_BY_US
 
 
+def launched_world_size() -> int | None:
+    """The number of ranks a launcher started (None: this process was not launched as a rank)."""
+    return int(os.environ["WORLD_SIZE"]) if launched_by_launcher() else None
+
+
 def setup_topology(num_threads: int | None) -> Topology:
     """Read (or, for a single process, set) the rendezvous variables DeepSpeed expects.
 

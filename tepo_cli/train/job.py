@@ -48,14 +48,15 @@ def train_job(cfg: DictConfig) -> None:
         problem = early_mtp_problem(config)
         if problem is not None:
             raise ConfigError(mtp_unsupported_message(config, problem))
-        topo = distributed.setup_topology(config.trainer.num_threads)
-        if topo.world_size != config.trainer.nproc:
+        launched = distributed.launched_world_size()
+        if launched is not None and launched != config.trainer.nproc:
             raise ConfigError(
-                f"trainer.nproc={config.trainer.nproc}, but the launcher started "
-                f"{topo.world_size} rank(s) (WORLD_SIZE={topo.world_size}). Set "
-                f"trainer.nproc={topo.world_size}, the number of ranks over all nodes: the "
-                f"split of each step's prompts and the per-rank batch checks use it."
+                f"trainer.nproc={config.trainer.nproc}, but the launcher started {launched} "
+                f"rank(s) (WORLD_SIZE={launched}). Set trainer.nproc={launched}, the number of "
+                f"ranks over all nodes: the split of each step's prompts and the per-rank batch "
+                f"checks use it."
             )
+        topo = distributed.setup_topology(config.trainer.num_threads)
         if topo.is_main:
             _prepare_run_dir(config, run_dir)
             write_status(run_dir, "running")
