@@ -109,8 +109,8 @@ def test_cross_field_errors_name_the_group_not_its_whole_dict(compose_config):
     assert message.startswith("Invalid configuration: algo: ") and "{" not in message
 
 
-def _tepo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+def _tepo(*args: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", **env_vars)
     return subprocess.run(
         [sys.executable, "-m", "tepo_cli", *args],
         cwd=cwd,
@@ -266,23 +266,16 @@ def test_gae_takes_one_response_per_prompt(compose_config):
 @pytest.mark.slow
 def test_trainer_nproc_must_match_the_launchers_world_size(tmp_path):
     """Started by a launcher (RANK and WORLD_SIZE set) as one rank, but told trainer.nproc=2."""
-    env = dict(
-        os.environ,
-        RANK="0",
-        WORLD_SIZE="1",
-        LOCAL_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="1",  # never dialled: the check comes before any process group
-    )
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "tepo_cli", "train", "model=tiny", "trainer.nproc=2"]
-    result = subprocess.run(
-        [*command, f"hydra.run.dir={run_dir}"],
+    launched = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    launched["MASTER_PORT"] = "1"  # never dialled: the check comes before any process group
+    result = _tepo(
+        "train",
+        "model=tiny",
+        "trainer.nproc=2",
+        f"hydra.run.dir={run_dir}",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        **launched,
     )
     assert result.returncode == 2
     assert "trainer.nproc=2, but the launcher started 1 rank(s)" in result.stderr
