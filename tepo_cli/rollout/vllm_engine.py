@@ -72,7 +72,7 @@ class VllmBackend:
         completions = [s for group in samples for s in group]
         if any(len(group) != sampling.n for group in samples):
             raise RunError(f"vLLM returned {[len(g) for g in samples]} samples, not {sampling.n}")
-        return self._rollout(prompts, completions, sampling)
+        return self._rollout(ids, completions, sampling)
 
     def sync(self, lm: PreTrainedModel) -> float:
         """Load the trainer's current weights into the engine; the prefix cache (KV of the old
@@ -108,10 +108,8 @@ class VllmBackend:
             detokenize=False,
         )
 
-    def _rollout(self, prompts: list[str], completions: list[Any], sampling: Sampling) -> Rollout:
-        encoded = self.tokenizer(
-            prompts, return_tensors="pt", padding=True, add_special_tokens=False
-        )
+    def _rollout(self, ids: list[list[int]], completions: list[Any], sampling: Sampling) -> Rollout:
+        encoded = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")  # left, as hf's
         rows = [list(c.token_ids) for c in completions]
         width = max(1, *(len(r) for r in rows))
         pad_id = self.tokenizer.pad_token_id

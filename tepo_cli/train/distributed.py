@@ -41,9 +41,18 @@ def launched_by_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ and not _SET_BY_US
 
 
-def launched_world_size() -> int | None:
-    """The number of ranks a launcher started (None: this process was not launched as a rank)."""
-    return int(os.environ["WORLD_SIZE"]) if launched_by_launcher() else None
+def check_launched_world(nproc: int) -> None:
+    """A launcher-started rank refuses a `trainer.nproc` other than the launcher's world size,
+    before any process group starts."""
+    if not launched_by_launcher():
+        return
+    launched = int(os.environ["WORLD_SIZE"])
+    if launched != nproc:
+        raise ConfigError(
+            f"trainer.nproc={nproc}, but the launcher started {launched} rank(s) "
+            f"(WORLD_SIZE={launched}). Set trainer.nproc={launched}, the number of ranks over "
+            f"all nodes: the split of each step's prompts and the per-rank batch checks use it."
+        )
 
 
 def setup_topology(num_threads: int | None) -> Topology:

@@ -48,14 +48,7 @@ def train_job(cfg: DictConfig) -> None:
         problem = early_mtp_problem(config)
         if problem is not None:
             raise ConfigError(mtp_unsupported_message(config, problem))
-        launched = distributed.launched_world_size()
-        if launched is not None and launched != config.trainer.nproc:
-            raise ConfigError(
-                f"trainer.nproc={config.trainer.nproc}, but the launcher started {launched} "
-                f"rank(s) (WORLD_SIZE={launched}). Set trainer.nproc={launched}, the number of "
-                f"ranks over all nodes: the split of each step's prompts and the per-rank batch "
-                f"checks use it."
-            )
+        distributed.check_launched_world(config.trainer.nproc)
         topo = distributed.setup_topology(config.trainer.num_threads)
         if topo.is_main:
             _prepare_run_dir(config, run_dir)
