@@ -13,9 +13,12 @@ from tepo_cli.config.validate import load_train_config
 from tepo_cli.data.arith import ArithTask
 from tepo_cli.rewards import Reward, RewardResult, build_reward
 from tepo_cli.rollout import Rollout
-from tepo_cli.train import experience as exp
+from tepo_cli.rollout.hf import HfBackend
+from tepo_cli.train.advantage import estimate
+from tepo_cli.train.experience import score
 from tepo_cli.train.grading import grade
 from tepo_cli.train.policy import Policy
+from tepo_cli.train.sampling import rollout_and_grade
 
 
 def as_reward(function) -> Reward:
@@ -62,21 +65,16 @@ def test_dynamic_sampling_keeps_only_mixed_groups(compose_config, tiny_model, ti
     task = ArithTask(cfg.benchmark)
     stream = task.train_stream(0)
     problems = [next(stream) for _ in range(2)]
-    result = exp.collect(
-        cfg,
-        Policy(tiny_model, cfg.kernel),
-        None,
-        tiny_tokenizer,
-        problems,
-        mixed_on_even_answers,
-        stream,
+    backend = HfBackend(tiny_model, tiny_tokenizer, True)
+    result = rollout_and_grade(
+        cfg, backend, tiny_tokenizer, problems, mixed_on_even_answers, stream
     )
     assert len(result.problems) == 2
     assert all(int(p.answer) % 2 == 0 for p in result.problems)
     groups = result.correct.view(2, 4)
     assert (groups.any(dim=1) & ~groups.all(dim=1)).all()
     assert result.sampled_groups == 2 * (result.refill_rounds + 1)
-    assert len(result.batch) == 8 and result.advantages.shape == (8,)
+    assert len(result.batch) == 8 and estimate(cfg, result, None).advantages.shape == (8,)
     assert result.rewards.tolist() == result.correct.float().mul(2).sub(1).tolist()  # ±1
 
 
@@ -87,15 +85,24 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(compose_config, tiny_model
     with pytest.raises(
         RunError, match=r"after 2 refill rounds .* 0 of the 2 groups .* 6 groups sampled"
     ):
-        exp.collect(
-            cfg, Policy(tiny_model, cfg.kernel), None, tiny_tokenizer, problems, never, stream
+        rollout_and_grade(
+            cfg,
+            HfBackend(tiny_model, tiny_tokenizer, True),
+            tiny_tokenizer,
+            problems,
+            never,
+            stream,
         )
 
 
 def test_without_dynamic_sampling_every_group_is_kept(compose_config, tiny_model, tiny_tokenizer):
     cfg = config(compose_config, "algo=grpo", "algo.beta=0", "rollout.n=2")
     problems = ArithTask(cfg.benchmark).eval_problems()[:3]
-    result = exp.collect(cfg, Policy(tiny_model, cfg.kernel), None, tiny_tokenizer, problems, never)
+    groups = rollout_and_grade(
+        cfg, HfBackend(tiny_model, tiny_tokenizer, True), tiny_tokenizer, problems, never
+    )
+    advantages = estimate(cfg, groups, None)
+    result = score(cfg, Policy(tiny_model, cfg.kernel), None, groups, advantages)
     assert result.problems == problems and result.refill_rounds == 0
     assert torch.equal(result.advantages, torch.zeros(6))
     assert result.old_logp is None and result.ref_logp is None  # on-policy, no reference

@@ -99,12 +99,11 @@ def test_synced_weights_reach_the_engine(engine_and_model, tiny_tokenizer):
     trained(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
     new = _model_prompt_logprobs(trained, sequence)
-    seconds = backend.sync(trained)
+    backend.sync(trained)
     try:
         engine = _engine_prompt_logprobs(backend, sequence)
     finally:
         backend.sync(lm)
-    assert seconds > 0
     assert (new - old).abs().max() > 0.5  # the step moved the model
     assert (engine - new).abs().max() < 1e-4
     assert (engine - old).abs().max() > 1e3 * (engine - new).abs().max()

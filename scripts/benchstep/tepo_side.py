@@ -52,7 +52,7 @@ class Probe:
 def install(probe: Probe) -> list[str]:
     """Wrap tepo's update (one call per step), its micro-batch forward+backward, and the engine's
     backward and step. Returns what could not be wrapped (a renamed function: no split then)."""
-    from tepo_cli.train import loop
+    from tepo_cli.train import recipe
     from tepo_cli.train import update as update_module
 
     missing = []
@@ -62,7 +62,7 @@ def install(probe: Probe) -> list[str]:
         )
     else:
         missing.append("tepo_cli.train.update._forward_backward")
-    original_update = loop.update
+    original_update = recipe.update
 
     @functools.wraps(original_update)
     def timed_update(cfg: Any, engine: Any, *args: Any, **kwargs: Any) -> Any:
@@ -75,7 +75,7 @@ def install(probe: Probe) -> list[str]:
         probe.write_step(time.perf_counter() - start)
         return result
 
-    loop.update = timed_update
+    recipe.update = timed_update
     return missing
 
 

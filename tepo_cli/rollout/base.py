@@ -85,13 +85,13 @@ class RolloutBackend(Protocol):
     `generate` samples `sampling.n` completions per prompt; an engine with kernels of its own
     also returns its log-probs of the sampled tokens (`Rollout.logprobs`, corrected for as in
     docs/objectives.md §0.8). `sync` makes the engine generate with the trainer's current weights;
-    the trainer calls it after every optimizer step, and it returns the seconds it took. `close`
+    the trainer calls it after every optimizer step (and times it: `sync_seconds`). `close`
     releases the engine at the end of a job.
     """
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout: ...
 
-    def sync(self, lm: PreTrainedModel) -> float: ...
+    def sync(self, lm: PreTrainedModel) -> None: ...
 
     def close(self) -> None: ...
 

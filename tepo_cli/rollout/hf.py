@@ -36,9 +36,8 @@ class HfBackend:
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         return generate(self.model, self.tokenizer, prompts, sampling, self.share_prompts)
 
-    def sync(self, lm: PreTrainedModel) -> float:
+    def sync(self, lm: PreTrainedModel) -> None:
         """Nothing to do: generate() reads the trainer's parameters themselves."""
-        return 0.0
 
     def close(self) -> None:
         """Nothing to release: the model is the trainer's."""

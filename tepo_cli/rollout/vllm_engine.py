@@ -19,7 +19,6 @@ import logging
 import os
 import random
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,13 +73,11 @@ class VllmBackend:
             raise RunError(f"vLLM returned {[len(g) for g in samples]} samples, not {sampling.n}")
         return self._rollout(ids, completions, sampling)
 
-    def sync(self, lm: PreTrainedModel) -> float:
+    def sync(self, lm: PreTrainedModel) -> None:
         """Load the trainer's current weights into the engine; the prefix cache (KV of the old
-        weights) is dropped. Returns the seconds it took."""
-        start = time.perf_counter()
+        weights) is dropped."""
         self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": _weights(lm)})
         self.engine.reset_prefix_cache()
-        return time.perf_counter() - start
 
     def close(self) -> None:
         """Shut the engine down (its memory goes back), keeping torch.distributed's default

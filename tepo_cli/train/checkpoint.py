@@ -26,6 +26,7 @@ import torch.distributed as dist
 from tepo_cli.config.errors import RunError
 from tepo_cli.train import faults
 from tepo_cli.train.distributed import Topology
+from tepo_cli.train.state import RankState, TrainerState
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -51,14 +52,15 @@ def sealed_checkpoints(run_dir: Path) -> list[Path]:
 def save(
     engine: Any,
     run_dir: Path,
-    step: int,
-    trainer_state: dict[str, Any],
-    rank_state: dict[str, Any],
+    trainer_state: TrainerState,
+    rank_state: RankState,
     topo: Topology,
     keep: int,
     critic_engine: Any = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns the sealed directory; RunError if a write failed."""
+    """Collective: every rank calls it, after step `trainer_state.step`. Returns the sealed
+    directory; RunError if a write failed."""
+    step = trainer_state.step
     root = checkpoint_root(run_dir)
     final = root / f"step_{step:08d}"
     staging = root / f".step_{step:08d}.staging"
@@ -93,20 +95,20 @@ def save(
 
 
 def _write_rank_parts(
-    engine: Any, critic_engine: Any, staging: Path, rank_state: dict[str, Any], topo: Topology
+    engine: Any, critic_engine: Any, staging: Path, rank_state: RankState, topo: Topology
 ) -> None:
     engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
     if critic_engine is not None:
         critic_engine.save_checkpoint(str(staging), tag=CRITIC_TAG, save_latest=False)
-    torch.save(rank_state, staging / f"rank_{topo.rank:05d}.pt")
+    torch.save(rank_state.to_dict(), staging / f"rank_{topo.rank:05d}.pt")
 
 
-def _seal(staging: Path, final: Path, trainer_state: dict[str, Any]) -> None:
-    (staging / TRAINER_STATE).write_text(json.dumps(trainer_state))
+def _seal(staging: Path, final: Path, trainer_state: TrainerState) -> None:
+    (staging / TRAINER_STATE).write_text(json.dumps(trainer_state.to_json()))
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {
         "files": {str(p.relative_to(staging)): _digest(p) for p in files},
-        "step": trainer_state["step"],
+        "step": trainer_state.step,
     }
     manifest_file = staging / MANIFEST
     manifest_file.write_text(json.dumps(manifest, indent=1))
@@ -156,14 +158,14 @@ def remove_staging(run_dir: Path) -> list[Path]:
     return leftovers
 
 
-def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
+def read_trainer_state(checkpoint: Path) -> TrainerState:
     """The trainer's own state saved with a checkpoint (step, summary, log lengths)."""
-    return json.loads((checkpoint / TRAINER_STATE).read_text())
+    return TrainerState.from_json(json.loads((checkpoint / TRAINER_STATE).read_text()))
 
 
 def load(
     engine: Any, checkpoint: Path, topo: Topology, critic_engine: Any = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[TrainerState, RankState]:
     """Collective: restores the engine(s); returns (trainer state, this rank's state)."""
     rank_file = checkpoint / f"rank_{topo.rank:05d}.pt"
     if not rank_file.is_file():
@@ -186,9 +188,8 @@ def load(
             load_optimizer_states=True,
             load_lr_scheduler_states=True,
         )
-    trainer_state = read_trainer_state(checkpoint)
-    rank_state = torch.load(rank_file, weights_only=False)
-    return trainer_state, rank_state
+    rank_state = RankState.from_dict(torch.load(rank_file, weights_only=False))
+    return read_trainer_state(checkpoint), rank_state
 
 
 def _digest(path: Path) -> dict[str, Any]:

@@ -54,7 +54,7 @@ def train_job(cfg: DictConfig) -> None:
             _prepare_run_dir(config, run_dir)
             write_status(run_dir, "running")
             status_owner = True
-        from tepo_cli.train.loop import train
+        from tepo_cli.train.recipe import train
 
         train(config, run_dir, topo)
         if status_owner:

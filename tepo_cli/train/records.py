@@ -9,17 +9,21 @@ import torch
 import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.train import experience as exp
+from tepo_cli.train.clock import StepClock
+from tepo_cli.train.experience import Experience
 
 
 def step_record(
     cfg: TrainConfig,
     step: int,
     engine: Any,
-    experience: exp.Experience,
+    experience: Experience,
     update_metrics: dict[str, float],
-    seconds: float,
+    clock: StepClock,
 ) -> dict[str, Any]:
+    """The step's metrics over every rank's rows: rewards, accuracy, lengths, groups, learning
+    rate, each phase's seconds (`<phase>_seconds`), peak memory, and the update's metrics."""
+    seconds = clock.elapsed()
     rewards, lengths = experience.rewards, experience.rollout.lengths.float()
     groups = rewards.view(-1, cfg.rollout.n)
     stats = torch.stack(
@@ -69,12 +73,12 @@ def step_record(
         # ru_maxrss is in KiB on Linux: this process's high-water mark so far.
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    record.update({f"{k}_seconds": v for k, v in experience.seconds.items()})
+    record.update({f"{phase}_seconds": v for phase, v in clock.seconds.items()})
     record.update(update_metrics)
     return record
 
 
-def step_samples(cfg: TrainConfig, step: int, experience: exp.Experience) -> list[dict[str, Any]]:
+def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[dict[str, Any]]:
     samples = []
     for index in range(min(cfg.trainer.samples_per_step, len(experience.rollout.texts))):
         problem = experience.problems[index // cfg.rollout.n]
@@ -91,7 +95,7 @@ def step_samples(cfg: TrainConfig, step: int, experience: exp.Experience) -> lis
     return samples
 
 
-def response_advantage(experience: exp.Experience, index: int) -> float:
+def response_advantage(experience: Experience, index: int) -> float:
     """One number per response: its advantage, or (token-level, from a critic) their mean."""
     advantages = experience.advantages[index]
     if advantages.dim() == 0:

@@ -54,3 +54,12 @@ class SequenceBatch:
             response_mask[:, :width],
             self.prompt_width,
         )
+
+
+def widen(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad the token axis (dim 1) of [N, t] or [N, t, D] values to `width` columns (micro-batches
+    are cut to their own longest completion; the step's tensors have the step's width)."""
+    missing = width - values.shape[1]
+    return torch.nn.functional.pad(
+        values, (0, 0, 0, missing) if values.dim() == 3 else (0, missing)
+    )

@@ -23,6 +23,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.train import faults
 from tepo_cli.train.experience import Experience, on_policy
+from tepo_cli.train.guards import skipped_optimizer_steps
 
 
 def accumulation_steps(cfg: TrainConfig) -> int:
@@ -41,7 +42,9 @@ def update(
     critic_engine: Any = None,
 ) -> dict[str, float]:
     """μ epochs × minibatches of the objective (and, with advantage=gae, of the critic's loss:
-    its own engine, stepped at the same accumulation boundaries)."""
+    its own engine, stepped at the same accumulation boundaries). Returns the step's metrics,
+    with the optimizer steps the guard skipped (a non-finite loss or gradient)."""
+    skipped_before = skipped_optimizer_steps(engine)
     batch = experience.batch
     world = dist.get_world_size() if dist.is_initialized() else 1
     sums: dict[str, float] = defaultdict(float)
@@ -117,6 +120,7 @@ def update(
     result.update(experience.critic_metrics)
     if tally is not None:
         result.update(_mismatch_metrics(tally, engine.device))
+    result["skipped_optimizer_steps"] = skipped_optimizer_steps(engine) - skipped_before
     return result
 
 

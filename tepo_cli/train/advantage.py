@@ -1,0 +1,100 @@
+"""The advantage stage of a step: the group estimators (GRPO, RLOO) on the sequence rewards, or,
+with advantage=gae, the critic's values, GAE and the critic's regression targets (docs §0.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from tepo_cli.algos import estimate_advantages
+from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.models.critic import Critic
+from tepo_cli.train.clock import StepClock
+from tepo_cli.train.sampling import Groups
+from tepo_cli.train.sequences import SequenceBatch, widen
+
+
+@dataclass
+class Advantages:
+    """A step's advantages ([N], or [N, T] from a critic) and, with a critic, what it trains on."""
+
+    advantages: torch.Tensor
+    old_values: torch.Tensor | None = None  # [N, T] the critic's V at rollout
+    returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets
+    critic_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def estimate(
+    cfg: TrainConfig, groups: Groups, critic: Critic | None, clock: StepClock | None = None
+) -> Advantages:
+    """The configured estimator's advantages for the step's groups."""
+    estimator = cfg.advantage
+    if not estimator.needs_critic:
+        return Advantages(
+            estimate_advantages(
+                estimator.name,
+                groups.rewards,
+                cfg.rollout.n,
+                scale=estimator.scale,
+                eps=estimator.eps,
+            )
+        )
+    if critic is None:
+        raise ValueError("advantage=gae needs the critic")
+    with (clock or StepClock())("values"):
+        return critic_targets(cfg, critic, groups.batch, groups.rewards)
+
+
+@torch.no_grad()
+def critic_targets(
+    cfg: TrainConfig, critic: Critic, batch: SequenceBatch, rewards: torch.Tensor
+) -> Advantages:
+    """V_old in micro-batches, the sequence reward on each last token, GAE (γ, λ), returns, and
+    the advantages whitened over every valid token of the step, on all ranks (docs §0.1)."""
+    settings = cfg.advantage
+    width = batch.response_mask.shape[1]
+    parts = [
+        widen(critic(batch.select(rows)), width)
+        for rows in torch.arange(len(batch)).split(cfg.trainer.micro_batch_size)
+    ]
+    values = torch.cat(parts).to(torch.float32)
+    mask = batch.response_mask
+    advantages, returns = gae(
+        token_rewards(rewards.to(values.dtype), mask), values, mask, settings.gamma, settings.lam
+    )
+    sums = _all_ranks_sum(whiten_sums(advantages, mask))
+    if settings.whiten:
+        advantages = whiten(advantages, mask, sums)
+    residual = _all_ranks_sum(whiten_sums(returns - values, mask))
+    target = _all_ranks_sum(whiten_sums(returns, mask))
+    metrics = {
+        "value_mean": _mean(_all_ranks_sum(whiten_sums(values, mask))),
+        "return_mean": _mean(target),
+        "explained_variance": 1.0 - _variance(residual) / max(_variance(target), 1e-12),
+    }
+    return Advantages(advantages, values, returns, metrics)
+
+
+def _all_ranks_sum(sums: torch.Tensor) -> torch.Tensor:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return sums
+    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    total = sums.to(device)
+    dist.all_reduce(total)
+    return total.cpu()
+
+
+def _mean(sums: torch.Tensor) -> float:
+    count, total, _ = sums.tolist()
+    return total / count if count else 0.0
+
+
+def _variance(sums: torch.Tensor) -> float:
+    count, total, squares = sums.tolist()
+    if count == 0:
+        return 0.0
+    mean = total / count
+    return max(squares / count - mean * mean, 0.0)

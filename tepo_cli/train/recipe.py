@@ -1,0 +1,59 @@
+"""The training recipe: a run, and one step of it, top-down.
+
+A step is DESIGN.md's flow, each line a call into the module named after its stage: draw prompts
+(train/prompts.py) → rollout and reward (train/sampling.py) → advantage (train/advantage.py) →
+score (train/experience.py) → update (train/update.py) → sync (the rollout back-end) → log
+(train/records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's plumbing
+(logs, stop signals, evaluations, the bad-step guard, checkpoints, the final save) behind
+`Run`'s methods in train/run.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.train.advantage import estimate
+from tepo_cli.train.clock import StepClock
+from tepo_cli.train.distributed import Topology
+from tepo_cli.train.experience import score
+from tepo_cli.train.records import step_record, step_samples
+from tepo_cli.train.run import Run
+from tepo_cli.train.sampling import rollout_and_grade, rollout_seed
+from tepo_cli.train.setup import setup_run
+from tepo_cli.train.update import update
+
+
+def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
+    """Set up (or resume) a run, evaluate, take the remaining steps, evaluate, save. Returns the
+    run's summary (summary.json)."""
+    run = setup_run(cfg, run_dir, topo)
+    with run.session():  # logs open, stop signals caught, the rollout engine closed at the end
+        run.evaluate("before")
+        for step in run.remaining_steps():
+            record, samples = take_step(run, step)
+            run.log_step(record, samples)  # metrics.jsonl, samples.jsonl, the bad-step guard
+            run.evaluate_during(step)  # every trainer.eval_every steps
+            run.checkpoint(step)  # every trainer.save_every steps, and on SIGINT/SIGTERM
+        run.finish()  # held-out accuracy after, final/, summary.json
+    return run.state.summary
+
+
+def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One optimizer step on this rank. Returns its metrics record (over all ranks) and the
+    samples it logs."""
+    cfg, models, clock = run.cfg, run.models, StepClock()
+    problems = run.prompts.draw()
+    seed = rollout_seed(cfg.seed, step, run.topo.rank)
+    groups = rollout_and_grade(
+        cfg, run.backend, run.tokenizer, problems, run.reward, run.prompts.refill, seed, clock
+    )
+    advantages = estimate(cfg, groups, models.critic, clock)
+    experience = score(cfg, models.policy, models.reference, groups, advantages, clock)
+    with clock("update"):
+        metrics = update(cfg, models.engine, experience, run.generator, models.critic_engine)
+    with clock("sync"):
+        run.backend.sync(models.policy.lm)
+    record = step_record(cfg, step, models.engine, experience, metrics, clock)
+    return record, step_samples(cfg, step, experience)

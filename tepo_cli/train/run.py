@@ -1,0 +1,181 @@
+"""A training run's plumbing, behind the methods the recipe calls: the models and engines, the
+prompt streams, the run's typed state, the logs, stop signals, held-out evaluations, the
+bad-step guard, checkpoints and the final save. `train/setup.py` builds one (fresh or resumed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from tepo_cli.config.errors import RunError, StopRequested
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.models.critic import Critic
+from tepo_cli.rewards import Reward
+from tepo_cli.rollout import RolloutBackend
+from tepo_cli.train import checkpoint, faults, finish
+from tepo_cli.train.distributed import Topology
+from tepo_cli.train.held_out import held_out_accuracy
+from tepo_cli.train.metrics import RunLog
+from tepo_cli.train.policy import Policy
+from tepo_cli.train.prompts import Prompts
+from tepo_cli.train.resumable import capture_rng
+from tepo_cli.train.resume import log_lengths
+from tepo_cli.train.state import RankState, TrainerState
+from tepo_cli.train.stop import StopSignals
+
+
+@dataclass
+class Models:
+    """The trained policy's DeepSpeed engine, the critic's (advantage=gae) and the frozen
+    reference (a KL term)."""
+
+    engine: Any
+    critic_engine: Any | None
+    reference: Policy | None
+
+    @property
+    def policy(self) -> Policy:
+        return self.engine.module
+
+    @property
+    def critic(self) -> Critic | None:
+        return None if self.critic_engine is None else self.critic_engine.module
+
+    def engines(self) -> list[Any]:
+        return [e for e in (self.engine, self.critic_engine) if e is not None]
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    run_dir: Path
+    topo: Topology
+    tokenizer: PreTrainedTokenizerBase
+    task: Any  # data.tasks: the training stream and held-out split
+    reward: Reward
+    models: Models
+    backend: RolloutBackend
+    prompts: Prompts
+    generator: torch.Generator  # the update's minibatch shuffles
+    state: TrainerState
+    log: RunLog | None  # rank 0 only
+    signals: StopSignals = field(default_factory=StopSignals)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Logs open, SIGINT/SIGTERM caught (a step finishes, then a checkpoint and exit), the
+        rollout engine released at the end."""
+        with self.log or contextlib.nullcontext(), self.signals, contextlib.closing(self.backend):
+            yield
+
+    def remaining_steps(self) -> Iterator[int]:
+        """The steps left to take (all of them, or those after the resumed checkpoint's)."""
+        for step in range(self.state.step + 1, self.cfg.trainer.max_steps + 1):
+            faults.enter_step(step)
+            yield step
+
+    def evaluate(self, when: str) -> None:
+        """Held-out accuracy `before` the first step (unless resumed) or `after` the last."""
+        trainer = self.cfg.trainer
+        if when == "before" and trainer.eval_before and self.state.step == 0:
+            self.state.summary["eval_before"] = self._held_out(0, when)
+        if when == "after" and trainer.eval_after:
+            self.state.summary["eval_after"] = self._held_out(trainer.max_steps, when)
+
+    def evaluate_during(self, step: int) -> None:
+        """Every `trainer.eval_every` steps, except the last (`after` covers it)."""
+        every = self.cfg.trainer.eval_every
+        if every and step % every == 0 and step < self.cfg.trainer.max_steps:
+            self._held_out(step, "during")
+
+    def log_step(self, record: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+        """The step's record and samples into the run's logs; too many skipped optimizer steps
+        in a row (non-finite loss or gradient) end the run."""
+        state = self.state
+        state.step = record["step"]
+        state.step_seconds.append(record["step_seconds"])
+        if self.log is not None:
+            self.log.step(record, samples)
+        state.summary.update(steps=record["step"], final_reward_mean=record["reward_mean"])
+        skipped = record["skipped_optimizer_steps"]
+        state.bad_steps_in_row = state.bad_steps_in_row + 1 if skipped else 0
+        if state.bad_steps_in_row >= self.cfg.trainer.max_bad_steps:
+            raise RunError(finish.too_many_bad_steps(self.cfg, record["step"], self.run_dir))
+
+    def checkpoint(self, step: int) -> None:
+        """A checkpoint every `trainer.save_every` steps, and after a stop signal (then exit)."""
+        signum = self.signals.requested(self.topo.device)
+        every = self.cfg.trainer.save_every
+        if not (signum or (every and step % every == 0)):
+            return
+        self.state.stream_drawn = self.prompts.stream.drawn
+        self.state.logs = log_lengths(self.run_dir) if self.topo.is_main else {}
+        refill = self.prompts.refill
+        rank = RankState(capture_rng(self.generator), refill.drawn if refill is not None else 0)
+        models = self.models
+        saved = checkpoint.save(
+            models.engine,
+            self.run_dir,
+            self.state,
+            rank,
+            self.topo,
+            self.cfg.trainer.keep_checkpoints,
+            models.critic_engine,
+        )
+        if signum:
+            raise StopRequested(signum, _stopped(signum, step, saved, self.run_dir))
+
+    def finish(self) -> None:
+        """Optimizer state dropped, held-out accuracy after, the final model and summary."""
+        for engine in self.models.engines():
+            finish.drop_optimizer_state(engine)
+        self.evaluate("after")
+        summary = self.state.summary
+        if self.state.step_seconds:
+            summary["median_step_seconds"] = float(np.median(self.state.step_seconds))
+        models, topo = self.models, self.topo
+        summary.update(finish.rank_checksums(models.engine, models.critic_engine, topo))
+        if self.cfg.trainer.save_final:
+            summary.update(
+                finish.save_final(
+                    self.cfg,
+                    models.engine,
+                    models.critic_engine,
+                    self.tokenizer,
+                    self.run_dir,
+                    topo,
+                )
+            )
+        if self.log is not None:
+            finish.write_summary(self.log, summary, self.run_dir)
+
+    def _held_out(self, step: int, when: str) -> float:
+        return held_out_accuracy(
+            self.cfg,
+            self.backend,
+            self.tokenizer,
+            self.task,
+            self.reward,
+            self.topo,
+            self.log,
+            step,
+            when,
+        )
+
+
+def _stopped(signum: int, step: int, saved: Path, run_dir: Path) -> str:
+    name = signal.Signals(signum).name
+    return (
+        f"stopped by {name} after step {step}; checkpoint written to {saved}. Continue it with "
+        f"the same command plus resume={run_dir} (for a sweep: the same sweep command plus "
+        f"resume=true)."
+    )

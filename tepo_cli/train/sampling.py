@@ -1,0 +1,160 @@
+"""Rollout and reward for one step: sample `rollout.n` completions per prompt and grade them.
+
+With `algo.dynamic_sampling` (DAPO), groups whose answers are all right or all wrong are dropped
+and replaced by groups of fresh prompts from the refill stream, up to `algo.max_refill_rounds`.
+Groups never straddle ranks (each rank owns whole prompts), so group statistics are local.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from transformers import PreTrainedTokenizerBase
+
+from tepo_cli.algos import informative_groups
+from tepo_cli.config.errors import RunError
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.data.arith import Problem
+from tepo_cli.data.prompts import render_prompt
+from tepo_cli.rewards import Reward
+from tepo_cli.rollout import Rollout, RolloutBackend, Sampling
+from tepo_cli.train import faults
+from tepo_cli.train.clock import StepClock
+from tepo_cli.train.grading import Graded, grade
+from tepo_cli.train.sequences import SequenceBatch
+
+
+@dataclass
+class Groups:
+    """The step's kept groups, `rollout.n` rows each, laid out group by group."""
+
+    problems: list[Problem]  # one per group
+    rollout: Rollout
+    batch: SequenceBatch  # the rollout as the trainer scores it
+    rewards: torch.Tensor  # [N] shaped rewards
+    correct: torch.Tensor  # [N] bool
+    overlong_mean: float  # mean overlong term included in the rewards (0 when off)
+    sampled_groups: int  # groups generated (more than kept under dynamic sampling)
+    refill_rounds: int
+
+
+def rollout_and_grade(
+    cfg: TrainConfig,
+    backend: RolloutBackend,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    reward: Reward,
+    refill: Iterator[Problem] | None = None,
+    seed: int | None = None,
+    clock: StepClock | None = None,
+) -> Groups:
+    """Sample and grade this rank's groups, refilling dropped ones under dynamic sampling.
+
+    `seed` seeds engines that take per-request seeds (`rollout_seed`); hf samples from torch's
+    generator, which checkpoints restore."""
+    clock = clock or StepClock()
+    wanted = len(problems)
+    kept: list[tuple[Rollout, Graded, list[Problem]]] = []
+    kept_groups, sampled, rounds = 0, 0, 0
+    batch_problems = problems
+    while True:
+        with clock("rollout"):
+            round_seed = None if seed is None else seed + sampled * cfg.rollout.n
+            rollout = _sample(cfg, backend, tokenizer, batch_problems, round_seed)
+        faults.maybe_kill("rollout")
+        with clock("reward"):
+            graded = grade(cfg, rollout, batch_problems, reward)
+        sampled += len(batch_problems)
+        keep = torch.ones(len(batch_problems), dtype=torch.bool)
+        if cfg.algo.dynamic_sampling:
+            keep = informative_groups(graded.correct, cfg.rollout.n).cpu()
+            keep &= keep.cumsum(0) <= wanted - kept_groups
+        if keep.any():
+            rows = _group_rows(keep, cfg.rollout.n)
+            part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
+            kept.append((rollout.take(rows), _take_graded(graded, rows), part))
+            kept_groups += len(part)
+        if kept_groups >= wanted or not _can_refill(cfg, rounds, refill):
+            break
+        rounds += 1
+        batch_problems = [next(refill) for _ in range(wanted)]  # type: ignore[arg-type]
+    if not _all_ranks_agree(kept_groups >= wanted):
+        raise RunError(_refill_failure(cfg, wanted, kept_groups, sampled, rounds))
+    rollout = Rollout.concat([r for r, _, _ in kept], tokenizer.pad_token_id)
+    return Groups(
+        problems=[p for _, _, part in kept for p in part],
+        rollout=rollout,
+        batch=SequenceBatch.from_rollout(rollout),
+        rewards=torch.cat([g.rewards for _, g, _ in kept]),
+        correct=torch.cat([g.correct for _, g, _ in kept]),
+        overlong_mean=float(torch.cat([g.overlong for _, g, _ in kept]).mean()),
+        sampled_groups=sampled,
+        refill_rounds=rounds,
+    )
+
+
+def rollout_seed(run_seed: int, step: int, rank: int) -> int:
+    """The first request seed of a step on a rank: a 40-bit hash of the three, so steps and ranks
+    draw apart and a resumed run draws what the uninterrupted one would have."""
+    digest = hashlib.sha256(f"{run_seed}/{step}/{rank}".encode()).digest()
+    return int.from_bytes(digest[:5], "big")
+
+
+def _sample(
+    cfg: TrainConfig,
+    backend: RolloutBackend,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    seed: int | None,
+) -> Rollout:
+    rollout_cfg = cfg.rollout
+    prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
+    sampling = Sampling(
+        n=rollout_cfg.n,
+        temperature=rollout_cfg.temperature,
+        top_p=rollout_cfg.top_p,
+        top_k=rollout_cfg.top_k,
+        max_new_tokens=rollout_cfg.max_new_tokens,
+        batch_size=rollout_cfg.batch_size,
+        seed=seed,
+    )
+    return backend.generate(prompts, sampling)
+
+
+def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Row indices of the kept groups (rows are laid out group by group)."""
+    return torch.arange(keep.numel() * group_size).view(-1, group_size)[keep].reshape(-1)
+
+
+def _take_graded(graded: Graded, rows: torch.Tensor) -> Graded:
+    return Graded(graded.rewards[rows], graded.correct[rows], graded.overlong[rows])
+
+
+def _can_refill(cfg: TrainConfig, rounds: int, refill: Iterator[Problem] | None) -> bool:
+    return cfg.algo.dynamic_sampling and refill is not None and rounds < cfg.algo.max_refill_rounds
+
+
+def _all_ranks_agree(ok: bool) -> bool:
+    """Every rank learns whether any rank failed, so no rank waits forever in a collective."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return ok
+    flag = torch.tensor([0.0 if ok else 1.0])
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() == 0.0)
+
+
+def _refill_failure(cfg: TrainConfig, wanted: int, kept: int, sampled: int, rounds: int) -> str:
+    return (
+        f"DAPO dynamic sampling could not fill the step: after {rounds} refill rounds "
+        f"(algo.max_refill_rounds={cfg.algo.max_refill_rounds}) only {kept} of the {wanted} groups "
+        f"this rank needs had mixed correctness, out of {sampled} groups sampled. The task is too "
+        f"easy or too hard for the model at this point: raise algo.max_refill_rounds, raise "
+        f"rollout.n (more chances of a mixed group), or turn it off with "
+        f"algo.dynamic_sampling=false."
+    )

@@ -1,0 +1,166 @@
+"""Building a run: the task, reward, tokenizer and models, the MTP warm-up, the DeepSpeed
+engines, and — with `resume` — the newest good checkpoint's weights, streams and states.
+
+The order matters for exact resume and for memory: the checkpoint is chosen before the engines
+exist (the MTP warm-up runs only on a fresh start, and the engines' optimizers start from the
+warmed-up modules); the rollout engine is built after the checkpoint is loaded, from the resumed
+weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tepo_cli.config.errors import ConfigError
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.data.tasks import DatasetTask, build_task
+from tepo_cli.kernels.lean_layers import make_lean
+from tepo_cli.models.critic import Critic
+from tepo_cli.models.loading import load_model, load_tokenizer
+from tepo_cli.models.mtp import mtp_support_problem
+from tepo_cli.rewards import build_reward
+from tepo_cli.rollout import build_backend
+from tepo_cli.train import checkpoint
+from tepo_cli.train.critic_files import build_critic
+from tepo_cli.train.distributed import Topology
+from tepo_cli.train.engine import build_engine
+from tepo_cli.train.host_memory import return_freed_buffers
+from tepo_cli.train.metrics import RunLog
+from tepo_cli.train.mtp_files import mtp_unsupported_message
+from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
+from tepo_cli.train.policy import Policy
+from tepo_cli.train.prompts import open_prompts
+from tepo_cli.train.resumable import restore_rng
+from tepo_cli.train.resume import truncate_logs
+from tepo_cli.train.run import Models, Run
+from tepo_cli.train.state import RankState, TrainerState
+from tepo_cli.train.update import accumulation_steps
+
+
+def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
+    """A run ready for its first (or next) step, on this rank."""
+    seed_everything(cfg.seed + topo.rank)
+    return_freed_buffers(cfg.trainer.mmap_threshold_kb)
+    task = build_task(cfg.benchmark)
+    if isinstance(task, DatasetTask):
+        task.check_training()
+    reward = build_reward(cfg.reward, cfg.benchmark)
+    tokenizer = load_tokenizer(cfg.model)
+    lm = load_model(cfg.model, tokenizer, topo.device)
+    if cfg.kernel.lean_layers:
+        make_lean(lm)
+    model = build_policy(cfg, lm)
+    reference = frozen_reference(model, cfg) if cfg.algo.needs_ref else None
+    critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
+    resume_from = choose_checkpoint(cfg, run_dir, topo)
+    log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
+    summary = {"run_dir": str(run_dir), "steps": 0, **model_sizes(model, critic)}
+    if model.mtp is not None and resume_from is None:
+        warmup_stream = task.train_stream(warmup_stream_seed(cfg.seed))
+        emit = log.warmup if log is not None else (lambda record: None)
+        summary.update(warm_up(cfg, model, tokenizer, warmup_stream, emit))
+    accumulation = accumulation_steps(cfg)
+    engine = build_engine(model, cfg, accumulation, topo.world_size)
+    critic_engine = (
+        build_engine(critic, cfg, accumulation, topo.world_size, lr=cfg.advantage.critic_lr)
+        if critic is not None
+        else None
+    )
+    generator = torch.Generator().manual_seed(cfg.seed)
+    state, rank_state = TrainerState(summary=summary), RankState()
+    if resume_from is not None:
+        state, rank_state = checkpoint.load(engine, resume_from, topo, critic_engine)
+        _say_resumed(resume_from, state, topo)
+    backend = build_backend(cfg.rollout, engine.module.lm, tokenizer, model.share_prompts)
+    prompts = open_prompts(cfg, task.train_stream, topo, state, rank_state)
+    if rank_state.rng:
+        restore_rng(rank_state.rng, generator)
+    models = Models(engine, critic_engine, reference)
+    return Run(
+        cfg, run_dir, topo, tokenizer, task, reward, models, backend, prompts, generator, state, log
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_policy(cfg: TrainConfig, lm: Any) -> Policy:
+    """The trained module: the LM, its log-prob head and, for MPO's future=mtp, the MTP modules."""
+    depths = cfg.algo.mtp_depths
+    if depths:
+        problem = mtp_support_problem(getattr(lm.config, "model_type", None), lm)
+        if problem is not None:
+            raise ConfigError(mtp_unsupported_message(cfg, problem))
+    return Policy(
+        lm,
+        cfg.kernel,
+        share_prompts=cfg.model.share_prompts,
+        mtp_depths=depths,
+        mtp=cfg.algo.mtp,
+    )
+
+
+def frozen_reference(model: Policy, cfg: TrainConfig) -> Policy:
+    """A frozen copy of the policy's LM (never of its MTP modules) for the KL term."""
+    reference = Policy(copy.deepcopy(model.lm), cfg.kernel, share_prompts=model.share_prompts)
+    reference.eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def model_sizes(policy: Policy, critic: Critic | None = None) -> dict[str, int]:
+    """Parameter counts (before ZeRO-3 partitions them): the policy's own and, with MPO's
+    future=mtp, the MTP modules', and the critic's with advantage=gae."""
+    sizes = {"policy_parameters": sum(p.numel() for p in policy.lm.parameters())}
+    if policy.mtp is not None:
+        sizes["mtp_parameters"] = policy.mtp.parameter_count()
+    if critic is not None:
+        sizes["critic_parameters"] = sum(p.numel() for p in critic.parameters())
+    return sizes
+
+
+def choose_checkpoint(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Path | None:
+    """With `resume`, the newest good checkpoint (all ranks the same one), the logs cut back to
+    it; None to start at step 0."""
+    if not cfg.resume:
+        return None
+    chosen: list[str | None] = [None]
+    if topo.is_main:
+        for leftover in checkpoint.remove_staging(run_dir):
+            _warn(f"removed {leftover}, a checkpoint the run was killed while writing")
+        good = checkpoint.latest_good(run_dir, _warn)
+        chosen = [str(good) if good is not None else None]
+    if dist.is_initialized() and topo.world_size > 1:
+        dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] is None:
+        if topo.is_main:
+            truncate_logs(run_dir, {})
+            _warn(f"{run_dir} has no usable checkpoint: the run starts over from step 0")
+        return None
+    found = Path(chosen[0])
+    if topo.is_main:
+        truncate_logs(run_dir, checkpoint.read_trainer_state(found).logs)
+    return found
+
+
+def _say_resumed(found: Path, state: TrainerState, topo: Topology) -> None:
+    if topo.is_main:
+        print(
+            f"tepo train: resuming {found.parent.parent} after step {state.step} ({found.name})",
+            file=sys.stderr,
+        )
+
+
+def _warn(message: str) -> None:
+    print(f"tepo train: warning: {message}", file=sys.stderr)
