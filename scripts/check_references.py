@@ -22,11 +22,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from tepo_cli.data.arith import Problem
-from tepo_cli.data.benchmarks import code_problem, load_problems
+from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.data.benchmarks import load_problems
 from tepo_cli.data.prepare import prepare
-from tepo_cli.rewards import RewardResult
-from tepo_cli.rewards.code import grade_many
+from tepo_cli.rewards.code import CodeProblem, grade_many
 from tepo_cli.rewards.gsm8k import score_gsm8k
 from tepo_cli.rewards.math import clear_cache, extract_answer, is_symbolic, score_math
 
@@ -95,7 +94,7 @@ def check_math(name: str, limit: int | None) -> bool:
 
 def check_code(name: str, limit: int | None, workers: int) -> bool:
     problems = load_problems(name, limit=limit)
-    items = [(p.answer, code_problem(p)) for p in problems]
+    items = [(p.answer, CodeProblem.from_record(p.extra)) for p in problems]
     start = time.perf_counter()
     grades = grade_many(items, extract=False, max_workers=workers)
     passed = sum(g.correct for g in grades)

@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="", file=sys.stderr)
         sys.exit(2)
     config_name, job = jobs[command]
-    from tepo_cli.config.errors import ConfigError
     from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
+    from tepo_cli.core.errors import ConfigError
 
     overrides = quote_weight_specs(overrides)
     try:

@@ -6,6 +6,7 @@ from importlib.resources import files
 
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 from pydantic import ValidationError
 
@@ -40,19 +41,42 @@ def inputs(rows: int = 4, columns: int = 7, seed: int = 0):
 
 
 # presets ------------------------------------------------------------------------------------------
+def test_every_knob_has_its_default_and_comment_in_one_place() -> None:
+    """conf/algo/_base.yaml lists every knob (but the MTP modules', which only MPO's presets set),
+    in the model's order, each with a comment; a preset states only its name and what differs."""
+    folder = files("tepo_cli.conf") / "algo"
+    base = (folder / "_base.yaml").read_text(encoding="utf-8")
+    keys = [line.split(":")[0] for line in base.splitlines() if line and line[0] not in "# "]
+    assert keys == [k for k in AlgoConfig.model_fields if k != "mtp"]
+    for line in base.splitlines():
+        assert line.startswith("#") or " # " in line, f"_base.yaml: no comment on {line!r}"
+    assert "_base" not in preset_names()
+    for name in preset_names():
+        text = (folder / f"{name}.yaml").read_text(encoding="utf-8")
+        lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+        assert lines[0].startswith("defaults:"), f"{name}.yaml starts from _base or a preset"
+        for line in lines:
+            assert " # " in line, f"{name}.yaml: no comment on {line!r}"
+        assert set(load_preset(name)) >= set(keys), name
+        parent = yaml.safe_load(text)["defaults"][0]
+        inherited = load_preset(parent) if parent != "_base" else _base_values(base)
+        for line in lines:
+            key, _, value = line.partition("#")[0].partition(":")
+            if line[0] == " " or key in ("defaults", "name", "mtp") or not value.strip():
+                continue
+            # a knob restated with its inherited value is noise, unless it cites its source
+            marked = any(mark in line for mark in ("[paper]", "[our reading]", "[ours]"))
+            assert marked or yaml.safe_load(value) != inherited[key], f"{name}.yaml: {line!r}"
+
+
+def _base_values(text: str) -> dict[str, object]:
+    return yaml.safe_load(text.replace("???", "'???'"))
+
+
 def test_every_preset_is_shipped_registered_and_documented() -> None:
     assert set(PRESETS) <= set(preset_names())
     assert set(PRESETS) <= set(registered_policy_losses())
-    folder = files("tepo_cli.conf") / "algo"
     for name in PRESETS:
-        text = (folder / f"{name}.yaml").read_text(encoding="utf-8")
-        keys = [line.split(":")[0] for line in text.splitlines() if line and line[0] not in "# "]
-        knobs = list(AlgoConfig.model_fields)
-        if load_preset(name)["future"] == "exact":
-            knobs.remove("mtp")  # the MTP modules' knobs matter with future=mtp only
-        assert keys == knobs, name  # every knob, in the model's order
-        for line in text.splitlines():
-            assert line.startswith("#") or " # " in line, f"{name}.yaml: no comment on {line!r}"
         assert AlgoConfig.model_validate(load_preset(name)).name == name
 
 

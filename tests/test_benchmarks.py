@@ -13,12 +13,11 @@ from tepo_cli.data.benchmarks import (
     MBPP_TEMPLATE,
     DataError,
     check_split_for_training,
-    code_problem,
     load_problems,
     mbpp_entry_point,
     to_problem,
 )
-from tepo_cli.rewards.code import grade_many
+from tepo_cli.rewards.code import CodeProblem, grade_many
 
 GSM8K = {"question": "Tom has 3 apples ...?", "answer": "3 + 1,997 = 2,000\n#### 2,000"}
 MATH = {
@@ -138,7 +137,10 @@ def test_code_problems_grade_in_the_sandbox() -> None:
     items = []
     for name, record in (("humaneval", HUMANEVAL), ("mbpp", MBPP)):
         problem = to_problem(name, record)
-        items += [(problem.answer, code_problem(problem)), ("", code_problem(problem))]
+        items += [
+            (problem.answer, CodeProblem.from_record(problem.extra)),
+            ("", CodeProblem.from_record(problem.extra)),
+        ]
     grades = grade_many(items, extract=False)
     assert [g.correct for g in grades] == [True, False, True, False]
 

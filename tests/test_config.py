@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.validate import load_eval_config, load_train_config
+from tepo_cli.core.errors import ConfigError
 
 
 def test_default_train_config_is_valid(compose_config):
@@ -159,8 +159,10 @@ def test_cli_help_and_cfg_job(tmp_path):
     hydra_help = _tepo("train", "--help", cwd=tmp_path)
     assert (
         hydra_help.returncode == 0
-        and "algo: dapo, grpo, gspo, mpo, mpo_disjoint, mpo_exact, tepo" in hydra_help.stdout
+        and "algo: _base, dapo, grpo, gspo, mpo, mpo_disjoint, mpo_exact, tepo" in hydra_help.stdout
     )
+    base = _tepo("train", "algo=_base", cwd=tmp_path)
+    _one_paragraph_exit_2(base, "algo=_base holds the default of every objective knob", "algo=grpo")
     job = _tepo("train", "algo.eps_high=0.28", "--cfg", "job", cwd=tmp_path)
     assert job.returncode == 0 and "eps_high: 0.28" in job.stdout
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.critic import Critic
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
-from tepo_cli.train.sequences import SequenceBatch
 
 PROMPTS = ["Hi", "What is 7*8? Answer with just the number, please.", "What is 2+2?"]
 

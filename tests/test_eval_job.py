@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import BenchmarkConfig
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.records import Problem
 from tepo_cli.data.tasks import DatasetTask, build_task
 from tepo_cli.eval.job import _completed_records
 from tepo_cli.eval.summary import summarize

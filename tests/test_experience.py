@@ -7,12 +7,13 @@ import itertools
 import pytest
 import torch
 
-from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.core.errors import RunError
+from tepo_cli.core.records import RewardResult
+from tepo_cli.core.rollout import Rollout
 from tepo_cli.data.arith import ArithTask
-from tepo_cli.rewards import Reward, RewardResult, build_reward
-from tepo_cli.rollout import Rollout
+from tepo_cli.rewards import Reward, build_reward
 from tepo_cli.rollout.hf import HfBackend
 from tepo_cli.train.advantage import estimate
 from tepo_cli.train.experience import score

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.models import gguf_convert
 from tepo_cli.models.gguf_convert import MANIFEST, converted_checkpoint, find_gguf
 

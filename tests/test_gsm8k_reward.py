@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.records import Problem
 from tepo_cli.rewards.gsm8k import (
     extract_flexible,
     extract_strict,

@@ -6,8 +6,7 @@ import threading
 
 import pytest
 
-from tepo_cli.data.arith import Problem
-from tepo_cli.rewards import RewardResult
+from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.rewards.math import (
     answers_equivalent,
     extract_answer,

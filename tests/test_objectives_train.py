@@ -102,12 +102,14 @@ def test_objective_trains_three_steps(compose_config, tmp_path, overrides):
         assert summary["mtp_parameters"] > 0 and any("mtp_nll_d2" in r for r in records)
         if config.algo.mtp.aux_coef:
             assert all(r["mtp_aux_loss"] > 0 for r in records)
-    assert all(r["grad_norm"] is not None and r["grad_norm"] >= 0 for r in records)
     assert any(r["grad_norm"] > 0 for r in records)
     if config.algo.kl_mask == "tepo":
-        assert all(0.0 <= r["kl_mask_frac"] <= 1.0 for r in records)
+        # the mask selects some tokens, not none and not all (it then would not be a mask)
+        assert any(0.0 < r["kl_mask_frac"] < 1.0 for r in records)
     if config.algo.dynamic_sampling:
-        assert all(0.0 <= r["dropped_group_frac"] < 1.0 for r in records)
+        # a dropped group is one whose answers all agree: refills happened exactly when some were
+        for r in records:
+            assert (r["dropped_group_frac"] > 0) == (r["refill_rounds"] > 0)
     if config.algo.needs_ref:
         assert records[-1]["kl"] > 0  # the policy moved away from the frozen reference
     if config.advantage.needs_critic:

@@ -52,7 +52,7 @@ def test_greedy_generation_is_deterministic(tiny_model, tiny_tokenizer):
 
 
 def test_take_and_concat_repad_prompts_left_and_completions_right():
-    from tepo_cli.rollout import Rollout
+    from tepo_cli.core.rollout import Rollout
 
     short = Rollout(
         prompt_ids=torch.tensor([[7, 8]]),

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 import tepo_cli.rollout as rollout
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.core.errors import ConfigError
 
 ENGINE_MODULE = '''
 """A test back-end: generate() with transformers, then the engine's "own" log-probs: the

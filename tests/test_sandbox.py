@@ -64,7 +64,16 @@ def test_runs_a_program_with_stdin(level: str) -> None:
     assert res.stdout == "cba\n" and res.stderr == ""
     assert res.exit_code == 0 and res.signal is None and not res.timed_out
     assert res.isolation == level
-    assert res.wall_time_s > 0 and res.cpu_time_s >= 0
+    assert 0 < res.cpu_time_s <= res.wall_time_s  # a Python start-up costs CPU time
+
+
+def test_cpu_time_is_the_programs_own(level: str) -> None:
+    """A 0.3 s busy loop is measured as at least that much CPU time; a 0.3 s sleep as far less."""
+    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    idle = "import time\ntime.sleep(0.3)"
+    spent = run_program(busy, config=_config(level)).cpu_time_s
+    slept = run_program(idle, config=_config(level))
+    assert spent >= 0.3 and slept.wall_time_s >= 0.3 and slept.cpu_time_s < spent - 0.2
 
 
 def test_exit_codes_and_exceptions_are_reported(level: str) -> None:

@@ -68,17 +68,26 @@ def test_train_tiny_then_eval_the_saved_model(tmp_path):
     assert metrics[0]["grad_norm"] > 0
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()
     assert len(read_jsonl(run / "samples.jsonl")) == 8  # samples_per_step=4 x 2 steps
-    assert [e["when"] for e in read_jsonl(run / "eval.jsonl")] == ["before", "after"]
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [(e["when"], e["problems"]) for e in evals] == [("before", 100), ("after", 100)]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 2 and 0.0 <= summary["eval_after"] <= 1.0
+    assert summary["steps"] == 2
+    assert (summary["eval_before"], summary["eval_after"]) == (
+        evals[0]["accuracy"],
+        evals[1]["accuracy"],
+    )
+    assert summary["final_reward_mean"] == metrics[-1]["reward_mean"]
     assert (run / "final" / "model.safetensors").is_file()
     assert not (run / "final.tmp").exists()
 
-    tepo("eval", "model=tiny", f"model.path={run / 'final'}", "eval.limit=10", cwd=tmp_path)
+    # tepo eval of the saved model, greedy on the same 100 held-out problems with the same answer
+    # length (benchmark.max_new_tokens), grades exactly what the trainer's last evaluation did.
+    tepo("eval", "model=tiny", f"model.path={run / 'final'}", cwd=tmp_path)
     (evaluation,) = (tmp_path / "outputs" / "eval").rglob("summary.json")
     result = json.loads(evaluation.read_text())
-    assert result["problems"] == 10 and result["samples"] == 10
-    assert len(read_jsonl(evaluation.parent / "samples.jsonl")) == 10
+    assert result["problems"] == 100 and result["samples"] == 100
+    assert result["accuracy"] == summary["eval_after"]
+    assert len(read_jsonl(evaluation.parent / "samples.jsonl")) == 100
 
 
 def test_multirun_sweep_writes_one_run_dir_per_job(tmp_path):

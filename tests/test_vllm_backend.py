@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import EngineConfig
+from tepo_cli.core.errors import RunError
 from tepo_cli.rollout.base import Sampling
 
 if os.environ.get("TEPO_REQUIRE_VLLM") != "1":

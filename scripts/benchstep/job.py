@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tepo_cli.config.schema import TrainConfig
-    from tepo_cli.data.arith import Problem
+    from tepo_cli.core.records import Problem
 
 # The issue's prompt; tepo's arith benchmark must render exactly this (checked at start-up).
 ISSUE_PROMPT = "What is {question}? Answer with just the number."

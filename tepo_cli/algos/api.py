@@ -39,16 +39,14 @@ def policy_loss(
                  its anchor's or its own token's, or its tokens' mean (docs/objectives.md §0.1).
     mask:        [B, T] bool / 0-1 response tokens; padding may be on either side.
     ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
-    entropy, old_entropy: [B, T], required by TEPO's KL mask (old_entropy; entropy too for
-                 mask_criterion=entropy_drop).
+    entropy, old_entropy: [B, T], for TEPO's KL mask (entropy too: mask_criterion=entropy_drop).
     mtp_logp, old_mtp_logp: [B, T, K−1], required by MPO with future=mtp: [b, t, n−2] is the
                  log-prob that MTP depth n, at anchor t, gives the token n−1 valid positions
                  after t (current with grad, and rollout). Ignored entries may hold anything.
     old_entropy_term: [B, T] S = Σ_j p_j²(log p_j + H) of the rollout policy, required by TEPO's
                  mask_criterion=first_order (tepo_cli.kernels.token_entropy_terms).
     token_weights: [B, T] ≥ 0, detached: each token's policy term is multiplied by its weight
-                 (rollout–training mismatch correction, tepo_cli.algos.mismatch); the KL term is
-                 not. None = 1 everywhere.
+                 (mismatch correction, tepo_cli.algos.mismatch); not the KL term. None = 1.
     overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
                  normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
                  `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
@@ -56,8 +54,7 @@ def policy_loss(
                  loss of one big batch.
 
     Metrics: pg_loss, kl_loss, kl, clip_frac (+ _low, _high), dual_clip_frac, ratio_mean (token
-    means over these rows), and kl_mask_frac when TEPO's mask is computed.
-    Raises ValueError naming the argument on a missing input or a shape mismatch.
+    means), kl_mask_frac (TEPO). ValueError names the argument missing or misshapen.
     """
     normalisers = {name: overrides.pop(name) for name in NORMALISERS if name in overrides}
     cfg = resolve_algo(algo, overrides)

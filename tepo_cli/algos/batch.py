@@ -66,6 +66,51 @@ def make_policy_batch(
     token_weights: Tensor | None = None,
 ) -> PolicyBatch:
     """Check the inputs (ValueError naming the argument) and build a `PolicyBatch`."""
+    mask = _checked_mask(logp, mask)
+    shape = tuple(logp.shape)
+    if not isinstance(advantages, Tensor) or tuple(advantages.shape) not in (shape[:1], shape):
+        raise ValueError(
+            f"advantages must be [B] = ({shape[0]},), one per response, or [B, T] = {shape}, one "
+            f"per token, got {_describe(advantages)}"
+        )
+    if old_logp is None:
+        raise ValueError("old_logp is required (the rollout policy's token log-probs)")
+    # [B, T] inputs the objective reads without gradient
+    detached = {
+        "old_logp": old_logp,
+        "ref_logp": ref_logp,
+        "old_entropy": old_entropy,
+        "old_entropy_term": old_entropy_term,
+        "token_weights": token_weights,
+    }
+    for name, tensor in {**detached, "entropy": entropy}.items():
+        if tensor is not None and (not isinstance(tensor, Tensor) or tuple(tensor.shape) != shape):
+            raise ValueError(
+                f"{name} must be [B, T] shaped like logp {shape}, got {_describe(tensor)}"
+            )
+    _check_mtp(mtp_logp, old_mtp_logp, shape)
+    counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "max_len": max_len}
+    for name, count in counts.items():
+        _check_count(name, count)
+    token_advantages = advantages.dim() == 2
+    return PolicyBatch(
+        logp=_zero_padding(logp, mask, detach=False),  # type: ignore[arg-type]
+        advantages=(
+            _zero_padding(advantages.to(logp.dtype), mask, detach=True)  # type: ignore[arg-type]
+            if token_advantages
+            else advantages.detach().to(logp.dtype)
+        ),
+        mask=mask,
+        entropy=_zero_padding(entropy, mask, detach=False),
+        mtp_logp=_zero_padding(mtp_logp, mask, detach=False),
+        old_mtp_logp=_zero_padding(old_mtp_logp, mask, detach=True),
+        **{name: _zero_padding(t, mask, detach=True) for name, t in detached.items()},  # type: ignore[arg-type]
+        **counts,
+    )
+
+
+def _checked_mask(logp: Tensor, mask: Tensor) -> Tensor:
+    """logp must be [B, T] float; the mask, shaped like it, comes back as bool."""
     if not isinstance(logp, Tensor) or logp.dim() != 2 or not logp.is_floating_point():
         raise ValueError(f"logp must be a [B, T] float tensor, got {_describe(logp)}")
     shape = tuple(logp.shape)
@@ -77,58 +122,16 @@ def make_policy_batch(
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must be bool or hold only 0 and 1")
         mask = mask != 0
-    if not isinstance(advantages, Tensor) or tuple(advantages.shape) not in (shape[:1], shape):
-        raise ValueError(
-            f"advantages must be [B] = ({shape[0]},), one per response, or [B, T] = {shape}, one "
-            f"per token, got {_describe(advantages)}"
-        )
-    tensors = {
-        "old_logp": old_logp,
-        "ref_logp": ref_logp,
-        "entropy": entropy,
-        "old_entropy": old_entropy,
-        "old_entropy_term": old_entropy_term,
-        "token_weights": token_weights,
-    }
-    for name, tensor in tensors.items():
-        if tensor is None:
-            if name == "old_logp":
-                raise ValueError("old_logp is required (the rollout policy's token log-probs)")
-            continue
-        if not isinstance(tensor, Tensor) or tuple(tensor.shape) != shape:
-            raise ValueError(
-                f"{name} must be [B, T] shaped like logp {shape}, got {_describe(tensor)}"
-            )
-    _check_mtp(mtp_logp, old_mtp_logp, shape)
-    counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "max_len": max_len}
-    for name, count in counts.items():
-        _check_count(name, count)
+    return mask
 
-    def clean(tensor: Tensor | None, detach: bool) -> Tensor | None:
-        if tensor is None:
-            return None
-        tensor = tensor.detach() if detach else tensor
-        where = mask if tensor.dim() == 2 else mask.unsqueeze(-1)
-        return torch.where(where, tensor, 0.0)
 
-    return PolicyBatch(
-        logp=clean(logp, detach=False),  # type: ignore[arg-type]
-        old_logp=clean(old_logp, detach=True),  # type: ignore[arg-type]
-        advantages=(
-            advantages.detach().to(logp.dtype)
-            if advantages.dim() == 1
-            else clean(advantages.to(logp.dtype), detach=True)
-        ),
-        mask=mask,
-        ref_logp=clean(ref_logp, detach=True),
-        entropy=clean(entropy, detach=False),
-        old_entropy=clean(old_entropy, detach=True),
-        mtp_logp=clean(mtp_logp, detach=False),
-        old_mtp_logp=clean(old_mtp_logp, detach=True),
-        old_entropy_term=clean(old_entropy_term, detach=True),
-        token_weights=clean(token_weights, detach=True),
-        **counts,
-    )
+def _zero_padding(tensor: Tensor | None, mask: Tensor, detach: bool) -> Tensor | None:
+    """0 on padding ([B, T] or [B, T, D] values), detached where the objective reads no gradient."""
+    if tensor is None:
+        return None
+    tensor = tensor.detach() if detach else tensor
+    where = mask if tensor.dim() == 2 else mask.unsqueeze(-1)
+    return torch.where(where, tensor, 0.0)
 
 
 def require_inputs(batch: PolicyBatch, cfg: AlgoConfig) -> None:

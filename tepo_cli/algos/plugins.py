@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tepo_cli.config.errors import ConfigError
-from tepo_cli.config.user_code import import_user_code
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.user_code import import_user_code
 
 
 def load_objectives(plugins: list[str], name: str) -> None:
@@ -13,6 +13,14 @@ def load_objectives(plugins: list[str], name: str) -> None:
     for plugin in plugins:
         import_user_code(plugin, "plugins")
     known = registered_policy_losses()
+    if name == "???":  # conf/algo/_base.yaml's mandatory value, chosen as if it were a preset
+        from tepo_cli.algos.presets import preset_names
+
+        raise ConfigError(
+            f"algo=_base holds the default of every objective knob, which each preset starts "
+            f"from; it names no objective. Choose a preset (algo={', algo='.join(preset_names())}) "
+            f"or set algo.name to a registered objective ({', '.join(known)})."
+        )
     if name not in known:
         raise ConfigError(
             f"algo.name='{name}' is not a registered objective; the registered ones are: "

@@ -16,9 +16,11 @@ AlgoSpec = str | Mapping[str, Any] | DictConfig | AlgoConfig
 
 
 def preset_names() -> tuple[str, ...]:
-    """The presets shipped in conf/algo/ (the package `tepo_cli.conf`)."""
+    """The presets shipped in conf/algo/ (the package `tepo_cli.conf`); `_base.yaml`, which holds
+    every knob's default, is not one."""
     folder = files("tepo_cli.conf") / "algo"
-    return tuple(sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")))
+    names = (p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return tuple(sorted(n for n in names if not n.startswith("_")))
 
 
 @cache

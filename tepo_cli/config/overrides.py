@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import EvalConfig, TrainConfig
+from tepo_cli.core.errors import ConfigError
 
 SCHEMAS: dict[str, type[BaseModel]] = {"train": TrainConfig, "eval": EvalConfig}
 # `algo.block_weights=decay:0.06,0.8`: one value whose comma Hydra would read as a list or sweep.

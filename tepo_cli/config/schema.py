@@ -173,7 +173,8 @@ class RolloutConfig(Strict):
     temperature: float = Field(default=0.7, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
-    max_new_tokens: int = Field(default=16, ge=1)
+    # None: the benchmark's max_new_tokens (TrainConfig resolves it, so the trainer reads an int)
+    max_new_tokens: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=64, ge=1)
     correction: Literal["auto", "none", "token_tis", "seq_mask"] = "auto"
     correction_cap: float = Field(default=3.0, gt=1.0)
@@ -270,6 +271,9 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _check_batching(self) -> TrainConfig:
+        if self.rollout.max_new_tokens is None:
+            # One length story: the benchmark's answer length, unless training overrides it.
+            self.rollout.max_new_tokens = self.benchmark.max_new_tokens
         if self.model.source in ("reference", "replay"):
             raise ValueError(
                 f"model={self.model.source} has no weights to train; it is for tepo eval"

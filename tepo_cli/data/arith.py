@@ -7,28 +7,13 @@ only problems outside it, so evaluation never sees a training problem whatever t
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import BenchmarkConfig
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.records import Problem
 
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One task instance: `question` fills the prompt template; `answer` is the reference.
-
-    `extra` holds what a benchmark's grader needs beyond the answer (e.g. a code problem's tests
-    and entry point, a maths problem's full solution).
-    """
-
-    id: str
-    question: str
-    answer: str
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 class ArithTask:

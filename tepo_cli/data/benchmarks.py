@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tepo_cli.config.errors import ConfigError
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.records import Problem
 from tepo_cli.data.prepare import prepared_file, problem_with
 from tepo_cli.rewards.code import CodeProblem
 from tepo_cli.rewards.gsm8k import extract_strict
@@ -265,11 +265,6 @@ def _mbpp_problem(record: Record, index: int, default_id: str) -> Problem:
     }
     question = MBPP_TEMPLATE.format(text=text.strip(), test=tests[0])
     return Problem(f"mbpp/{task_id}", question, code, extra)
-
-
-def code_problem(problem: Problem) -> CodeProblem:
-    """The sandbox grader's view of a HumanEval or MBPP problem."""
-    return CodeProblem.from_record(problem.extra)
 
 
 def check_split_for_training(name: str, split: str, force: bool = False) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from zipfile import ZipFile
 
 from tepo_cli.cache import cache_root, sha256_file
-from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.data import sources
 from tepo_cli.data.sources import Source, Wheel
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tepo_cli.config.errors import ConfigError, RunError
+from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.data.prepare import PreparedBenchmark, benchmark_names, prepare
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from tepo_cli.config.schema import BenchmarkConfig
-from tepo_cli.data.arith import ArithTask, Problem
+from tepo_cli.core.records import Problem
+from tepo_cli.data.arith import ArithTask
 
 
 class Task(Protocol):

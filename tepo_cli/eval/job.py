@@ -20,13 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tepo_cli.config.errors import ConfigError, RunError
 from tepo_cli.config.schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.errors import ConfigError, RunError
+from tepo_cli.core.records import Problem
+from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY
 from tepo_cli.rewards import Reward
-
-SAMPLES = "samples.jsonl"
 
 
 def eval_job(cfg: DictConfig) -> None:
@@ -56,7 +55,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     problems = build_task(benchmark).eval_problems(options.limit)
     reward = build_reward(config.reward, benchmark)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config.model_dump(mode="json")))
+    (run_dir / CONFIG).write_text(OmegaConf.to_yaml(config.model_dump(mode="json")))
     done = _completed_records(run_dir / SAMPLES, options.n)
     todo = [p for p in problems if p.id not in done]
     sampling = Sampling(
@@ -100,7 +99,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         "seconds": seconds,
         "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,
     }
-    _write_json(run_dir / "summary.json", summary)
+    _write_json(run_dir / SUMMARY, summary)
     return summary
 
 
@@ -192,4 +191,4 @@ def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
     )
     console = Console()
     console.print(table)
-    console.print(f"summary: {run_dir / 'summary.json'}   per-sample records: {run_dir / SAMPLES}")
+    console.print(f"summary: {run_dir / SUMMARY}   per-sample records: {run_dir / SAMPLES}")

@@ -14,8 +14,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from tepo_cli.config.errors import ConfigError
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.records import Problem
 
 
 def reference_completion(benchmark: str, problem: Problem) -> str:

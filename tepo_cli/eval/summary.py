@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.records import Problem
 from tepo_cli.eval.passk import maj_at_k, mean_pass_at_k
 
 

@@ -23,7 +23,7 @@ from transformers import AutoModel, PreTrainedModel
 from tepo_cli.models.sequence_hidden import sequence_hidden
 
 if TYPE_CHECKING:
-    from tepo_cli.train.sequences import SequenceBatch
+    from tepo_cli.core.sequences import SequenceBatch
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from tepo_cli.cache import cache_root, sha256_file
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.core.errors import ConfigError
 
 MANIFEST = "tepo_source.json"
 

@@ -21,8 +21,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import ModelConfig
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.models.gguf_convert import converted_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -18,7 +18,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from tepo_cli.models.shared_prompts import distinct_prompts, prefill
 
 if TYPE_CHECKING:
-    from tepo_cli.train.sequences import SequenceBatch
+    from tepo_cli.core.sequences import SequenceBatch
 
 
 def sequence_hidden(

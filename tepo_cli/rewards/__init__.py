@@ -8,21 +8,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.records import Problem, RewardResult
 
 if TYPE_CHECKING:
     from tepo_cli.rewards.code import CodeGrade
-
-
-@dataclass(frozen=True)
-class RewardResult:
-    reward: float
-    correct: bool
-    extracted: str | None
 
 
 RewardFn = Callable[[str, Problem], RewardResult]
@@ -93,13 +85,12 @@ def _scorer(name: str, cfg: RewardConfig) -> RewardFn:
 def _score_code(
     completions: Sequence[str], problems: Sequence[Problem], cfg: RewardConfig
 ) -> list[RewardResult]:
-    from tepo_cli.data.benchmarks import code_problem
-    from tepo_cli.rewards.code import grade_many
+    from tepo_cli.rewards.code import CodeProblem, grade_many
     from tepo_cli.rewards.sandbox import SandboxConfig, SandboxLimits
 
     sandbox = SandboxConfig(limits=SandboxLimits(wall_time_s=cfg.timeout_s))
     grades: list[CodeGrade] = grade_many(
-        [(c, code_problem(p)) for c, p in zip(completions, problems, strict=True)],
+        [(c, CodeProblem.from_record(p.extra)) for c, p in zip(completions, problems, strict=True)],
         config=sandbox,
         correct=cfg.correct,
         incorrect=cfg.incorrect,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tepo_cli.config.errors import ConfigError
-from tepo_cli.config.user_code import import_user_code
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.user_code import import_user_code
 
 
 def load_user_function(path: str, name: str) -> Callable[..., Any]:

@@ -17,8 +17,7 @@ import re
 from fractions import Fraction
 from typing import Literal
 
-from tepo_cli.data.arith import Problem
-from tepo_cli.rewards import RewardResult
+from tepo_cli.core.records import Problem, RewardResult
 
 Mode = Literal["strict", "flexible"]
 MODES: tuple[Mode, ...] = ("strict", "flexible")

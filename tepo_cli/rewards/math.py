@@ -25,8 +25,7 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from tepo_cli.data.arith import Problem
-from tepo_cli.rewards import RewardResult
+from tepo_cli.core.records import Problem, RewardResult
 
 DEFAULT_TIMEOUT_S = 5
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")

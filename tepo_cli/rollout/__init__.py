@@ -18,9 +18,10 @@ from types import ModuleType
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import RolloutConfig
-from tepo_cli.rollout.base import Rollout, RolloutBackend, Sampling
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.rollout import Rollout
+from tepo_cli.rollout.base import RolloutBackend, Sampling
 
 __all__ = ["Rollout", "RolloutBackend", "Sampling", "backends", "build_backend", "check_backend"]
 

@@ -9,15 +9,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
+from tepo_cli.core.rollout import Rollout, left_padded_positions, pad_right
 from tepo_cli.models.shared_prompts import prefill
-from tepo_cli.rollout.base import (
-    Rollout,
-    Sampling,
-    completion_mask,
-    eos_ids,
-    left_padded_positions,
-    pad_right,
-)
+from tepo_cli.rollout.base import Sampling, completion_mask, eos_ids
 
 NAME = "hf"  # rollout.backend (conf/rollout/hf.yaml)
 REQUIRES = None  # transformers is tepo's own requirement

@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import EngineConfig, RolloutConfig
-from tepo_cli.rollout.base import Rollout, Sampling, eos_ids
+from tepo_cli.core.errors import RunError
+from tepo_cli.core.rollout import Rollout
+from tepo_cli.rollout.base import Sampling, eos_ids
 
 NAME = "vllm"  # rollout.backend (conf/rollout/vllm.yaml)
 REQUIRES = "vllm"

@@ -11,10 +11,10 @@ import torch.distributed as dist
 from tepo_cli.algos import estimate_advantages
 from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.sampling import Groups
-from tepo_cli.train.sequences import SequenceBatch, widen
 
 
 @dataclass

@@ -6,7 +6,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from tepo_cli.config.errors import RunError
+from tepo_cli.core.errors import RunError
 
 
 def write_directory(target: Path, write: Callable[[Path], None], failure: str) -> None:

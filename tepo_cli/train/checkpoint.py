@@ -23,12 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tepo_cli.config.errors import RunError
+from tepo_cli.core.errors import RunError
+from tepo_cli.core.run_dir import CHECKPOINTS
 from tepo_cli.train import faults
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.state import RankState, TrainerState
 
-CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 ENGINE_TAG = "engine"

@@ -11,15 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import resolve_dtype
 from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.policy import Policy
-
-CRITIC_DIR = "critic"
 
 
 def build_critic(cfg: TrainConfig, policy: Policy, topo: Topology) -> Critic:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.core.errors import ConfigError
 
 _SET_BY_US: dict[str, str] = {}  # rendezvous variables this job set (a single process)
 _OWN_GROUP: list[bool] = []  # non-empty once this process made its own one-rank group

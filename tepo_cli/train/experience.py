@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 import torch
 
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import Problem
-from tepo_cli.rollout import Rollout
+from tepo_cli.core.records import Problem
+from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.train.advantage import Advantages
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.sampling import Groups
-from tepo_cli.train.sequences import SequenceBatch, widen
 
 
 @dataclass

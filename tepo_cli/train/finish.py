@@ -11,17 +11,15 @@ import torch
 import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.run_dir import CRITIC, FINAL, MTP_MODULES, SUMMARY
 from tepo_cli.train import checkpoint
 from tepo_cli.train.atomic_dir import write_directory
-from tepo_cli.train.critic_files import CRITIC_DIR, save_critic
+from tepo_cli.train.critic_files import save_critic
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.guards import torch_optimizer
 from tepo_cli.train.metrics import RunLog
-from tepo_cli.train.mtp_files import MTP_FILE, save_mtp_modules
+from tepo_cli.train.mtp_files import save_mtp_modules
 from tepo_cli.train.policy import Policy
-
-FINAL_DIR = "final"
-SUMMARY_FILE = "summary.json"
 
 
 def drop_optimizer_state(engine: Any) -> None:
@@ -51,20 +49,20 @@ def save_final(
 ) -> dict[str, str]:
     """final/ (a transformers model directory), the MTP modules and the critic; returns their
     paths for the summary. Collective: every rank calls it."""
-    saved = {"final_model": str(run_dir / FINAL_DIR)}
-    _save_model(engine, tokenizer, run_dir / FINAL_DIR, topo)
+    saved = {"final_model": str(run_dir / FINAL)}
+    _save_model(engine, tokenizer, run_dir / FINAL, topo)
     if engine.module.mtp is not None:
-        save_mtp_modules(engine, cfg, run_dir / MTP_FILE, topo)
-        saved["mtp_modules"] = str(run_dir / MTP_FILE)
+        save_mtp_modules(engine, cfg, run_dir / MTP_MODULES, topo)
+        saved["mtp_modules"] = str(run_dir / MTP_MODULES)
     if critic_engine is not None and cfg.advantage.save_critic:
-        save_critic(critic_engine, run_dir / CRITIC_DIR, topo)
-        saved["critic"] = str(run_dir / CRITIC_DIR)
+        save_critic(critic_engine, run_dir / CRITIC, topo)
+        saved["critic"] = str(run_dir / CRITIC)
     return saved
 
 
 def write_summary(log: RunLog, summary: dict[str, Any], run_dir: Path) -> None:
     """summary.json, then the before -> after accuracy and where the model is, on the console."""
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     before, after = summary.get("eval_before"), summary.get("eval_after")
     if before is not None and after is not None:
         log.info(

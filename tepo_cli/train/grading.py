@@ -13,9 +13,9 @@ import torch
 
 from tepo_cli.algos import overlong_penalty, resolve_overlong_lengths
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.records import Problem
+from tepo_cli.core.rollout import Rollout
 from tepo_cli.rewards import Reward
-from tepo_cli.rollout import Rollout
 
 
 @dataclass

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.records import Problem
 from tepo_cli.eval.accuracy import evaluate
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling

@@ -8,16 +8,17 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from tepo_cli.config.errors import ConfigError, RunError, StopRequested
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.core.errors import ConfigError, RunError, StopRequested
+from tepo_cli.core.run_dir import CONFIG, METRICS
 
 
 def train_job(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     status_owner = False
-    from tepo_cli.train.run_status import write_status
+    from tepo_cli.core.run_status import write_status
 
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
@@ -90,17 +91,17 @@ def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:
             f"with resume=true, or give this run another directory (hydra.run.dir=...)."
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(current))
+    (run_dir / CONFIG).write_text(OmegaConf.to_yaml(current))
 
 
 def _has_steps(run_dir: Path) -> bool:
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS
     return metrics.is_file() and metrics.stat().st_size > 0
 
 
 def _fail(run_dir: Path, owner: bool, state: str, message: str, code: int) -> None:
     if owner:
-        from tepo_cli.train.run_status import write_status
+        from tepo_cli.core.run_status import write_status
 
         write_status(run_dir, state)
     print(message, file=sys.stderr)

@@ -11,8 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from tepo_cli.core.run_dir import LOG_FILES
+
 # The run's append-only logs, in the order RunLog opens them (resume cuts them back together).
-LOG_FILES = ("metrics.jsonl", "samples.jsonl", "eval.jsonl")
 
 # What the live display shows per step, in order: (metrics key, label, format).
 _SHOWN = (

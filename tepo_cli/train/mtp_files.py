@@ -14,11 +14,10 @@ from typing import Any
 
 from safetensors.torch import load_file, save_file
 
-from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.errors import RunError
 from tepo_cli.train.distributed import Topology
 
-MTP_FILE = "mtp_modules.safetensors"
 METADATA_KEY = "tepo_mtp"
 
 

@@ -20,15 +20,16 @@ import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.records import Problem
+from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
-from tepo_cli.rollout import Rollout, Sampling
+from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
 from tepo_cli.train import faults
 from tepo_cli.train.policy import Policy
-from tepo_cli.train.sequences import SequenceBatch
 
 Emit = Callable[[dict[str, Any]], None]
 _WARMUP_STREAM = 7_919  # seeds the warm-up's problem stream apart from the RL stream

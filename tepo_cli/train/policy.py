@@ -16,13 +16,13 @@ from transformers import PreTrainedModel
 
 from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
+from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels import token_entropy_terms
 from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.mtp import MtpStack, SharedPrompts
 from tepo_cli.models.mtp_loss import mtp_present
 from tepo_cli.models.sequence_hidden import sequence_hidden
 from tepo_cli.models.shared_prompts import distinct_prompts
-from tepo_cli.train.sequences import SequenceBatch
 
 MTP_PREFIX = "mtp."
 

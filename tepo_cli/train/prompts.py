@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.records import Problem
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.resumable import CountingStream
 from tepo_cli.train.state import RankState, TrainerState

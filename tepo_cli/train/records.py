@@ -24,37 +24,9 @@ def step_record(
     """The step's metrics over every rank's rows: rewards, accuracy, lengths, groups, learning
     rate, each phase's seconds (`<phase>_seconds`), peak memory, and the update's metrics."""
     seconds = clock.elapsed()
-    rewards, lengths = experience.rewards, experience.rollout.lengths.float()
-    groups = rewards.view(-1, cfg.rollout.n)
-    stats = torch.stack(
-        [
-            rewards.sum(),
-            (rewards**2).sum(),
-            experience.correct.float().sum(),
-            lengths.sum(),
-            experience.rollout.truncated.float().sum(),
-            (groups.max(dim=1).values == groups.min(dim=1).values).float().sum(),
-            torch.tensor(float(rewards.numel())),
-            torch.tensor(float(groups.shape[0])),
-            torch.tensor(float(experience.sampled_groups)),
-            torch.tensor(experience.overlong_mean * rewards.numel()),
-        ]
-    ).double()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        stats = stats.to(engine.device)
-        dist.all_reduce(stats)
-    (
-        total,
-        total_sq,
-        correct,
-        length,
-        truncated,
-        flat_groups,
-        count,
-        group_count,
-        sampled,
-        overlong,
-    ) = stats.tolist()
+    sums = _summed_over_ranks(cfg, experience, engine.device)
+    total, total_sq, correct, length, truncated = (sums[k] for k in _ROW_SUMS)
+    count, flat_groups, group_count, sampled, overlong = (sums[k] for k in _COUNTS)
     mean = total / count
     record: dict[str, Any] = {
         "step": step,
@@ -76,6 +48,38 @@ def step_record(
     record.update({f"{phase}_seconds": v for phase, v in clock.seconds.items()})
     record.update(update_metrics)
     return record
+
+
+_ROW_SUMS = ("reward", "reward_sq", "correct", "length", "truncated")
+_COUNTS = ("rows", "flat_groups", "groups", "sampled_groups", "overlong")
+
+
+def _summed_over_ranks(
+    cfg: TrainConfig, experience: Experience, device: torch.device
+) -> dict[str, float]:
+    """Sums over every rank's rows (float64): rewards, their squares, correct answers, lengths,
+    truncations, and the counts of rows, groups with one reward for all, kept and sampled groups,
+    and the overlong penalty."""
+    rewards, lengths = experience.rewards, experience.rollout.lengths.float()
+    groups = rewards.view(-1, cfg.rollout.n)
+    stats = torch.stack(
+        [
+            rewards.sum(),
+            (rewards**2).sum(),
+            experience.correct.float().sum(),
+            lengths.sum(),
+            experience.rollout.truncated.float().sum(),
+            torch.tensor(float(rewards.numel())),
+            (groups.max(dim=1).values == groups.min(dim=1).values).float().sum(),
+            torch.tensor(float(groups.shape[0])),
+            torch.tensor(float(experience.sampled_groups)),
+            torch.tensor(experience.overlong_mean * rewards.numel()),
+        ]
+    ).double()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        stats = stats.to(device)
+        dist.all_reduce(stats)
+    return dict(zip(_ROW_SUMS + _COUNTS, stats.tolist(), strict=True))
 
 
 def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[dict[str, Any]]:

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from tepo_cli.config.errors import ConfigError
-from tepo_cli.train.metrics import LOG_FILES
-from tepo_cli.train.run_status import effective_state
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.run_dir import CONFIG, LOG_FILES
+from tepo_cli.core.run_status import effective_state
 
 RUNS_ROOT = Path("outputs/train")
 
@@ -64,7 +64,7 @@ def run_dir_overrides(overrides: list[str]) -> list[str]:
             f"resume=true found no unfinished run under {RUNS_ROOT.resolve()}; pass the run "
             f"directory itself (resume=<run dir>) or set hydra.run.dir=<run dir>."
         )
-    if not (target / "config.yaml").is_file():
+    if not (target / CONFIG).is_file():
         raise ConfigError(
             f"resume={value}: {target} is not a tepo train run directory (it has no config.yaml); "
             f"pass the directory that holds config.yaml, metrics.jsonl and checkpoints/."
@@ -76,7 +76,7 @@ def run_dir_overrides(overrides: list[str]) -> list[str]:
 
 def newest_unfinished(root: Path) -> Path | None:
     runs = [p.parent for p in root.glob("*/*/config.yaml")]
-    runs.sort(key=lambda p: (p / "config.yaml").stat().st_mtime, reverse=True)
+    runs.sort(key=lambda p: (p / CONFIG).stat().st_mtime, reverse=True)
     return next((run for run in runs if effective_state(run) != "finished"), None)
 
 
@@ -99,7 +99,7 @@ def check_same_run(previous: dict[str, Any], current: dict[str, Any], run_dir: P
 
 
 def read_config(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG
     if not path.is_file():
         return None
     return yaml.safe_load(path.read_text()) or {}

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tepo_cli.config.errors import RunError, StopRequested
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.errors import RunError, StopRequested
 from tepo_cli.models.critic import Critic
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend

@@ -16,16 +16,17 @@ import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.algos import informative_groups
-from tepo_cli.config.errors import RunError
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.data.arith import Problem
+from tepo_cli.core.errors import RunError
+from tepo_cli.core.records import Problem
+from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import Reward
-from tepo_cli.rollout import Rollout, RolloutBackend, Sampling
+from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.train import faults
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.grading import Graded, grade
-from tepo_cli.train.sequences import SequenceBatch
 
 
 @dataclass

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tepo_cli.config.errors import ConfigError
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.data.tasks import DatasetTask, build_task
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.models.critic import Critic

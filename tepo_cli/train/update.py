@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,6 +35,33 @@ def accumulation_steps(cfg: TrainConfig) -> int:
     return -(-per_minibatch // cfg.trainer.micro_batch_size)
 
 
+@dataclass
+class _Tally:
+    """What the micro-batches of a step add up: metric sums (averaged at the end), seconds
+    (summed), gradient norms per optimizer step, and the mismatch statistics."""
+
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    micro_batches: int = 0
+    grad_norms: list[float] = field(default_factory=list)
+    critic_norms: list[float] = field(default_factory=list)
+    mismatch: MismatchTally | None = None
+
+    def metrics(self, experience: Experience, device: torch.device) -> dict[str, float]:
+        empty = self.sums.pop("empty_minibatches", 0.0)
+        result = {key: value / max(1, self.micro_batches) for key, value in self.sums.items()}
+        result["empty_minibatches"] = empty
+        result.update(self.seconds)
+        if self.grad_norms:
+            result["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+        if self.critic_norms:
+            result["critic_grad_norm"] = sum(self.critic_norms) / len(self.critic_norms)
+        result.update(experience.critic_metrics)
+        if self.mismatch is not None:
+            result.update(_mismatch_metrics(self.mismatch, device))
+        return result
+
+
 def update(
     cfg: TrainConfig,
     engine: Any,
@@ -45,83 +73,68 @@ def update(
     its own engine, stepped at the same accumulation boundaries). Returns the step's metrics,
     with the optimizer steps the guard skipped (a non-finite loss or gradient)."""
     skipped_before = skipped_optimizer_steps(engine)
-    batch = experience.batch
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    sums: dict[str, float] = defaultdict(float)
-    seconds: dict[str, float] = defaultdict(float)  # summed over the step, not averaged
-    micro_count = 0
-    grad_norms, critic_norms = [], []
-    tally = MismatchTally() if experience.rollout.logprobs is not None else None
+    rows = len(experience.batch)
+    tally = _Tally(mismatch=MismatchTally() if experience.rollout.logprobs is not None else None)
     for epoch in range(cfg.trainer.ppo_epochs):
-        order = (
-            torch.randperm(len(batch), generator=generator)
-            if not on_policy(cfg)
-            else torch.arange(len(batch))
-        )
+        order = torch.arange(rows) if on_policy(cfg) else torch.randperm(rows, generator=generator)
         for minibatch in order.chunk(cfg.trainer.minibatches):
-            num_tokens = _global_sum(batch.response_mask[minibatch].sum().item(), engine.device)
-            num_seqs = _global_sum(float(len(minibatch)), engine.device)
-            if num_tokens == 0:
-                # Only empty completions on every rank: no token to learn from. The whole
-                # accumulation cycle is left out, so the weights, AdamW moments and DeepSpeed's
-                # micro-step count all stay as they were.
-                sums["empty_minibatches"] += 1
-                continue
-            micro_batches = minibatch.split(cfg.trainer.micro_batch_size)
-            own_norm = critic_own_norm = None
-            for index, rows in enumerate(micro_batches):
-                metrics = _forward_backward(
-                    cfg,
-                    engine,
-                    experience,
-                    rows,
-                    num_tokens,
-                    num_seqs,
-                    world,
-                    seconds,
-                    tally if epoch == 0 else None,  # each row counted once
-                )
-                if critic_engine is not None:
-                    metrics.update(
-                        _critic_backward(
-                            cfg, critic_engine, experience, rows, num_tokens, num_seqs, world
-                        )
-                    )
-                for key, value in metrics.items():
-                    sums[key] += value
-                micro_count += 1
-                faults.maybe_kill("update")
-                began = time.perf_counter()
-                if index == len(micro_batches) - 1 and engine.zero_optimization_stage() == 0:
-                    own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
-                    if critic_engine is not None:
-                        critic_own_norm = _grad_norm(critic_engine.module)
-                engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
-                if critic_engine is not None:
-                    critic_engine.step()
-                seconds["optimizer_seconds"] += time.perf_counter() - began
-            norm = engine.get_global_grad_norm()
-            norm = own_norm if norm is None else norm
-            if norm is not None:
-                grad_norms.append(float(norm))
-            if critic_engine is not None:
-                critic_norm = critic_engine.get_global_grad_norm()
-                critic_norm = critic_own_norm if critic_norm is None else critic_norm
-                if critic_norm is not None:
-                    critic_norms.append(float(critic_norm))
-    empty = sums.pop("empty_minibatches", 0.0)
-    result = {key: value / max(1, micro_count) for key, value in sums.items()}
-    result["empty_minibatches"] = empty
-    result.update(seconds)
-    if grad_norms:
-        result["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    if critic_norms:
-        result["critic_grad_norm"] = sum(critic_norms) / len(critic_norms)
-    result.update(experience.critic_metrics)
-    if tally is not None:
-        result.update(_mismatch_metrics(tally, engine.device))
+            _optimizer_step(cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0)
+    result = tally.metrics(experience, engine.device)
     result["skipped_optimizer_steps"] = skipped_optimizer_steps(engine) - skipped_before
     return result
+
+
+def _optimizer_step(
+    cfg: TrainConfig,
+    engine: Any,
+    critic_engine: Any,
+    experience: Experience,
+    minibatch: torch.Tensor,
+    tally: _Tally,
+    first_epoch: bool,
+) -> None:
+    """One minibatch: its micro-batches' forward and backward, then the optimizer step that
+    DeepSpeed takes at the accumulation boundary (the critic's engine alongside)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    num_tokens = _global_sum(experience.batch.response_mask[minibatch].sum().item(), engine.device)
+    num_seqs = _global_sum(float(len(minibatch)), engine.device)
+    if num_tokens == 0:
+        # Only empty completions on every rank: no token to learn from. The whole accumulation
+        # cycle is left out, so the weights, AdamW moments and DeepSpeed's micro-step count all
+        # stay as they were.
+        tally.sums["empty_minibatches"] += 1
+        return
+    micro_batches = minibatch.split(cfg.trainer.micro_batch_size)
+    own_norm = critic_own_norm = None
+    for index, rows in enumerate(micro_batches):
+        counts = (num_tokens, num_seqs, world)
+        mismatch = tally.mismatch if first_epoch else None  # each row counted once
+        metrics = _forward_backward(cfg, engine, experience, rows, *counts, tally.seconds, mismatch)
+        if critic_engine is not None:
+            metrics.update(_critic_backward(cfg, critic_engine, experience, rows, *counts))
+        for key, value in metrics.items():
+            tally.sums[key] += value
+        tally.micro_batches += 1
+        faults.maybe_kill("update")
+        began = time.perf_counter()
+        if index == len(micro_batches) - 1 and engine.zero_optimization_stage() == 0:
+            own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
+            if critic_engine is not None:
+                critic_own_norm = _grad_norm(critic_engine.module)
+        engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
+        if critic_engine is not None:
+            critic_engine.step()
+        tally.seconds["optimizer_seconds"] += time.perf_counter() - began
+    _keep_norm(tally.grad_norms, engine.get_global_grad_norm(), own_norm)
+    if critic_engine is not None:
+        _keep_norm(tally.critic_norms, critic_engine.get_global_grad_norm(), critic_own_norm)
+
+
+def _keep_norm(norms: list[float], reported: float | None, own: float | None) -> None:
+    """DeepSpeed's gradient norm of the step, or ours where it keeps none (ZeRO-0)."""
+    norm = own if reported is None else reported
+    if norm is not None:
+        norms.append(float(norm))
 
 
 def _mismatch_metrics(tally: MismatchTally, device: torch.device) -> dict[str, float]:
@@ -166,6 +179,7 @@ def _forward_backward(
     seconds: dict[str, float],
     tally: MismatchTally | None = None,
 ) -> dict[str, float]:
+    """The objective on one micro-batch (plus MPO's auxiliary MTP loss) and its backward."""
     began = time.perf_counter()
     part = experience.batch.select(rows)
     width = part.response_mask.shape[1]
@@ -177,47 +191,30 @@ def _forward_backward(
         with_entropy_term=algo.needs_old_entropy_term and experience.old_logp is None,
         with_mtp=algo.mtp_depths > 0,
     )
-    logp, entropy, mtp_logp = scores.logp, scores.entropy, scores.mtp_logp
-    if experience.old_logp is None:  # on-policy: π_old is the current policy, detached
-        old_logp, old_entropy, old_entropy_term = logp.detach(), entropy, scores.entropy_term
-        old_mtp_logp = None if mtp_logp is None else mtp_logp.detach()
-    else:
-        old_logp = experience.old_logp[rows, :width]
-        old_entropy = _rows(experience.old_entropy, rows, width)
-        old_entropy_term = _rows(experience.old_entropy_term, rows, width)
-        old_mtp_logp = _rows(experience.old_mtp_logp, rows, width)
-    advantages = (
-        _rows(experience.advantages, rows, width)
-        if experience.advantages.dim() == 2
-        else experience.advantages[rows]
-    )
-    weights = _mismatch_weights(cfg, experience, rows, old_logp, part.response_mask, tally)
+    old = _old_scores(experience, rows, width, scores)
+    advantages = experience.advantages  # [N], or [N, T] from a critic
+    advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
+    weights = _mismatch_weights(cfg, experience, rows, old.logp, part.response_mask, tally)
     loss, metrics = policy_loss(
         algo,
-        logp,
-        old_logp,
+        scores.logp,
+        old.logp,
         advantages,
         part.response_mask,
         ref_logp=_rows(experience.ref_logp, rows, width),
-        entropy=entropy,
-        old_entropy=old_entropy,
-        mtp_logp=mtp_logp,
-        old_mtp_logp=old_mtp_logp,
-        old_entropy_term=old_entropy_term,
+        entropy=scores.entropy,
+        old_entropy=old.entropy,
+        mtp_logp=scores.mtp_logp,
+        old_mtp_logp=old.mtp_logp,
+        old_entropy_term=old.entropy_term,
         token_weights=weights,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         max_len=cfg.rollout.max_new_tokens,
     )
     metrics = dict(metrics)
-    if mtp_logp is not None:
-        metrics.update(mtp_metrics(mtp_logp.detach(), logp.detach(), part.response_mask))
-        if algo.mtp.aux_coef > 0:
-            aux = mtp_prediction_loss(
-                mtp_logp, part.response_mask, algo.mtp.warmup.alpha_decay, num_tokens
-            )
-            metrics["mtp_aux_loss"] = float(aux.detach())
-            loss = loss + algo.mtp.aux_coef * aux
+    if scores.mtp_logp is not None:
+        loss = _with_mtp_terms(cfg, loss, scores, part.response_mask, num_tokens, metrics)
     if faults.armed("nan_loss"):
         loss = loss * float("nan")
     forward_done = time.perf_counter()
@@ -226,9 +223,55 @@ def _forward_backward(
     seconds["backward_seconds"] += time.perf_counter() - forward_done
     valid = part.response_mask
     metrics["loss"] = float(loss.detach())
-    if entropy is not None:
-        metrics["entropy"] = float((entropy.detach() * valid).sum() / valid.sum().clamp(min=1))
+    if scores.entropy is not None:
+        entropy = scores.entropy.detach()
+        metrics["entropy"] = float((entropy * valid).sum() / valid.sum().clamp(min=1))
     return metrics
+
+
+@dataclass
+class _OldScores:
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+    entropy_term: torch.Tensor | None
+    mtp_logp: torch.Tensor | None
+
+
+def _old_scores(experience: Experience, rows: torch.Tensor, width: int, scores: Any) -> _OldScores:
+    """π_old's scores of the micro-batch: the rollout pass's (off-policy), or the current
+    forward's, detached (on-policy: π_old is the current policy)."""
+    if experience.old_logp is None:
+        mtp = scores.mtp_logp
+        return _OldScores(
+            scores.logp.detach(),
+            scores.entropy,
+            scores.entropy_term,
+            None if mtp is None else mtp.detach(),
+        )
+    return _OldScores(
+        experience.old_logp[rows, :width],
+        _rows(experience.old_entropy, rows, width),
+        _rows(experience.old_entropy_term, rows, width),
+        _rows(experience.old_mtp_logp, rows, width),
+    )
+
+
+def _with_mtp_terms(
+    cfg: TrainConfig,
+    loss: torch.Tensor,
+    scores: Any,
+    mask: torch.Tensor,
+    num_tokens: float,
+    metrics: dict[str, float],
+) -> torch.Tensor:
+    """MPO's MTP metrics, and its auxiliary prediction loss added when `algo.mtp.aux_coef` > 0."""
+    mtp = cfg.algo.mtp
+    metrics.update(mtp_metrics(scores.mtp_logp.detach(), scores.logp.detach(), mask))
+    if mtp.aux_coef <= 0:
+        return loss
+    aux = mtp_prediction_loss(scores.mtp_logp, mask, mtp.warmup.alpha_decay, num_tokens)
+    metrics["mtp_aux_loss"] = float(aux.detach())
+    return loss + mtp.aux_coef * aux
 
 
 def _critic_backward(

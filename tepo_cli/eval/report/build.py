@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render
 from tepo_cli.eval.report.grouping import group_runs
 from tepo_cli.eval.report.plots import write_plots

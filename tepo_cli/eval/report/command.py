@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.build import build_report
 from tepo_cli.eval.report.rows import Options
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import yaml
 
-from tepo_cli.train.run_status import effective_state, read_status
+from tepo_cli.core.run_dir import CONFIG, EVALS, HYDRA, METRICS, STATUS, SUMMARY
+from tepo_cli.core.run_status import effective_state, read_status
 
-_MARKERS = (".hydra", "config.yaml", "metrics.jsonl", "status.json")
+_MARKERS = (HYDRA, CONFIG, METRICS, STATUS)
 _MAX_DEPTH = 6  # multirun dir / sub-dir pattern levels; deeper trees are not sweeps
 
 
@@ -66,15 +67,15 @@ def find_runs(root: Path) -> list[Path]:
 
 def load_run(path: Path, root: Path) -> Run:
     notes: list[str] = []
-    summary = _read_json(path / "summary.json", notes)
+    summary = _read_json(path / SUMMARY, notes)
     return Run(
         path=path,
         name=str(path.relative_to(root)) if path != root else path.name,
         state=_state(path, summary),
         config=_flatten(_read_config(path, notes)),
         overrides=_read_overrides(path, notes),
-        metrics=_read_jsonl(path / "metrics.jsonl", notes),
-        evals=_read_jsonl(path / "eval.jsonl", notes),
+        metrics=_read_jsonl(path / METRICS, notes),
+        evals=_read_jsonl(path / EVALS, notes),
         summary=summary,
         notes=notes,
     )
@@ -93,7 +94,7 @@ def _state(path: Path, summary: dict[str, Any] | None) -> str:
 
 def _read_config(path: Path, notes: list[str]) -> dict[str, Any]:
     """The validated config.yaml; else Hydra's composed .hydra/config.yaml (a run that failed early)."""
-    for candidate in (path / "config.yaml", path / ".hydra" / "config.yaml"):
+    for candidate in (path / CONFIG, path / HYDRA / CONFIG):
         if candidate.is_file():
             try:
                 data = yaml.safe_load(candidate.read_text())
@@ -106,7 +107,7 @@ def _read_config(path: Path, notes: list[str]) -> dict[str, Any]:
 
 
 def _read_overrides(path: Path, notes: list[str]) -> list[str] | None:
-    file = path / ".hydra" / "overrides.yaml"
+    file = path / HYDRA / "overrides.yaml"
     if not file.is_file():
         return None
     try:

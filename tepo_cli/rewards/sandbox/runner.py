@@ -33,6 +33,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tepo_cli.rewards.sandbox.cleanup import remove_owned, remove_tree
@@ -169,12 +170,7 @@ def _execute(
     stdin_bytes = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
     scratch = tempfile.mkdtemp(prefix="tepo-sandbox-", dir=config.scratch_root)
     try:
-        host_main = os.path.join(scratch, "main.py")
-        with open(host_main, "w", encoding="utf-8") as f:
-            f.write(source)
-        os.chmod(host_main, 0o644)
-        if ident.switch:
-            os.chown(scratch, ident.uid, ident.gid)
+        _write_program(scratch, source, ident)
         status_read, status_write = os.pipe()
         start = time.monotonic()
         try:
@@ -184,21 +180,7 @@ def _execute(
             raise
         finally:
             os.close(status_write)
-
-        def stop(attempt: int) -> None:
-            # First ask the supervisor (SIGTERM): it kills and reaps the program's whole tree,
-            # then exits. Under the strong level it is the namespace's PID 1, bubblewrap's
-            # child. If the pipes are still open after the grace period: SIGKILL everything.
-            sig = signal.SIGTERM if attempt == 1 else signal.SIGKILL
-            if strong:
-                if signal_children(proc.pid, sig) == 0 or attempt > 1:
-                    _killpg(proc.pid)
-            elif attempt == 1:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, sig)
-            else:
-                _killpg(proc.pid)
-
+        stop = _stopper(proc.pid, strong)
         assert proc.stdout is not None and proc.stderr is not None
         try:
             outcome = pump(
@@ -233,6 +215,35 @@ def _execute(
         remove_tree(scratch)
         if ident.switch and not strong:
             remove_owned(ident.uid)
+
+
+def _write_program(scratch: str, source: str, ident: Identity) -> None:
+    """The program as main.py in its scratch directory, readable by the sandbox's user."""
+    host_main = os.path.join(scratch, "main.py")
+    with open(host_main, "w", encoding="utf-8") as f:
+        f.write(source)
+    os.chmod(host_main, 0o644)
+    if ident.switch:
+        os.chown(scratch, ident.uid, ident.gid)
+
+
+def _stopper(pid: int, strong: bool) -> Callable[[int], None]:
+    """How `pump` stops a program: first ask the supervisor (SIGTERM), which kills and reaps the
+    program's whole tree, then exits — under the strong level it is the namespace's PID 1,
+    bubblewrap's child. If the pipes are still open after the grace period: SIGKILL everything."""
+
+    def stop(attempt: int) -> None:
+        sig = signal.SIGTERM if attempt == 1 else signal.SIGKILL
+        if strong:
+            if signal_children(pid, sig) == 0 or attempt > 1:
+                _killpg(pid)
+        elif attempt == 1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        else:
+            _killpg(pid)
+
+    return stop
 
 
 def _result(

@@ -70,10 +70,8 @@ def pump(
     stop: Callable[[int], None],
 ) -> PumpOutcome:
     """Run the exchange until every output stream is closed (or the grace after a stop ends).
-
     ``stop(n)`` is called with n = 1 when the run must end (timeout or output cap) and n = 2 if
-    the streams are still open ``grace_s`` later.
-    """
+    the streams are still open ``grace_s`` later."""
     out, err = Capture(output_bytes), Capture(output_bytes)
     status = bytearray()
     sinks = {stdout.fileno(): out, stderr.fileno(): err, status_fd: None}
@@ -81,14 +79,7 @@ def pump(
     for fd in sinks:
         sel.register(fd, selectors.EVENT_READ)
     pending = memoryview(stdin_data)
-    stdin_fd = -1
-    if stdin is not None:
-        if pending:
-            stdin_fd = stdin.fileno()
-            os.set_blocking(stdin_fd, False)
-            sel.register(stdin_fd, selectors.EVENT_WRITE)
-        else:
-            stdin.close()
+    stdin_fd = _register_stdin(sel, stdin, pending)
     timed_out = output_limit = False
     stops = 0
     next_action = deadline
@@ -117,10 +108,7 @@ def pump(
                     sel.unregister(fd)
                     del sinks[fd]
                     continue
-                sink = sinks[fd]
-                if sink is None:
-                    status += chunk[: max(0, _STATUS_LIMIT - len(status))]
-                elif sink.add(chunk) and stops == 0 and not output_limit:
+                if _keep(sinks[fd], chunk, status) and stops == 0 and not output_limit:
                     output_limit = True
                     next_action = time.monotonic()  # stop on the next iteration
     finally:
@@ -129,3 +117,28 @@ def pump(
             with contextlib.suppress(BrokenPipeError):
                 stdin.close()
     return PumpOutcome(out, err, bytes(status), timed_out, output_limit)
+
+
+def _register_stdin(
+    sel: selectors.BaseSelector, stdin: IO[bytes] | None, pending: memoryview
+) -> int:
+    """The program's stdin, non-blocking and watched for writing while there is input to feed
+    (its descriptor); closed at once when there is none (-1)."""
+    if stdin is None:
+        return -1
+    if not pending:
+        stdin.close()
+        return -1
+    fd = stdin.fileno()
+    os.set_blocking(fd, False)
+    sel.register(fd, selectors.EVENT_WRITE)
+    return fd
+
+
+def _keep(sink: Capture | None, chunk: bytes, status: bytearray) -> bool:
+    """A chunk read from the program: into its stream's capture (True when that capture has just
+    reached the output cap), or, from the status pipe (no capture), into `status`."""
+    if sink is None:
+        status += chunk[: max(0, _STATUS_LIMIT - len(status))]
+        return False
+    return bool(sink.add(chunk))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from tepo_cli.config.errors import ConfigError
+from tepo_cli.core.errors import ConfigError
 
 
 def import_user_code(spec: str, key: str) -> ModuleType:

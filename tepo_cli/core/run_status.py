@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-STATUS = "status.json"
+from tepo_cli.core.run_dir import STATUS
 
 
 def write_status(run_dir: Path, state: str, **details: Any) -> None:

@@ -1,0 +1,76 @@
+"""The `Rollout` record: what a back-end generated, as every later stage reads it, and the
+padding helpers that keep its layout.
+
+Rows are laid out group by group (the n samples of a prompt are consecutive); prompts are
+left-padded, completions right-padded; a completion is valid up to and including its first EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """Generated samples, group by group (the n samples of a prompt are consecutive rows)."""
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P] 1 on prompt tokens
+    completion_ids: torch.Tensor  # [N, T] right-padded
+    completion_mask: torch.Tensor  # [N, T] bool: generated tokens up to and including the first EOS
+    texts: list[str]  # decoded completions without special tokens
+    truncated: torch.Tensor  # [N] bool: stopped by the length limit, not by EOS
+    # [N, T] the engine's own log-probs of the sampled tokens (after temperature), 0 on padding;
+    # None when the engine is the trainer's model (hf): its log-probs are the trainer's.
+    logprobs: torch.Tensor | None = None
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)
+
+    def take(self, rows: torch.Tensor) -> Rollout:
+        """The given rows (a LongTensor of indices), in that order."""
+        return Rollout(
+            self.prompt_ids[rows],
+            self.prompt_mask[rows],
+            self.completion_ids[rows],
+            self.completion_mask[rows],
+            [self.texts[i] for i in rows.tolist()],
+            self.truncated[rows],
+            None if self.logprobs is None else self.logprobs[rows],
+        )
+
+    @staticmethod
+    def concat(parts: list[Rollout], pad_id: int) -> Rollout:
+        """Stack rollouts of different widths: prompts re-padded left, completions right."""
+        prompt_width = max(p.prompt_ids.shape[1] for p in parts)
+        width = max(p.completion_ids.shape[1] for p in parts)
+        with_logprobs = [p.logprobs is not None for p in parts]
+        if any(with_logprobs) and not all(with_logprobs):
+            raise ValueError("cannot concatenate rollouts with and without engine log-probs")
+        return Rollout(
+            torch.cat([pad_left(p.prompt_ids, prompt_width, pad_id) for p in parts]),
+            torch.cat([pad_left(p.prompt_mask, prompt_width, 0) for p in parts]),
+            torch.cat([pad_right(p.completion_ids, width, pad_id) for p in parts]),
+            torch.cat([pad_right(p.completion_mask, width, False) for p in parts]),
+            [text for p in parts for text in p.texts],
+            torch.cat([p.truncated for p in parts]),
+            torch.cat([pad_right(p.logprobs, width, 0.0) for p in parts])  # type: ignore[arg-type]
+            if all(with_logprobs)
+            else None,
+        )
+
+
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids as generate() numbers them: real tokens 0, 1, ... from the first one."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def pad_right(values: torch.Tensor, width: int, fill: int | float | bool) -> torch.Tensor:
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]), value=fill)
+
+
+def pad_left(values: torch.Tensor, width: int, fill: int | float | bool) -> torch.Tensor:
+    return torch.nn.functional.pad(values, (width - values.shape[1], 0), value=fill)

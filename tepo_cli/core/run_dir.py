@@ -1,0 +1,31 @@
+"""The layout of a run directory (outputs/train/... and outputs/eval/...), named in one place.
+
+config.yaml         the validated config the run started with (resume checks it)
+status.json         running / finished / failed / interrupted (core/run_status.py)
+metrics.jsonl       one record per training step (and per MTP warm-up step)
+samples.jsonl       logged completions (train) or every graded sample (eval, resumable)
+eval.jsonl          held-out evaluations during training
+summary.json        the run's outcome
+checkpoints/        step_NNNNNNNN/, each sealed by manifest.json (train/checkpoint.py)
+final/              the trained model, a transformers directory
+mtp_modules.safetensors   MPO's MTP modules (future=mtp)
+critic/             the critic (advantage=gae, advantage.save_critic)
+.hydra/             Hydra's own record of the command (config.yaml, overrides.yaml)
+"""
+
+from __future__ import annotations
+
+CONFIG = "config.yaml"
+STATUS = "status.json"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+EVALS = "eval.jsonl"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+FINAL = "final"
+MTP_MODULES = "mtp_modules.safetensors"
+CRITIC = "critic"
+HYDRA = ".hydra"
+
+# The training run's append-only logs, in the order RunLog opens them (resume cuts them back).
+LOG_FILES = (METRICS, SAMPLES, EVALS)

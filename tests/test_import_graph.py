@@ -1,0 +1,107 @@
+"""Data flows one way: no two packages of tepo_cli import each other, directly or round a longer
+loop. Every import counts — module-level, inside a function, under TYPE_CHECKING — so no cycle
+can hide behind a late import. `tepo_cli/core` (shared records, errors, the run directory)
+imports nothing of tepo_cli outside itself."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import tepo_cli
+
+PACKAGE = Path(tepo_cli.__file__).parent
+
+
+def package_of(module: str) -> str:
+    """tepo_cli.train.recipe -> train; a top-level module (tepo_cli.cli) is its own node."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def import_graph() -> dict[str, dict[str, list[str]]]:
+    """package -> imported package -> where (file:line), from every tepo_cli import."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(("tepo_cli", *path.relative_to(PACKAGE).with_suffix("").parts))
+        source = package_of(module)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if not target.startswith("tepo_cli."):
+                    continue
+                imported = package_of(target)
+                where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+                if imported != source and where not in graph[source][imported]:
+                    graph[source][imported].append(where)
+    return graph
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_finds_direct_and_longer_loops() -> None:
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "d": {"a"}}) == []
+
+
+def test_the_import_walk_sees_the_packages_and_late_imports() -> None:
+    graph = import_graph()
+    assert {"train", "rollout", "eval", "data", "rewards", "algos"} <= set(graph)
+    assert "core" in graph["train"] and "core" in graph["algos"]
+    # train/job.py imports the rollout package inside train_job (late, to start fast): an edge
+    assert any(w.startswith("tepo_cli/train/job.py:") for w in graph["train"]["rollout"])
+
+
+def test_no_package_imports_another_that_imports_it_back() -> None:
+    graph = import_graph()
+    edges = {source: set(targets) for source, targets in graph.items()}
+    loops = cycles(edges)
+    detail = [
+        f"{a} -> {b}: {', '.join(graph[a][b])}"
+        for loop in loops
+        for a in loop
+        for b in loop
+        if b in graph[a]
+    ]
+    assert loops == [], "\n".join(detail)
+
+
+def test_core_imports_nothing_outside_core() -> None:
+    assert set(import_graph()["core"]) == set()
