@@ -154,8 +154,8 @@ def make_job(args: argparse.Namespace) -> Job:
 
 def check_task(config: Any) -> None:
     """A bad --eval-size / --digits stops here, before any model loads, with tepo's message."""
+    from tepo_cli.benchmarks import build_task
     from tepo_cli.core.errors import ConfigError
-    from tepo_cli.data.tasks import build_task
 
     try:
         build_task(config.benchmark)

@@ -22,8 +22,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from tepo_cli.benchmarks import load_problems
 from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.data.benchmarks import load_problems
 from tepo_cli.data.prepare import prepare
 from tepo_cli.rewards.code import CodeProblem, grade_many
 from tepo_cli.rewards.gsm8k import score_gsm8k

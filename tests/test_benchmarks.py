@@ -8,16 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from tepo_cli.data import benchmarks
-from tepo_cli.data.benchmarks import (
-    MBPP_TEMPLATE,
-    DataError,
-    check_split_for_training,
-    load_problems,
-    mbpp_entry_point,
-    to_problem,
-)
+from tepo_cli.benchmarks import benchmarks, get_benchmark, load_problems
+from tepo_cli.benchmarks.mbpp import MBPP_TEMPLATE, mbpp_entry_point
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.records import Problem
+from tepo_cli.data.records import DataError, check_split_for_training
 from tepo_cli.rewards.code import CodeProblem, grade_many
+
+
+def to_problem(name: str, record: dict, index: int = 0, split: str = "test") -> Problem:
+    """One record through the benchmark's own mapping, with the default id load_problems gives."""
+    mapping = get_benchmark(name).to_problem
+    assert mapping is not None
+    return mapping(record, index, f"{name}/{split}/{index}")
+
 
 GSM8K = {"question": "Tom has 3 apples ...?", "answer": "3 + 1,997 = 2,000\n#### 2,000"}
 MATH = {
@@ -174,7 +178,7 @@ def test_local_jsonl_json_and_parquet(tmp_path: Path) -> None:
 def test_missing_prepared_data_says_how_to_prepare() -> None:
     with pytest.raises(DataError, match=r"tepo data prepare benchmark=math500"):
         load_problems("math500")
-    with pytest.raises(DataError, match="Unknown benchmark"):
+    with pytest.raises(ConfigError, match="benchmark=gsm9k is not a benchmark; the benchmarks are"):
         load_problems("gsm9k")
     with pytest.raises(DataError, match="positive"):
         load_problems("gsm8k", limit=0)
@@ -210,9 +214,11 @@ def test_hub_configs_are_concatenated(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_training_on_a_test_split_is_refused() -> None:
-    with pytest.raises(DataError, match="Refusing to train on the test split of gsm8k"):
-        check_split_for_training("gsm8k", "test")
-    check_split_for_training("gsm8k", "test", force=True)
-    check_split_for_training("math", "train")
-    check_split_for_training("arith", "test")  # generated: its held-out split is separate
-    assert set(benchmarks.HUB_IDS) == set(benchmarks.BENCHMARKS)
+    gsm8k = get_benchmark("gsm8k").hub_id
+    with pytest.raises(DataError, match=r"test split of gsm8k.*the hub \(openai/gsm8k:main\)"):
+        check_split_for_training("gsm8k", "test", gsm8k)
+    check_split_for_training("gsm8k", "test", gsm8k, force=True)
+    check_split_for_training("math", "train", get_benchmark("math").hub_id)
+    # every dataset benchmark names the hub dataset its other splits come from
+    assert all(b.hub_id for b in benchmarks().values() if b.to_problem is not None)
+    assert get_benchmark("arith").to_problem is None  # generated: a held-out split of its own

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tepo_cli.benchmarks import load_problems
 from tepo_cli.data import prepare as prep
 from tepo_cli.data import sources
-from tepo_cli.data.benchmarks import load_problems
 from tepo_cli.data.prepare_command import parse_arguments, prepare_command
 
 MATH_DOCS = {

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from tepo_cli.benchmarks import build_task
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
-from tepo_cli.data.tasks import DatasetTask, build_task
+from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.eval.job import _completed_records
 from tepo_cli.eval.summary import summarize
 
@@ -71,7 +72,7 @@ def test_dataset_benchmarks_refuse_training_on_the_test_split(tmp_path):
         task.check_training()
     local = tmp_path / "test.jsonl"  # forced: the split is then read (a local copy, offline)
     local.write_text('{"question": "What is 1+1?", "answer": "2\\n#### 2"}\n')
-    forced = DatasetTask(
+    forced = build_task(
         BenchmarkConfig(name="gsm8k", train_split="test", allow_test_split=True, path=str(local))
     )
     forced.check_training()

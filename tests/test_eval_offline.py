@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from tepo_cli.benchmarks import load_problems
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.data.benchmarks import load_problems
 from tepo_cli.data.prepare import prepare, problem_with
 from tepo_cli.eval.job import run_eval
 

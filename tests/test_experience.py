@@ -7,13 +7,14 @@ import itertools
 import pytest
 import torch
 
+from tepo_cli.benchmarks import build_reward
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import RewardResult
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.data.arith import ArithTask
-from tepo_cli.rewards import Reward, build_reward
+from tepo_cli.rewards import Reward, one_by_one
 from tepo_cli.rollout.hf import HfBackend
 from tepo_cli.train.advantage import estimate
 from tepo_cli.train.experience import score
@@ -23,7 +24,7 @@ from tepo_cli.train.sampling import rollout_and_grade
 
 
 def as_reward(function) -> Reward:
-    return Reward("test", function, RewardConfig(name="arith"))
+    return Reward("test", one_by_one(function), RewardConfig(name="arith"))
 
 
 @as_reward

@@ -1,4 +1,5 @@
-"""The README's "write your own objective" example runs exactly as written (on the tiny model)."""
+"""The README's "write your own" examples run exactly as written (on the tiny model): each
+section's `<!-- file: ... -->` blocks are written out and its `<!-- command -->` lines run."""
 
 from __future__ import annotations
 
@@ -13,39 +14,82 @@ import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCK = re.compile(r"<!-- (file: (?P<file>\S+)|command) -->\n```[a-z]*\n(?P<body>.*?)```", re.S)
+QUICK = [
+    "model=tiny",
+    "trainer.max_steps=1",
+    "trainer.eval_before=false",
+    "trainer.eval_after=false",
+]
 
 pytestmark = pytest.mark.slow
 
 
-def test_write_your_own_objective_example(tmp_path):
-    blocks = list(BLOCK.finditer(README.read_text()))
+def example(heading: str) -> tuple[dict[str, str], list[list[str]]]:
+    """The files and command lines of the README section under `heading`."""
+    text = README.read_text()
+    start = text.index(f"\n{heading}\n") + len(heading) + 2
+    following = re.compile(r"^#{2,3} ", re.M).search(text, start)
+    section = text[start : following.start() if following else None]
+    blocks = list(BLOCK.finditer(section))
     files = {m["file"]: m["body"] for m in blocks if m["file"]}
-    (command,) = [m["body"].strip() for m in blocks if not m["file"]]
-    assert set(files) == {"my_objective.py", "my_conf/algo/reinforce.yaml"}
+    commands = [
+        shlex.split(line) for m in blocks if not m["file"] for line in m["body"].splitlines()
+    ]
+    return files, commands
+
+
+def run_example(tmp_path: Path, heading: str, *extra: str) -> list[subprocess.CompletedProcess]:
+    files, commands = example(heading)
     for name, body in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(body)
-    args = shlex.split(command)
-    assert args[:2] == ["tepo", "train"]
-    quick = [
-        "model=tiny",
-        "trainer.max_steps=1",
-        "trainer.eval_before=false",
-        "trainer.eval_after=false",
-    ]
-    result = subprocess.run(
-        [sys.executable, "-m", "tepo_cli", *args[1:], *quick],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    results = []
+    for args in commands:
+        assert args[0] == "tepo" and args[1] in ("train", "eval")
+        quick = [*QUICK, *extra] if args[1] == "train" else []
+        result = subprocess.run(
+            [sys.executable, "-m", "tepo_cli", *args[1:], *quick],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        results.append(result)
+    return results
+
+
+def test_write_your_own_objective_example(tmp_path):
+    files, commands = example("## Write your own objective")
+    assert set(files) == {"my_objective.py", "my_conf/algo/reinforce.yaml"}
+    assert [args[:2] for args in commands] == [["tepo", "train"]]
+    run_example(tmp_path, "## Write your own objective")
     (config,) = tmp_path.glob("outputs/train/*/*/config.yaml")
     assert "name: reinforce" in config.read_text() and "beta: 0.0" in config.read_text()
     (metrics,) = tmp_path.rglob("metrics.jsonl")
     record = json.loads(metrics.read_text().splitlines()[0])
     assert "pg_loss" in record and "clip_frac" not in record  # the plugin's own metrics
+
+
+def test_a_benchmark_of_your_own_example(tmp_path):
+    """One module + one YAML (+ its data): the reference answers grade 2/2, and a training run
+    draws from train.jsonl and evaluates on test.jsonl."""
+    files, commands = example("### A benchmark of your own")
+    assert {"my_benchmark.py", "my_conf/benchmark/svamp.yaml"} <= set(files)
+    assert [args[:2] for args in commands] == [["tepo", "eval"], ["tepo", "train"]]
+    run_example(tmp_path, "### A benchmark of your own", "trainer.eval_after=true")
+    (evaluation,) = tmp_path.glob("outputs/eval/*/*/summary.json")
+    summary = json.loads(evaluation.read_text())
+    assert (summary["benchmark"], summary["grader"], summary["accuracy"]) == ("svamp", "arith", 1.0)
+    assert summary["problems"] == 2
+    (samples,) = tmp_path.glob("outputs/train/*/*/samples.jsonl")
+    questions = {json.loads(line)["question"] for line in samples.read_text().splitlines()}
+    assert questions <= {
+        "Tom has 3 boxes of 4 apples. How many apples does he have?",
+        "Ann read 9 pages and then 6 more. How many pages did she read?",
+    }
+    (evals,) = tmp_path.glob("outputs/train/*/*/eval.jsonl")
+    assert [json.loads(line)["problems"] for line in evals.read_text().splitlines()] == [2]
 
 
 def test_unknown_objective_lists_the_registered_ones(tmp_path):
@@ -59,3 +103,24 @@ def test_unknown_objective_lists_the_registered_ones(tmp_path):
     assert result.returncode == 2
     assert "algo.name='reinforc' is not a registered objective" in result.stderr
     assert "dapo, grpo, gspo, mpo, tepo" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_benchmark_lists_the_known_ones(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tepo_cli",
+            "eval",
+            "model=reference",
+            "benchmark=gsm8k",
+            "benchmark.name=svamp",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "benchmark=svamp is not a benchmark; the benchmarks are: arith, gsm8k" in result.stderr
+    assert "Traceback" not in result.stderr

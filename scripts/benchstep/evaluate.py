@@ -19,11 +19,10 @@ from benchstep.job import Job, load_tepo_config
 
 
 def evaluate_models(job: Job, config_path: Path, models: dict[str, str]) -> dict[str, dict]:
+    from tepo_cli.benchmarks import build_reward, build_task
     from tepo_cli.config.schema import ModelConfig
-    from tepo_cli.data.tasks import build_task
     from tepo_cli.eval.accuracy import evaluate
     from tepo_cli.models.loading import load_model, load_tokenizer
-    from tepo_cli.rewards import build_reward
     from tepo_cli.rollout import Sampling
     from tepo_cli.rollout.hf import HfBackend
 

@@ -123,7 +123,7 @@ def load_tepo_config(path: Path) -> TrainConfig:
 
 def train_problems(config: TrainConfig, steps: int) -> list[Problem]:
     """The problems tepo's loop draws, in order: prompts_per_step per step from the seeded stream."""
-    from tepo_cli.data.tasks import build_task
+    from tepo_cli.benchmarks import build_task
 
     count = steps * config.trainer.prompts_per_step
     return list(islice(build_task(config.benchmark).train_stream(config.seed), count))

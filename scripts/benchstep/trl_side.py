@@ -89,8 +89,8 @@ class StepClock(TrainerCallback):
 
 def make_reward(config: Any, clock: StepClock) -> Any:
     """tepo's grader as a TRL reward function (completions come back as assistant messages)."""
+    from tepo_cli.benchmarks import build_reward
     from tepo_cli.core.records import Problem
-    from tepo_cli.rewards import build_reward
 
     reward = build_reward(config.reward, config.benchmark)
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.core.user_code import import_user_code
+from tepo_cli.core.user_code import import_plugins
 
 
 def load_objectives(plugins: list[str], name: str) -> None:
     """Import `plugins` (each registers objectives), then make sure `name` is registered."""
     from tepo_cli.algos import registered_policy_losses
 
-    for plugin in plugins:
-        import_user_code(plugin, "plugins")
+    import_plugins(plugins)
     known = registered_policy_losses()
     if name == "???":  # conf/algo/_base.yaml's mandatory value, chosen as if it were a preset
         from tepo_cli.algos.presets import preset_names

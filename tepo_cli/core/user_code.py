@@ -38,3 +38,10 @@ def _import_file(file: Path, spec: str, key: str) -> ModuleType:
         del sys.modules[name]
         raise ConfigError(f"{key}='{spec}' failed to import: {type(exc).__name__}: {exc}") from None
     return module
+
+
+def import_plugins(plugins: list[str]) -> None:
+    """Import the `plugins=[...]` files or modules (each may register objectives, benchmarks,
+    graders) before the config's names are checked against the registries."""
+    for plugin in plugins:
+        import_user_code(plugin, "plugins")

@@ -36,6 +36,11 @@ def eval_job(cfg: DictConfig) -> None:
         from tepo_cli.rollout import check_backend
 
         check_backend(config.rollout)
+        from tepo_cli.benchmarks import check_benchmark
+        from tepo_cli.core.user_code import import_plugins
+
+        import_plugins(config.plugins)
+        check_benchmark(config.benchmark, config.reward)
         summary = run_eval(config, run_dir)
     except (ConfigError, RunError) as error:
         print(f"tepo eval: {error}", file=sys.stderr)
@@ -44,11 +49,10 @@ def eval_job(cfg: DictConfig) -> None:
 
 
 def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
-    from tepo_cli.data.tasks import build_task
+    from tepo_cli.benchmarks import build_reward, build_task
     from tepo_cli.eval.accuracy import sample_and_grade
     from tepo_cli.eval.summary import summarize
     from tepo_cli.models.loading import load_model, load_tokenizer
-    from tepo_cli.rewards import build_reward
     from tepo_cli.rollout import Sampling, build_backend
 
     options, benchmark = config.eval, config.benchmark
@@ -120,7 +124,7 @@ def _offline_records(
         assert config.model.path  # ModelConfig validation
         texts = replay_completions(config.model.path, problems, n)
     else:
-        texts = {p.id: [reference_completion(config.benchmark.name, p)] * n for p in problems}
+        texts = {p.id: [reference_completion(config.benchmark, p)] * n for p in problems}
     owners = [p for p in problems for _ in range(n)]
     completions = [text for p in problems for text in texts[p.id]]
     results = reward.score_many(completions, owners)

@@ -14,14 +14,15 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from tepo_cli.benchmarks import get_benchmark
+from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 
 
-def reference_completion(benchmark: str, problem: Problem) -> str:
-    if benchmark in ("gsm8k", "math", "math500"):
-        return str(problem.extra["solution"])  # the worked solution, ending in its answer
-    return problem.answer  # arith: the number; humaneval: the canonical body; mbpp: the code
+def reference_completion(benchmark: BenchmarkConfig, problem: Problem) -> str:
+    """The benchmark's reference answer to `problem` as a completion (tepo_cli/benchmarks/)."""
+    return get_benchmark(benchmark.name).reference(problem)
 
 
 def replay_completions(path: str, problems: list[Problem], n: int) -> dict[str, list[str]]:

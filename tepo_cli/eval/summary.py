@@ -4,26 +4,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from fractions import Fraction
 from typing import Any
 
 from tepo_cli.core.records import Problem
 from tepo_cli.eval.passk import maj_at_k, mean_pass_at_k
+from tepo_cli.rewards import get_grader
 
 
 def answer_matcher(grader: str) -> Callable[[str, str], bool] | None:
     """How two extracted answers are compared, for majority voting; None: no answer to vote on."""
-    if grader == "math":
-        from tepo_cli.rewards.math import answers_equivalent
-
-        return answers_equivalent
-    if grader == "gsm8k":
-        from tepo_cli.rewards.gsm8k import same_number
-
-        return same_number
-    if grader == "arith":
-        return lambda a, b: Fraction(a) == Fraction(b)
-    return None
+    return get_grader(grader).same_answer
 
 
 def summarize(

@@ -1,98 +1,90 @@
-"""Verifiable rewards: (completion, problem) -> RewardResult, one per grader.
+"""Verifiable rewards: (completion, problem) -> RewardResult, one grader per module.
 
-`build_reward(reward_cfg, benchmark_cfg)` returns a `Reward`: call it on one completion, or
-`score_many` on a step's or an evaluation's completions (code runs concurrently in the sandbox).
-`reward=auto` picks the benchmark's own grader (arith, gsm8k strict, math-verify, sandboxed tests).
+Graders are found, not listed: every module of this package that defines `GRADER` (a `Grader`)
+is one, and a plugin file (`plugins=[...]`) may add more with `register_grader`. `reward=<name>`
+picks one; `reward=auto` the benchmark's own (tepo_cli.benchmarks). `make_reward(cfg, name)`
+returns a `Reward`: call it on one completion, or `score_many` on a step's or an evaluation's
+completions (code runs concurrently in the sandbox).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
+from tepo_cli.config.schema import RewardConfig
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem, RewardResult
 
-if TYPE_CHECKING:
-    from tepo_cli.rewards.code import CodeGrade
+__all__ = ["Grader", "Reward", "RewardResult", "graders", "make_reward", "register_grader"]
+
+ScoreMany = Callable[[Sequence[str], Sequence[Problem]], list[RewardResult]]
 
 
-RewardFn = Callable[[str, Problem], RewardResult]
+@dataclass(frozen=True)
+class Grader:
+    """A grader: `build(cfg)` makes its batch scorer from the reward group's settings;
+    `same_answer` compares two extracted answers for majority voting (None: nothing to vote on,
+    e.g. code)."""
+
+    name: str
+    build: Callable[[RewardConfig], ScoreMany]
+    same_answer: Callable[[str, str], bool] | None = None
 
 
 class Reward:
     """A grader with its settings; `score_many` grades a batch (in input order)."""
 
-    def __init__(self, name: str, score_one: RewardFn, cfg: RewardConfig) -> None:
+    def __init__(self, name: str, score_many: ScoreMany, cfg: RewardConfig) -> None:
         self.name = name
-        self._score_one = score_one
+        self.score_many = score_many
         self.cfg = cfg
 
     def __call__(self, completion: str, problem: Problem) -> RewardResult:
         return self.score_many([completion], [problem])[0]
 
-    def score_many(
-        self, completions: Sequence[str], problems: Sequence[Problem]
-    ) -> list[RewardResult]:
-        if self.name == "code":
-            return _score_code(completions, problems, self.cfg)
-        return [self._score_one(c, p) for c, p in zip(completions, problems, strict=True)]
+
+def one_by_one(score: Callable[[str, Problem], RewardResult]) -> ScoreMany:
+    """A batch scorer from a scorer of one completion."""
+
+    def score_many(completions: Sequence[str], problems: Sequence[Problem]) -> list[RewardResult]:
+        return [score(c, p) for c, p in zip(completions, problems, strict=True)]
+
+    return score_many
 
 
-def build_reward(cfg: RewardConfig, benchmark: BenchmarkConfig) -> Reward:
-    name = benchmark.grader if cfg.name == "auto" else cfg.name
-    return Reward(name, _scorer(name, cfg), cfg)
+_REGISTERED: dict[str, Grader] = {}
 
 
-def _scorer(name: str, cfg: RewardConfig) -> RewardFn:
-    correct, incorrect = cfg.correct, cfg.incorrect
-    if name == "arith":
-        from tepo_cli.rewards.arith import is_correct
+def register_grader(grader: Grader) -> Grader:
+    """Add a grader from outside this package (a plugin file)."""
+    _REGISTERED[grader.name] = grader
+    return grader
 
-        def score_arith(completion: str, problem: Problem) -> RewardResult:
-            ok, extracted = is_correct(completion, problem.answer)
-            return RewardResult(correct if ok else incorrect, ok, extracted)
 
-        return score_arith
-    if name == "gsm8k":
-        from tepo_cli.rewards.gsm8k import score_gsm8k
+def graders() -> dict[str, Grader]:
+    """Every grader: this package's modules' `GRADER`s, then the registered ones."""
+    found: dict[str, Grader] = {}
+    for info in pkgutil.iter_modules(__path__):
+        grader = getattr(importlib.import_module(f"{__name__}.{info.name}"), "GRADER", None)
+        if isinstance(grader, Grader):
+            found[grader.name] = grader
+    return {**found, **_REGISTERED}
 
-        return lambda c, p: score_gsm8k(c, p, mode=cfg.mode, correct=correct, incorrect=incorrect)
-    if name == "math":
-        from tepo_cli.rewards.math import score_math
 
-        timeout = max(1, round(cfg.timeout_s))
-        return lambda c, p: score_math(
-            c, p, timeout_s=timeout, correct=correct, incorrect=incorrect
+def get_grader(name: str) -> Grader:
+    known = graders()
+    if name not in known:
+        raise ConfigError(
+            f"reward={name} is not a grader; the graders are: auto (the benchmark's own), "
+            f"{', '.join(sorted(known))}. A grader is a module of tepo_cli/rewards/ defining "
+            f"GRADER, or register_grader(...) in a file listed in plugins=[...]."
         )
-    if name == "code":
-        return lambda c, p: _score_code([c], [p], cfg)[0]
-    assert cfg.path and cfg.function  # RewardConfig validation: custom needs both
-    from tepo_cli.rewards.custom import load_user_function
-
-    user_function = load_user_function(cfg.path, cfg.function)
-
-    def score_custom(completion: str, problem: Problem) -> RewardResult:
-        value = user_function(completion, problem)
-        if isinstance(value, bool):
-            return RewardResult(correct if value else incorrect, value, None)
-        reward = float(value)
-        return RewardResult(reward, reward == correct, None)
-
-    return score_custom
+    return known[name]
 
 
-def _score_code(
-    completions: Sequence[str], problems: Sequence[Problem], cfg: RewardConfig
-) -> list[RewardResult]:
-    from tepo_cli.rewards.code import CodeProblem, grade_many
-    from tepo_cli.rewards.sandbox import SandboxConfig, SandboxLimits
-
-    sandbox = SandboxConfig(limits=SandboxLimits(wall_time_s=cfg.timeout_s))
-    grades: list[CodeGrade] = grade_many(
-        [(c, CodeProblem.from_record(p.extra)) for c, p in zip(completions, problems, strict=True)],
-        config=sandbox,
-        correct=cfg.correct,
-        incorrect=cfg.incorrect,
-    )
-    return [RewardResult(g.reward, g.correct, g.extracted) for g in grades]
+def make_reward(cfg: RewardConfig, name: str) -> Reward:
+    """The named grader (not `auto`: tepo_cli.benchmarks resolves that) with `cfg`'s settings."""
+    return Reward(name, get_grader(name).build(cfg), cfg)

@@ -9,6 +9,10 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from tepo_cli.config.schema import RewardConfig
+from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.rewards import Grader, ScoreMany, one_by_one
+
 # A number: optional sign, digits with optional thousands separators, optional decimals.
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])[-−]?\d+(?:\.\d+)?")
 
@@ -28,3 +32,14 @@ def is_correct(completion: str, answer: str) -> tuple[bool, str | None]:
     if extracted is None:
         return False, None
     return Fraction(extracted) == Fraction(answer), extracted
+
+
+def _build(cfg: RewardConfig) -> ScoreMany:
+    def score(completion: str, problem: Problem) -> RewardResult:
+        ok, extracted = is_correct(completion, problem.answer)
+        return RewardResult(cfg.correct if ok else cfg.incorrect, ok, extracted)
+
+    return one_by_one(score)
+
+
+GRADER = Grader("arith", _build, same_answer=lambda a, b: Fraction(a) == Fraction(b))

@@ -25,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tepo_cli.config.schema import RewardConfig
+from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.rewards import Grader, ScoreMany
 from tepo_cli.rewards.sandbox import Program, SandboxConfig, SandboxLimits, SandboxResult
 from tepo_cli.rewards.sandbox import run_many as _run_many
 
@@ -184,3 +187,21 @@ def grade_code(
         correct=correct,
         incorrect=incorrect,
     )[0]
+
+
+def _build(cfg: RewardConfig) -> ScoreMany:
+    """The HumanEval/MBPP problems' tests (`Problem.extra`) run in the sandbox, concurrently."""
+    sandbox = SandboxConfig(limits=SandboxLimits(wall_time_s=cfg.timeout_s))
+
+    def score_many(completions: Sequence[str], problems: Sequence[Problem]) -> list[RewardResult]:
+        items = [
+            (c, CodeProblem.from_record(p.extra))
+            for c, p in zip(completions, problems, strict=True)
+        ]
+        grades = grade_many(items, config=sandbox, correct=cfg.correct, incorrect=cfg.incorrect)
+        return [RewardResult(g.reward, g.correct, g.extracted) for g in grades]
+
+    return score_many
+
+
+GRADER = Grader("code", _build)

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.core.user_code import import_user_code
+from tepo_cli.rewards import Grader, ScoreMany, one_by_one
 
 
 def load_user_function(path: str, name: str) -> Callable[..., Any]:
@@ -19,3 +22,23 @@ def load_user_function(path: str, name: str) -> Callable[..., Any]:
             f"{', '.join(found) or 'none'}."
         )
     return function
+
+
+def _build(cfg: RewardConfig) -> ScoreMany:
+    """`reward.function` of `reward.path`: `(completion, problem)` -> bool (correct or not) or a
+    number (the reward; correct when it equals `reward.correct`)."""
+    if not (cfg.path and cfg.function):
+        raise ConfigError("reward=custom needs reward.path (a .py file) and reward.function")
+    user_function = load_user_function(cfg.path, cfg.function)
+
+    def score(completion: str, problem: Problem) -> RewardResult:
+        value = user_function(completion, problem)
+        if isinstance(value, bool):
+            return RewardResult(cfg.correct if value else cfg.incorrect, value, None)
+        reward = float(value)
+        return RewardResult(reward, reward == cfg.correct, None)
+
+    return one_by_one(score)
+
+
+GRADER = Grader("custom", _build)

@@ -17,7 +17,9 @@ import re
 from fractions import Fraction
 from typing import Literal
 
+from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.rewards import Grader, ScoreMany, one_by_one
 
 Mode = Literal["strict", "flexible"]
 MODES: tuple[Mode, ...] = ("strict", "flexible")
@@ -94,3 +96,13 @@ def score_gsm8k(
 ) -> RewardResult:
     """The reward protocol ``(completion, problem) -> RewardResult``: reference = problem.answer."""
     return grade_gsm8k(completion, problem.answer, mode=mode, correct=correct, incorrect=incorrect)
+
+
+def _build(cfg: RewardConfig) -> ScoreMany:
+    mode, correct, incorrect = cfg.mode, cfg.correct, cfg.incorrect
+    return one_by_one(
+        lambda c, p: score_gsm8k(c, p, mode=mode, correct=correct, incorrect=incorrect)
+    )
+
+
+GRADER = Grader("gsm8k", _build, same_answer=same_number)

@@ -25,7 +25,9 @@ import threading
 from functools import lru_cache
 from typing import Any
 
+from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.rewards import Grader, ScoreMany, one_by_one
 
 DEFAULT_TIMEOUT_S = 5
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -180,3 +182,13 @@ def score_math(
     return grade_math(
         completion, problem.answer, timeout_s=timeout_s, correct=correct, incorrect=incorrect
     )
+
+
+def _build(cfg: RewardConfig) -> ScoreMany:
+    timeout, correct, incorrect = max(1, round(cfg.timeout_s)), cfg.correct, cfg.incorrect
+    return one_by_one(
+        lambda c, p: score_math(c, p, timeout_s=timeout, correct=correct, incorrect=incorrect)
+    )
+
+
+GRADER = Grader("math", _build, same_answer=answers_equivalent)

@@ -22,12 +22,7 @@ def train_job(cfg: DictConfig) -> None:
 
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
-        from tepo_cli.rollout import check_backend
-
-        check_backend(config.rollout)
-        from tepo_cli.algos.plugins import load_objectives
-
-        load_objectives(config.plugins, config.algo.name)
+        _check_registered_names(config)
         from tepo_cli.train import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
@@ -74,6 +69,18 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.train.distributed import teardown
 
         teardown()
+
+
+def _check_registered_names(config: TrainConfig) -> None:
+    """The rollout back-end, the objective (after the plugins' import), the benchmark and the
+    grader exist: one paragraph naming the known ones otherwise, before anything heavy starts."""
+    from tepo_cli.algos.plugins import load_objectives
+    from tepo_cli.benchmarks import check_benchmark
+    from tepo_cli.rollout import check_backend
+
+    check_backend(config.rollout)
+    load_objectives(config.plugins, config.algo.name)
+    check_benchmark(config.benchmark, config.reward)
 
 
 def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:

@@ -19,14 +19,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.data.tasks import DatasetTask, build_task
+from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.models.mtp import mtp_support_problem
-from tepo_cli.rewards import build_reward
 from tepo_cli.rollout import build_backend
 from tepo_cli.train import checkpoint
 from tepo_cli.train.critic_files import build_critic
