@@ -92,6 +92,22 @@ def test_a_benchmark_of_your_own_example(tmp_path):
     assert [json.loads(line)["problems"] for line in evals.read_text().splitlines()] == [2]
 
 
+def test_a_rollout_back_end_of_your_own_example(tmp_path):
+    """One module + one YAML: the trainer generates through the plugin's engine and corrects for
+    its bfloat16 log-probs, which differ from its own float32 ones by float rounding, not more."""
+    files, commands = example("### A rollout back-end of your own")
+    assert set(files) == {"bf16_engine.py", "my_conf/rollout/hf_bf16_logprobs.yaml"}
+    assert [args[:2] for args in commands] == [["tepo", "train"]]
+    run_example(tmp_path, "### A rollout back-end of your own")
+    (config,) = tmp_path.glob("outputs/train/*/*/config.yaml")
+    assert "backend: hf_bf16_logprobs" in config.read_text()
+    (metrics,) = tmp_path.rglob("metrics.jsonl")
+    record = json.loads(metrics.read_text().splitlines()[0])
+    assert 1e-5 < record["mismatch_abs_mean"] < 1e-2  # bfloat16 rounding of the same tokens
+    assert record["mismatch_abs_max"] >= record["mismatch_abs_mean"]
+    assert record["mismatch_truncated_frac"] == 0.0  # weights within [1/3, 3]
+
+
 def test_unknown_objective_lists_the_registered_ones(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tepo_cli", "train", "model=tiny", "algo.name=reinforc"],

@@ -33,13 +33,12 @@ def eval_job(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         config = load_eval_config(cfg, hydra_cfg.runtime.choices)
-        from tepo_cli.rollout import check_backend
-
-        check_backend(config.rollout)
         from tepo_cli.benchmarks import check_benchmark
         from tepo_cli.core.user_code import import_plugins
+        from tepo_cli.rollout import check_backend
 
         import_plugins(config.plugins)
+        check_backend(config.rollout)
         check_benchmark(config.benchmark, config.reward)
         summary = run_eval(config, run_dir)
     except (ConfigError, RunError) as error:

@@ -1,11 +1,11 @@
 """Rollout back-ends by name. `rollout.backend` (conf/rollout/<name>.yaml) picks one; train and
 eval call only the `RolloutBackend` interface (rollout/base.py).
 
-A back-end is one module in this package plus its YAML in conf/rollout/: the module names itself
-(`NAME`, the value of `rollout.backend`), says what it needs beyond tepo's own requirements
-(`REQUIRES`, a package, and `INSTALL`, how to get it; None for nothing), and has a class that
-implements the interface and a `build` function with the signature of `build_backend` below.
-Nothing else lists the back-ends.
+A back-end is one module in this package (or a plugin file that calls `register_backend`) plus
+its YAML in conf/rollout/: the module names itself (`NAME`, the value of `rollout.backend`), says
+what it needs beyond tepo's own requirements (`REQUIRES`, a package, and `INSTALL`, how to get it;
+None for nothing), and has a class that implements the interface and a `build` function with the
+signature of `build_backend` below. Nothing else lists the back-ends.
 """
 
 from __future__ import annotations
@@ -23,18 +23,39 @@ from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.rollout.base import RolloutBackend, Sampling
 
-__all__ = ["Rollout", "RolloutBackend", "Sampling", "backends", "build_backend", "check_backend"]
+__all__ = [
+    "Rollout",
+    "RolloutBackend",
+    "Sampling",
+    "backends",
+    "build_backend",
+    "check_backend",
+    "register_backend",
+]
+
+_REGISTERED: dict[str, ModuleType] = {}
+
+
+def register_backend(module: ModuleType) -> None:
+    """Add a back-end module from outside this package (a plugin file, `plugins=[...]`, ending in
+    `register_backend(sys.modules[__name__])`); it names itself and builds as ours do."""
+    name = getattr(module, "NAME", None)
+    if not (isinstance(name, str) and callable(getattr(module, "build", None))):
+        raise ConfigError(
+            f"{module.__name__} is not a rollout back-end: it needs NAME (a string) and build()"
+        )
+    _REGISTERED[name] = module
 
 
 def backends() -> dict[str, ModuleType]:
-    """Every back-end module of this package, by its NAME."""
+    """Every back-end module of this package, by its NAME, then the registered ones."""
     found = {}
     for info in pkgutil.iter_modules(__path__):
         module = importlib.import_module(f"{__name__}.{info.name}")
         name = getattr(module, "NAME", None)
         if isinstance(name, str):
             found[name] = module
-    return found
+    return {**found, **_REGISTERED}
 
 
 def check_backend(cfg: RolloutConfig) -> None:
@@ -43,7 +64,8 @@ def check_backend(cfg: RolloutConfig) -> None:
     if cfg.backend not in known:
         raise ConfigError(
             f"rollout.backend={cfg.backend!r} is not a rollout back-end; known: "
-            f"{', '.join(sorted(known))} (each is a module in tepo_cli/rollout/ with that NAME)."
+            f"{', '.join(sorted(known))} (each is a module in tepo_cli/rollout/ with that NAME, "
+            f"or a plugin module passed to register_backend)."
         )
     module = known[cfg.backend]
     package = getattr(module, "REQUIRES", None)

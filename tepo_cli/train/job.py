@@ -78,8 +78,8 @@ def _check_registered_names(config: TrainConfig) -> None:
     from tepo_cli.benchmarks import check_benchmark
     from tepo_cli.rollout import check_backend
 
+    load_objectives(config.plugins, config.algo.name)  # imports the plugins first
     check_backend(config.rollout)
-    load_objectives(config.plugins, config.algo.name)
     check_benchmark(config.benchmark, config.reward)
 
 
