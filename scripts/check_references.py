@@ -26,8 +26,8 @@ from tepo_cli.benchmarks import load_problems
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.data.prepare import prepare
 from tepo_cli.rewards.code import CodeProblem, grade_many
-from tepo_cli.rewards.gsm8k import score_gsm8k
-from tepo_cli.rewards.math import clear_cache, extract_answer, is_symbolic, score_math
+from tepo_cli.rewards.gsm8k import grade_gsm8k
+from tepo_cli.rewards.math import clear_cache, extract_answer, grade_math, is_symbolic
 
 
 def _report(label: str, passed: int, total: int, seconds: float) -> None:
@@ -65,7 +65,7 @@ def check_gsm8k(limit: int | None) -> bool:
         passed, misses, seconds = _grade_texts(
             problems,
             lambda p: p.extra["solution"],
-            lambda c, p, mode=mode: score_gsm8k(c, p, mode=mode),
+            lambda c, p, mode=mode: grade_gsm8k(c, p.answer, mode=mode),
         )
         _report(f"gsm8k reference solutions ({mode})", passed, len(problems), seconds)
         _list_misses(misses)
@@ -76,7 +76,9 @@ def check_gsm8k(limit: int | None) -> bool:
 def check_math(name: str, limit: int | None) -> bool:
     problems = load_problems(name, limit=limit)
     clear_cache()  # MATH-500 is a subset of MATH: time it without MATH's cached parses
-    passed, misses, seconds = _grade_texts(problems, lambda p: p.extra["solution"], score_math)
+    passed, misses, seconds = _grade_texts(
+        problems, lambda p: p.extra["solution"], lambda c, p: grade_math(c, p.answer)
+    )
     _report(f"{name} reference solutions (math-verify)", passed, len(problems), seconds)
     _list_misses(misses)
     # A reference answer math-verify reads only as a string is compared by exact string match.

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tepo_cli.core.records import Problem
+from tepo_cli.config.schema import RewardConfig
+from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.rewards import make_reward
 from tepo_cli.rewards.gsm8k import (
     extract_flexible,
     extract_strict,
     grade_gsm8k,
     reference_answer,
     same_number,
-    score_gsm8k,
 )
 
 
@@ -66,5 +67,8 @@ def test_reference_and_protocol() -> None:
     with pytest.raises(ValueError):
         reference_answer("no marker")
     problem = Problem("g", "q", reference_answer(solution), {"solution": solution})
-    assert score_gsm8k(solution, problem).correct
-    assert score_gsm8k("so 1018", problem, mode="flexible").correct
+    strict = make_reward(RewardConfig(name="gsm8k"), "gsm8k")
+    flexible = make_reward(RewardConfig(name="gsm8k", mode="flexible"), "gsm8k")
+    assert strict(solution, problem) == RewardResult(1.0, True, "1018")
+    assert strict("so 1018", problem).correct is False
+    assert flexible("so 1018", problem) == RewardResult(1.0, True, "1018")

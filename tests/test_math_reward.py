@@ -6,13 +6,14 @@ import threading
 
 import pytest
 
+from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.rewards import make_reward
 from tepo_cli.rewards.math import (
     answers_equivalent,
     extract_answer,
     grade_math,
     last_boxed,
-    score_math,
 )
 
 
@@ -90,10 +91,15 @@ def test_extraction_prefers_the_box_and_reports_it() -> None:
     assert extract_answer("no maths at all")[0] is None
 
 
-def test_score_math_uses_problem_answer() -> None:
+def test_the_math_grader_reads_the_problems_answer() -> None:
+    """reward=math through the grader registry: the reference is `problem.answer`, the rewards
+    are the reward group's."""
     problem = Problem("p", "What is half of one?", r"\frac{1}{2}", {"solution": "..."})
-    assert score_math(r"It is $\boxed{0.5}$.", problem).correct
-    assert not score_math(r"It is $\boxed{2}$.", problem).correct
+    reward = make_reward(RewardConfig(name="math", correct=2.0, incorrect=-1.0), "math")
+    assert reward.score_many([r"It is $\boxed{0.5}$.", r"It is $\boxed{2}$."], [problem] * 2) == [
+        RewardResult(2.0, True, "0.5"),
+        RewardResult(-1.0, False, "2"),
+    ]
 
 
 def test_answers_equivalent() -> None:

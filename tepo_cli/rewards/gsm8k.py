@@ -18,7 +18,7 @@ from fractions import Fraction
 from typing import Literal
 
 from tepo_cli.config.schema import RewardConfig
-from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.core.records import RewardResult
 from tepo_cli.rewards import Grader, ScoreMany, one_by_one
 
 Mode = Literal["strict", "flexible"]
@@ -86,22 +86,10 @@ def grade_gsm8k(
     return RewardResult(correct if ok else incorrect, ok, extracted)
 
 
-def score_gsm8k(
-    completion: str,
-    problem: Problem,
-    *,
-    mode: Mode = "strict",
-    correct: float = 1.0,
-    incorrect: float = 0.0,
-) -> RewardResult:
-    """The reward protocol ``(completion, problem) -> RewardResult``: reference = problem.answer."""
-    return grade_gsm8k(completion, problem.answer, mode=mode, correct=correct, incorrect=incorrect)
-
-
 def _build(cfg: RewardConfig) -> ScoreMany:
     mode, correct, incorrect = cfg.mode, cfg.correct, cfg.incorrect
     return one_by_one(
-        lambda c, p: score_gsm8k(c, p, mode=mode, correct=correct, incorrect=incorrect)
+        lambda c, p: grade_gsm8k(c, p.answer, mode=mode, correct=correct, incorrect=incorrect)
     )
 
 

@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from tepo_cli.config.schema import RewardConfig
-from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.core.records import RewardResult
 from tepo_cli.rewards import Grader, ScoreMany, one_by_one
 
 DEFAULT_TIMEOUT_S = 5
@@ -170,24 +170,12 @@ def answers_equivalent(a: str, b: str, timeout_s: int | None = DEFAULT_TIMEOUT_S
     return _verify(_parse_answer(a, timeout_s), _parse_answer(b, timeout_s), timeout_s)
 
 
-def score_math(
-    completion: str,
-    problem: Problem,
-    *,
-    timeout_s: int | None = DEFAULT_TIMEOUT_S,
-    correct: float = 1.0,
-    incorrect: float = 0.0,
-) -> RewardResult:
-    """The reward protocol ``(completion, problem) -> RewardResult``: reference = problem.answer."""
-    return grade_math(
-        completion, problem.answer, timeout_s=timeout_s, correct=correct, incorrect=incorrect
-    )
-
-
 def _build(cfg: RewardConfig) -> ScoreMany:
     timeout, correct, incorrect = max(1, round(cfg.timeout_s)), cfg.correct, cfg.incorrect
     return one_by_one(
-        lambda c, p: score_math(c, p, timeout_s=timeout, correct=correct, incorrect=incorrect)
+        lambda c, p: grade_math(
+            c, p.answer, timeout_s=timeout, correct=correct, incorrect=incorrect
+        )
     )
 
 
