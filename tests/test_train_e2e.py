@@ -81,8 +81,11 @@ def test_train_tiny_then_eval_the_saved_model(tmp_path):
     assert not (run / "final.tmp").exists()
 
     # tepo eval of the saved model, greedy on the same 100 held-out problems with the same answer
-    # length (benchmark.max_new_tokens), grades exactly what the trainer's last evaluation did.
-    tepo("eval", "model=tiny", f"model.path={run / 'final'}", cwd=tmp_path)
+    # length (benchmark.max_new_tokens) and grader, scores exactly what the trainer's last
+    # evaluation did.
+    tepo(
+        "eval", "model=tiny", f"model.path={run / 'final'}", *parity_reward(tmp_path), cwd=tmp_path
+    )
     (evaluation,) = (tmp_path / "outputs" / "eval").rglob("summary.json")
     result = json.loads(evaluation.read_text())
     assert result["problems"] == 100 and result["samples"] == 100
