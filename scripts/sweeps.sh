@@ -16,7 +16,7 @@ out=${2:-multirun/${example}/$(date +%Y-%m-%d_%H-%M-%S)}
 
 smoke() {
     "$TEPO" train -m model=tiny algo=grpo,mpo seed=0,1 \
-        trainer.max_steps=3 benchmark.eval_size=8 trainer.save_final=false \
+        trainer.max_steps=2 benchmark.eval_size=4 trainer.save_final=false \
         hydra/launcher=joblib hydra.launcher.n_jobs=2 hydra.sweep.dir="$out"
     "$TEPO" report "$out"
 }

@@ -161,8 +161,7 @@ def test_cli_help_and_cfg_job(tmp_path):
         hydra_help.returncode == 0
         and "algo: _base, dapo, grpo, gspo, mpo, mpo_disjoint, mpo_exact, tepo" in hydra_help.stdout
     )
-    base = _tepo("train", "algo=_base", cwd=tmp_path)
-    _one_paragraph_exit_2(base, "algo=_base holds the default of every objective knob", "algo=grpo")
+
     job = _tepo("train", "algo.eps_high=0.28", "--cfg", "job", cwd=tmp_path)
     assert job.returncode == 0 and "eps_high: 0.28" in job.stdout
 
@@ -283,3 +282,12 @@ def test_trainer_nproc_must_match_the_launchers_world_size(tmp_path):
     assert "trainer.nproc=2, but the launcher started 1 rank(s)" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (run_dir / "config.yaml").exists()
+
+
+def test_the_base_of_the_algo_presets_is_not_an_objective():
+    from tepo_cli.algos.plugins import load_objectives
+
+    with pytest.raises(
+        ConfigError, match=r"algo=_base holds the default of every objective knob.*algo=grpo"
+    ):
+        load_objectives([], "???")  # conf/algo/_base.yaml's name

@@ -121,22 +121,19 @@ def test_unknown_objective_lists_the_registered_ones(tmp_path):
     assert "dapo, grpo, gspo, mpo, tepo" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_unknown_benchmark_lists_the_known_ones(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tepo_cli",
-            "eval",
-            "model=reference",
-            "benchmark=gsm8k",
-            "benchmark.name=svamp",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "benchmark=svamp is not a benchmark; the benchmarks are: arith, gsm8k" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_unknown_benchmark_and_grader_list_the_known_ones():
+    from tepo_cli.benchmarks import check_benchmark
+    from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
+    from tepo_cli.core.errors import ConfigError
+
+    auto = RewardConfig(name="auto")
+    with pytest.raises(
+        ConfigError,
+        match=r"benchmark=svamp is not a benchmark; the benchmarks are: arith, gsm8k, humaneval, math, math500, mbpp\.",
+    ):
+        check_benchmark(BenchmarkConfig(name="svamp"), auto)
+    with pytest.raises(
+        ConfigError,
+        match=r"reward=gsm9k is not a grader; the graders are: auto \(the benchmark's own\), arith, code, custom, gsm8k, math\.",
+    ):
+        check_benchmark(BenchmarkConfig(name="gsm8k"), RewardConfig(name="gsm9k"))

@@ -290,6 +290,7 @@ def test_disk_full_while_checkpointing_leaves_nothing_partial(tmp_path):
 
 def test_resume_true_finds_the_newest_unfinished_run(tmp_path):
     args = [a for a in base_args(tmp_path, tmp_path) if not a.startswith("hydra.run.dir")]
+    args.append("trainer.max_steps=2")  # killed in step 2, resumed for that step only
     assert tepo(args, cwd=tmp_path, fault="update:2").returncode == -signal.SIGKILL
     (run_dir,) = [p.parent for p in (tmp_path / "outputs" / "train").glob("*/*/config.yaml")]
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
@@ -327,31 +328,26 @@ def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp
     assert comparable_metrics(runs["killed"]) == comparable_metrics(runs["whole"])
 
 
-def test_two_rank_gae_run_ends_with_identical_policy_and_critic(tmp_path):
-    """advantage=gae under ZeRO-2 on two ranks: GAE's whitening statistics are all-reduced, and
-    both ranks end with the same policy and the same critic."""
+def test_two_rank_mpo_mtp_gae_run_ends_with_identical_ranks(tmp_path):
+    """MPO's MTP modules and a GAE critic under ZeRO-2 on two ranks: both ranks warm the modules
+    up and rank 0's are broadcast; GAE's whitening statistics are all-reduced; both ranks end
+    with the same policy (modules included) and the same critic."""
     run_dir = tmp_path / "run"
-    args = [*gae_args(tmp_path, run_dir), "trainer.max_steps=2", "trainer.nproc=2"]
+    gae = [
+        "advantage=gae",
+        "rollout.n=1",
+        "trainer.prompts_per_step=4",
+        "advantage.save_critic=true",
+    ]
+    args = [*mtp_args(tmp_path, run_dir), *gae, "trainer.max_steps=2", "trainer.nproc=2"]
     result = tepo([*args, "deepspeed=zero2"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     first, second = summary["rank_param_checksums"]
     critic_first, critic_second = summary["critic_rank_param_checksums"]
     assert first == second and critic_first == critic_second
-    assert summary["critic_parameters"] > 0
-
-
-def test_two_rank_mpo_mtp_run_ends_with_identical_ranks(tmp_path):
-    """Both ranks warm the MTP modules up, rank 0's are broadcast, and ZeRO-2 keeps the policy
-    and the modules identical on both ranks to the last step."""
-    run_dir = tmp_path / "run"
-    args = [*mtp_args(tmp_path, run_dir), "trainer.max_steps=2", "trainer.nproc=2"]
-    result = tepo([*args, "deepspeed=zero2"], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    first, second = summary["rank_param_checksums"]
-    assert first == second and summary["mtp_parameters"] > 0
-    assert (run_dir / "mtp_modules.safetensors").is_file()
+    assert summary["mtp_parameters"] > 0 and summary["critic_parameters"] > 0
+    assert (run_dir / "mtp_modules.safetensors").is_file() and (run_dir / "critic").is_dir()
 
 
 @pytest.mark.parametrize(

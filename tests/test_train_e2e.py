@@ -60,7 +60,14 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_train_tiny_then_eval_the_saved_model(tmp_path):
-    tepo("train", "model=tiny", "trainer.max_steps=2", *parity_reward(tmp_path), cwd=tmp_path)
+    # A grader that depends on the problem and the completion, so accuracy is neither 0 nor 1
+    (tmp_path / "mod3.py").write_text(
+        "def score(completion, problem):\n"
+        "    return len(completion) % 3 == int(problem.answer) % 3\n"
+    )
+    reward = ["reward=custom", f"reward.path={tmp_path / 'mod3.py'}"]
+    held_out = "benchmark.eval_size=30"
+    tepo("train", "model=tiny", "trainer.max_steps=2", held_out, *reward, cwd=tmp_path)
     (run,) = run_dirs(tmp_path / "outputs")
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
@@ -69,7 +76,7 @@ def test_train_tiny_then_eval_the_saved_model(tmp_path):
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()
     assert len(read_jsonl(run / "samples.jsonl")) == 8  # samples_per_step=4 x 2 steps
     evals = read_jsonl(run / "eval.jsonl")
-    assert [(e["when"], e["problems"]) for e in evals] == [("before", 100), ("after", 100)]
+    assert [(e["when"], e["problems"]) for e in evals] == [("before", 30), ("after", 30)]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
     assert (summary["eval_before"], summary["eval_after"]) == (
@@ -80,17 +87,17 @@ def test_train_tiny_then_eval_the_saved_model(tmp_path):
     assert (run / "final" / "model.safetensors").is_file()
     assert not (run / "final.tmp").exists()
 
-    # tepo eval of the saved model, greedy on the same 100 held-out problems with the same answer
+    # tepo eval of the saved model, greedy on the same 30 held-out problems with the same answer
     # length (benchmark.max_new_tokens) and grader, scores exactly what the trainer's last
     # evaluation did.
-    tepo(
-        "eval", "model=tiny", f"model.path={run / 'final'}", *parity_reward(tmp_path), cwd=tmp_path
-    )
+    final = f"model.path={run / 'final'}"
+    tepo("eval", "model=tiny", final, held_out, *reward, cwd=tmp_path)
     (evaluation,) = (tmp_path / "outputs" / "eval").rglob("summary.json")
     result = json.loads(evaluation.read_text())
-    assert result["problems"] == 100 and result["samples"] == 100
+    assert result["problems"] == 30 and result["samples"] == 30
     assert result["accuracy"] == summary["eval_after"]
-    assert len(read_jsonl(evaluation.parent / "samples.jsonl")) == 100
+    assert 0.0 < result["accuracy"] < 1.0  # a grader that tells the completions apart
+    assert len(read_jsonl(evaluation.parent / "samples.jsonl")) == 30
 
 
 def test_multirun_sweep_writes_one_run_dir_per_job(tmp_path):
