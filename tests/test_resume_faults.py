@@ -315,7 +315,10 @@ def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp
         ]
         for name, run_dir in runs.items()
     }
+    buffers = set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
     assert tepo(args["whole"], cwd=tmp_path).returncode == 0
+    # DeepSpeed's CPU all-reduce buffers (70 MB a rank) do not outlive the run
+    assert set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) <= buffers
     first, second = json.loads((runs["whole"] / "summary.json").read_text())["rank_param_checksums"]
     assert first == second  # data-parallel ranks end with identical weights
     assert tepo(args["killed"], cwd=tmp_path, fault="update:2").returncode != 0
@@ -323,6 +326,7 @@ def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp
     assert {p.name for p in checkpoint.glob("rank_*.pt")} == {"rank_00000.pt", "rank_00001.pt"}
     resumed = tepo([*args["killed"], "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) <= buffers  # killed too
     weights = "final/model.safetensors"
     assert (runs["killed"] / weights).read_bytes() == (runs["whole"] / weights).read_bytes()
     assert comparable_metrics(runs["killed"]) == comparable_metrics(runs["whole"])

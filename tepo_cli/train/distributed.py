@@ -156,13 +156,14 @@ def relaunch(nproc: int, overrides: list[str], run_dir: Path, job_cores: int | N
     )
     if job_cores is not None:
         kept.append(f"trainer.num_threads={max(1, job_cores // nproc)}")
+    port = free_port()
     command = [
         launcher,
         "--num_gpus",
         str(nproc),
         "--no_local_rank",
         "--master_port",
-        str(free_port()),
+        str(port),
         "--module",
         "tepo_cli",
         "train",
@@ -174,4 +175,18 @@ def relaunch(nproc: int, overrides: list[str], run_dir: Path, job_cores: int | N
     ]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
-    return subprocess.call(command, env=env)
+    try:
+        return subprocess.call(command, env=env)
+    finally:
+        remove_shm_buffers(port)
+
+
+def remove_shm_buffers(port: int, shm_dir: Path = Path("/dev/shm")) -> list[Path]:
+    """Remove the shared-memory buffers DeepSpeed's CPU all-reduce left for the ranks that used
+    `port`. Its shm op maps one buffer per rank (`deepspeed_allreduce_buffer_<uid>_<addr>_<port>_
+    <rank>`, 69 MB each) and never unlinks it, so every multi-rank CPU run would keep ~70 MB per
+    rank in RAM until the machine reboots. Called once every rank has exited."""
+    removed = sorted(shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
