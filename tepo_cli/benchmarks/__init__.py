@@ -9,13 +9,12 @@ file registers its own with `register_benchmark`. Nothing else lists the benchma
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
+from tepo_cli.core.discovery import package_modules
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 from tepo_cli.data.prepare import benchmark_names as prepared_names
@@ -57,8 +56,7 @@ def register_benchmark(benchmark: Benchmark) -> Benchmark:
 def benchmarks() -> dict[str, Benchmark]:
     """Every benchmark: this package's modules' `BENCHMARK`/`BENCHMARKS`, then the registered."""
     found: dict[str, Benchmark] = {}
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    for module in package_modules(__name__, __path__):
         own = getattr(module, "BENCHMARKS", [getattr(module, "BENCHMARK", None)])
         found.update({b.name: b for b in own if isinstance(b, Benchmark)})
     return {**found, **_REGISTERED}

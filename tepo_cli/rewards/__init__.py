@@ -9,12 +9,11 @@ completions (code runs concurrently in the sandbox).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tepo_cli.config.schema import RewardConfig
+from tepo_cli.core.discovery import package_modules
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem, RewardResult
 
@@ -66,12 +65,8 @@ def register_grader(grader: Grader) -> Grader:
 
 def graders() -> dict[str, Grader]:
     """Every grader: this package's modules' `GRADER`s, then the registered ones."""
-    found: dict[str, Grader] = {}
-    for info in pkgutil.iter_modules(__path__):
-        grader = getattr(importlib.import_module(f"{__name__}.{info.name}"), "GRADER", None)
-        if isinstance(grader, Grader):
-            found[grader.name] = grader
-    return {**found, **_REGISTERED}
+    own = [getattr(module, "GRADER", None) for module in package_modules(__name__, __path__)]
+    return {**{g.name: g for g in own if isinstance(g, Grader)}, **_REGISTERED}
 
 
 def get_grader(name: str) -> Grader:

@@ -27,8 +27,7 @@ def load_user_function(path: str, name: str) -> Callable[..., Any]:
 def _build(cfg: RewardConfig) -> ScoreMany:
     """`reward.function` of `reward.path`: `(completion, problem)` -> bool (correct or not) or a
     number (the reward; correct when it equals `reward.correct`)."""
-    if not (cfg.path and cfg.function):
-        raise ConfigError("reward=custom needs reward.path (a .py file) and reward.function")
+    assert cfg.path and cfg.function  # RewardConfig refuses reward=custom without them
     user_function = load_user_function(cfg.path, cfg.function)
 
     def score(completion: str, problem: Problem) -> RewardResult:

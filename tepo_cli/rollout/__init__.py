@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import pkgutil
 import sys
 from types import ModuleType
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
+from tepo_cli.core.discovery import package_modules
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.rollout.base import RolloutBackend, Sampling
@@ -49,12 +49,11 @@ def register_backend(module: ModuleType) -> None:
 
 def backends() -> dict[str, ModuleType]:
     """Every back-end module of this package, by its NAME, then the registered ones."""
-    found = {}
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        name = getattr(module, "NAME", None)
-        if isinstance(name, str):
-            found[name] = module
+    found = {
+        m.NAME: m
+        for m in package_modules(__name__, __path__)
+        if isinstance(m.__dict__.get("NAME"), str)
+    }
     return {**found, **_REGISTERED}
 
 

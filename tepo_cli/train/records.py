@@ -25,8 +25,8 @@ def step_record(
     rate, each phase's seconds (`<phase>_seconds`), peak memory, and the update's metrics."""
     seconds = clock.elapsed()
     sums = _summed_over_ranks(cfg, experience, engine.device)
-    total, total_sq, correct, length, truncated = (sums[k] for k in _ROW_SUMS)
-    count, flat_groups, group_count, sampled, overlong = (sums[k] for k in _COUNTS)
+    total, total_sq, correct, length, truncated, count, flat_groups, group_count = sums[:8]
+    sampled, overlong = sums[8:]
     mean = total / count
     record: dict[str, Any] = {
         "step": step,
@@ -50,16 +50,12 @@ def step_record(
     return record
 
 
-_ROW_SUMS = ("reward", "reward_sq", "correct", "length", "truncated")
-_COUNTS = ("rows", "flat_groups", "groups", "sampled_groups", "overlong")
-
-
 def _summed_over_ranks(
     cfg: TrainConfig, experience: Experience, device: torch.device
-) -> dict[str, float]:
-    """Sums over every rank's rows (float64): rewards, their squares, correct answers, lengths,
-    truncations, and the counts of rows, groups with one reward for all, kept and sampled groups,
-    and the overlong penalty."""
+) -> list[float]:
+    """Sums over every rank's rows (float64), in this order: rewards, their squares, correct
+    answers, lengths, truncations, rows, groups with one reward for all, kept groups, sampled
+    groups, and the overlong penalty."""
     rewards, lengths = experience.rewards, experience.rollout.lengths.float()
     groups = rewards.view(-1, cfg.rollout.n)
     stats = torch.stack(
@@ -79,7 +75,7 @@ def _summed_over_ranks(
     if dist.is_initialized() and dist.get_world_size() > 1:
         stats = stats.to(device)
         dist.all_reduce(stats)
-    return dict(zip(_ROW_SUMS + _COUNTS, stats.tolist(), strict=True))
+    return stats.tolist()
 
 
 def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[dict[str, Any]]:
