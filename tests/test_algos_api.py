@@ -102,7 +102,6 @@ def test_preset_table_of_section_1() -> None:
     dapo = cfg["dapo"]
     assert (dapo.eps_low, dapo.eps_high, dapo.loss_agg, dapo.beta) == (0.2, 0.28, "token-mean", 0)
     assert dapo.dynamic_sampling and dapo.overlong_penalty and not dapo.needs_ref
-    assert (dapo.reward_correct, dapo.reward_incorrect) == (1.0, -1.0)
     gspo = cfg["gspo"]
     assert (gspo.unit, gspo.ratio_norm, gspo.eps_low, gspo.eps_high) == (
         "sequence",
@@ -198,8 +197,6 @@ def test_block_of_one_and_unit_block_on_any_objective() -> None:
         ({"dual_clip": 1.0}, "greater than 1"),
         ({"loss_agg": "mean"}, "token-mean"),
         ({"overlong_max_len": 10, "overlong_cache_len": 10}, "smaller than overlong_max_len"),
-        ({"reward_correct": 1.0}, "set both"),
-        ({"reward_correct": -1.0, "reward_incorrect": 1.0}, "larger than"),
         ({"max_refill_rounds": 0}, "greater than or equal to 1"),
         ({"typo": 1}, "Extra inputs"),
         (

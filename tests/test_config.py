@@ -59,6 +59,7 @@ def test_default_eval_config_is_valid(compose_config):
         ("deepspeed.stage=4", ["deepspeed.stage=4", "less than or equal to 3"]),
         ("k=0", ["k=0", "greater than or equal to 1"]),
         ("trainer.prompts_per_step=3 trainer.nproc=2", ["multiple of trainer.nproc"]),
+        ("algo=dapo reward.correct=-1", ["reward.correct (-1.0) must be larger", "(-1.0)"]),
     ],
 )
 def test_bad_values_name_key_value_and_rule(compose_config, override, expected):
@@ -308,3 +309,22 @@ def test_deepspeeds_shared_memory_buffers_of_a_finished_launch_are_removed(tmp_p
         path.write_bytes(b"x")
     assert remove_shm_buffers(4242, tmp_path) == ours
     assert sorted(tmp_path.iterdir()) == sorted(others)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "correct", "incorrect"),
+    [
+        ([], 1.0, 0.0),
+        (["algo=dapo"], 1.0, -1.0),
+        (["algo=dapo", "reward=math", "benchmark=math"], 1.0, -1.0),
+        (["algo=dapo", "reward.incorrect=0"], 1.0, 0.0),
+        (["algo=grpo", "reward.correct=2"], 2.0, 0.0),
+    ],
+)
+def test_the_correctness_reward_lives_in_the_reward_group_and_dapo_sets_it(
+    compose_config, overrides, correct, incorrect
+):
+    """DAPO's ±1 is merged into `reward.*` whatever the reward group; the command line wins."""
+    config = load_train_config(compose_config("train", overrides))
+    assert (config.reward.correct, config.reward.incorrect) == (correct, incorrect)
+    assert "reward_correct" not in config.algo.model_dump()

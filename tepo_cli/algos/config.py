@@ -96,8 +96,6 @@ class AlgoConfig(BaseModel):
     overlong_penalty: bool = False
     overlong_max_len: int | None = Field(default=None, ge=1)
     overlong_cache_len: int | None = Field(default=None, ge=1)
-    reward_correct: float | None = None
-    reward_incorrect: float | None = None
 
     @field_validator("block_weights")
     @classmethod
@@ -157,15 +155,6 @@ class AlgoConfig(BaseModel):
             raise ValueError(
                 f"overlong_cache_len ({cache_len}) must be smaller than overlong_max_len "
                 f"({max_len}): the punishment ramps over the last cache_len tokens"
-            )
-        if (self.reward_correct is None) != (self.reward_incorrect is None):
-            raise ValueError(
-                "set both reward_correct and reward_incorrect (e.g. 1 and -1), or neither"
-            )
-        if self.reward_correct is not None and self.reward_correct <= self.reward_incorrect:
-            raise ValueError(
-                f"reward_correct ({self.reward_correct}) must be larger than reward_incorrect "
-                f"({self.reward_incorrect})"
             )
         return self
 

@@ -26,7 +26,8 @@ def preset_names() -> tuple[str, ...]:
 @cache
 def _load_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """A preset's knobs; a preset may start from another one, as Hydra composes it:
-    `defaults: [other, _self_]` takes every knob of conf/algo/other.yaml, then its own."""
+    `defaults: [other, _self_]` takes every knob of conf/algo/other.yaml, then its own; an entry
+    with a package (`file@_global_.reward`) sets another group and is not read here."""
     path = files("tepo_cli.conf") / "algo" / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(preset_names())
@@ -39,6 +40,8 @@ def _load_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     for entry in defaults:
         if entry == "_self_":
             merged = OmegaConf.merge(merged, config)
+        elif isinstance(entry, str) and "@" in entry:
+            continue  # values for another group (DAPO's ±1 goes to `reward`), not objective knobs
         elif isinstance(entry, str):
             merged = OmegaConf.merge(merged, _load_preset(entry, (*seen, name)))
         else:

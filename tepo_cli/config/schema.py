@@ -105,6 +105,11 @@ class RewardConfig(Strict):
     def _check_custom(self) -> RewardConfig:
         if self.name == "custom" and not (self.path and self.function):
             raise ValueError("reward=custom needs reward.path (a .py file) and reward.function")
+        if self.correct <= self.incorrect:
+            raise ValueError(
+                f"reward.correct ({self.correct}) must be larger than reward.incorrect "
+                f"({self.incorrect})"
+            )
         return self
 
 

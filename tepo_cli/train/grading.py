@@ -1,8 +1,8 @@
 """Turn completions into training rewards: the verifier, then the objective's reward shaping.
 
-Correctness always comes from the reward group's verifier. DAPO's shaping (docs/objectives.md §1.2)
-sits on top: a ±1 correctness reward (`algo.reward_correct/incorrect`) and the soft overlong
-punishment. Dynamic sampling filters on correctness, never on the shaped reward.
+Rewards and correctness come from the reward group's verifier (`reward.correct/incorrect`; DAPO's
+preset sets them to ±1, docs/objectives.md §1.2). The soft overlong punishment sits on top. Dynamic
+sampling filters on correctness, never on the shaped reward.
 """
 
 from __future__ import annotations
@@ -32,10 +32,7 @@ def grade(cfg: TrainConfig, rollout: Rollout, problems: list[Problem], reward: R
     device = rollout.completion_ids.device
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool, device=device)
     algo = cfg.algo
-    if algo.reward_correct is not None and algo.reward_incorrect is not None:
-        rewards = torch.where(correct, algo.reward_correct, algo.reward_incorrect).float()
-    else:
-        rewards = torch.tensor([r.reward for r in results], dtype=torch.float32, device=device)
+    rewards = torch.tensor([r.reward for r in results], dtype=torch.float32, device=device)
     overlong = torch.zeros_like(rewards)
     if algo.overlong_penalty:
         max_len, cache_len = resolve_overlong_lengths(
