@@ -21,7 +21,7 @@ _EXPORTS = {
     "rloo_advantages": "tepo_cli.algos.advantage",
     "informative_groups": "tepo_cli.algos.filtering",
     "load_preset": "tepo_cli.algos.presets",
-    "make_policy_batch": "tepo_cli.algos.batch",
+    "checked_batch": "tepo_cli.algos.batch",
     "overlong_penalty": "tepo_cli.algos.overlong",
     "policy_loss": "tepo_cli.algos.api",
     "preset_names": "tepo_cli.algos.presets",
@@ -34,12 +34,12 @@ _EXPORTS = {
 __all__ = [
     "AlgoConfig",
     "PolicyBatch",
+    "checked_batch",
     "estimate_advantages",
     "get_policy_loss",
     "group_advantages",
     "informative_groups",
     "load_preset",
-    "make_policy_batch",
     "overlong_penalty",
     "policy_loss",
     "preset_names",
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
         rloo_advantages,
     )
     from tepo_cli.algos.api import policy_loss
-    from tepo_cli.algos.batch import PolicyBatch, make_policy_batch
+    from tepo_cli.algos.batch import PolicyBatch, checked_batch
     from tepo_cli.algos.config import AlgoConfig
     from tepo_cli.algos.filtering import informative_groups
     from tepo_cli.algos.overlong import overlong_penalty, resolve_overlong_lengths

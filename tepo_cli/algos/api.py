@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor
 
 from tepo_cli.algos import objectives as _objectives  # noqa: F401  (registers the presets)
-from tepo_cli.algos.batch import make_policy_batch, require_inputs
+from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
 from tepo_cli.algos.presets import AlgoSpec, resolve_algo
 from tepo_cli.algos.registry import get_policy_loss
 
@@ -58,7 +58,7 @@ def policy_loss(
     """
     normalisers = {name: overrides.pop(name) for name in NORMALISERS if name in overrides}
     cfg = resolve_algo(algo, overrides)
-    batch = make_policy_batch(
+    raw = PolicyBatch(
         logp,
         old_logp,
         advantages,
@@ -72,5 +72,6 @@ def policy_loss(
         token_weights=token_weights,
         **normalisers,
     )
+    batch = checked_batch(raw)
     require_inputs(batch, cfg)
     return get_policy_loss(cfg.name)(batch, cfg)

@@ -17,7 +17,7 @@ class PolicyBatch:
     """Per-token inputs [B, T] (advantages [B] or [B, T]) of B responses, as every loss plugin
     receives them.
 
-    Built by `make_policy_batch`, which checks shapes and makes padding harmless: `mask` is bool,
+    Passed through `checked_batch`, which checks shapes and makes padding harmless: `mask` is bool,
     every [B, T] tensor is 0 on padding (so padding gets exactly zero gradient, whatever the caller
     left there), and old_logp, ref_logp, old_entropy and advantages are detached.
     `num_tokens`, `num_seqs`, `max_len` override the aggregation normalisers (§0.5); None means
@@ -49,47 +49,32 @@ class PolicyBatch:
         return {"num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "max_len": self.max_len}
 
 
-def make_policy_batch(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None = None,
-    entropy: Tensor | None = None,
-    old_entropy: Tensor | None = None,
-    num_tokens: Count | None = None,
-    num_seqs: Count | None = None,
-    max_len: Count | None = None,
-    mtp_logp: Tensor | None = None,
-    old_mtp_logp: Tensor | None = None,
-    old_entropy_term: Tensor | None = None,
-    token_weights: Tensor | None = None,
-) -> PolicyBatch:
-    """Check the inputs (ValueError naming the argument) and build a `PolicyBatch`."""
-    mask = _checked_mask(logp, mask)
+# [B, T] inputs the objective reads without gradient
+_DETACHED = ("old_logp", "ref_logp", "old_entropy", "old_entropy_term", "token_weights")
+
+
+def checked_batch(raw: PolicyBatch) -> PolicyBatch:
+    """`raw`'s inputs checked (ValueError naming the argument), as every loss plugin receives them:
+    bool mask, 0 on padding, detached where the objective reads no gradient."""
+    logp, advantages, entropy = raw.logp, raw.advantages, raw.entropy
+    mtp_logp, old_mtp_logp = raw.mtp_logp, raw.old_mtp_logp
+    mask = _checked_mask(logp, raw.mask)
     shape = tuple(logp.shape)
     if not isinstance(advantages, Tensor) or tuple(advantages.shape) not in (shape[:1], shape):
         raise ValueError(
             f"advantages must be [B] = ({shape[0]},), one per response, or [B, T] = {shape}, one "
             f"per token, got {_describe(advantages)}"
         )
-    if old_logp is None:
+    if raw.old_logp is None:
         raise ValueError("old_logp is required (the rollout policy's token log-probs)")
-    # [B, T] inputs the objective reads without gradient
-    detached = {
-        "old_logp": old_logp,
-        "ref_logp": ref_logp,
-        "old_entropy": old_entropy,
-        "old_entropy_term": old_entropy_term,
-        "token_weights": token_weights,
-    }
+    detached = {name: getattr(raw, name) for name in _DETACHED}
     for name, tensor in {**detached, "entropy": entropy}.items():
         if tensor is not None and (not isinstance(tensor, Tensor) or tuple(tensor.shape) != shape):
             raise ValueError(
                 f"{name} must be [B, T] shaped like logp {shape}, got {_describe(tensor)}"
             )
     _check_mtp(mtp_logp, old_mtp_logp, shape)
-    counts = {"num_tokens": num_tokens, "num_seqs": num_seqs, "max_len": max_len}
+    counts = raw.normalisers
     for name, count in counts.items():
         _check_count(name, count)
     token_advantages = advantages.dim() == 2

@@ -2,8 +2,9 @@
 
 All five are the same composition, driven by the knobs of their preset:
 ratio per unit (§0.2) → routing (§0.3) → clipped surrogate (§0.4) → aggregation (§0.5) → + KL
-(§0.6). They are registered under their own names so that a preset can later get code of its own
-without touching the others, and so that a new objective is one more decorated function.
+(§0.6), so each name in `SHIPPED` registers `clipped_policy_loss`. They are registered under their
+own names so that one can later get code of its own (a decorated function, taken out of `SHIPPED`)
+without touching the others; a new objective is one more decorated function.
 """
 
 from __future__ import annotations
@@ -132,36 +133,19 @@ def clipped_policy_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, di
     return pg_loss + kl_loss, {**pg_metrics, **kl_metrics}
 
 
-@register_policy_loss("grpo")
-def grpo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
-    """GRPO (§1.1): token ratios, symmetric clip, seq-mean-token-mean, k3 KL to the reference."""
-    return clipped_policy_loss(batch, cfg)
+SHIPPED: dict[str, str] = {
+    "grpo": "GRPO (§1.1): token ratios, symmetric clip, seq-mean-token-mean, k3 KL to the reference",
+    "dapo": "DAPO (§1.2): clip-higher, token-mean, no KL; sampling and reward knobs act in the loop",
+    "gspo": "GSPO (§1.3): one length-normalised ratio per response; GSPO-token with route=token",
+    "tepo": "TEPO (§1.4): sequence ratio routed to tokens, token-mean, k3 KL on TEPO's token mask",
+    "mpo": "MPO (§1.5): one window of the next K tokens per position (or disjoint K-blocks, the "
+    "ablation), each window's weighted log-ratio clipped as one action; future terms from the "
+    "backbone (future=exact) or from the MTP modules (future=mtp)",
+}
+"""The shipped objectives and what their presets' knobs make of `clipped_policy_loss`."""
 
-
-@register_policy_loss("dapo")
-def dapo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
-    """DAPO (§1.2): clip-higher, token-mean, no KL; sampling and reward knobs act in the loop."""
-    return clipped_policy_loss(batch, cfg)
-
-
-@register_policy_loss("gspo")
-def gspo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
-    """GSPO (§1.3): one length-normalised ratio per response; GSPO-token with route=token."""
-    return clipped_policy_loss(batch, cfg)
-
-
-@register_policy_loss("tepo")
-def tepo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
-    """TEPO (§1.4): sequence ratio routed to tokens, token-mean, k3 KL on TEPO's token mask."""
-    return clipped_policy_loss(batch, cfg)
-
-
-@register_policy_loss("mpo")
-def mpo(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
-    """MPO (§1.5): one window of the next K tokens per position (or disjoint K-blocks, the
-    ablation), each window's weighted log-ratio clipped as one action; future terms from the
-    backbone (`future=exact`) or from the MTP modules (`future=mtp`)."""
-    return clipped_policy_loss(batch, cfg)
+for _name in SHIPPED:
+    register_policy_loss(_name)(clipped_policy_loss)
 
 
 def _share(flags: Tensor, mask: Tensor) -> float:
