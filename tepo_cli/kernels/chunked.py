@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from tepo_cli.kernels.active_rows import ActiveRows, Grads, Wanted, row_outputs
 from tepo_cli.kernels.blocking import Blocking
 
 LOG2E = 1.4426950408889634  # log2(e)
@@ -69,9 +70,7 @@ def chunked_forward(
     cd = compute_dtype(hidden.dtype, weight.dtype)
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
-    lse = torch.empty(n_rows, dtype=cd, device=device)
-    logp = torch.empty(n_rows, dtype=cd, device=device)
-    ent = torch.empty(n_rows, dtype=cd, device=device) if with_entropy else None
+    lse, logp, ent = row_outputs(n_rows, cd, device, with_entropy)
     if n_rows == 0:
         return logp, ent, lse
     rows, tile = blocking.rows, blocking.vocab_tile
@@ -160,41 +159,15 @@ def _scaled_hidden(hidden: torch.Tensor, cd: torch.dtype, temperature: float) ->
 
 
 def chunked_backward(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    lse: torch.Tensor,
-    ent: torch.Tensor | None,
-    grad_logp: torch.Tensor,
-    grad_ent: torch.Tensor | None,
-    temperature: float,
-    blocking: Blocking,
-    need_hidden: bool = True,
-    need_weight: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Gradients w.r.t. hidden and weight, recomputing each block of logits."""
-    cd = compute_dtype(hidden.dtype, weight.dtype)
-    n_rows, width = hidden.shape
+    active: ActiveRows, weight: torch.Tensor, temperature: float, blocking: Blocking, wanted: Wanted
+) -> Grads:
+    """Gradients w.r.t. hidden and weight, recomputing each block of logits of the active rows."""
+    hidden, targets, lse, ent, g, g_ent = active.tensors()
+    need_hidden, need_weight = wanted
+    cd = g.dtype
+    n_active, width = hidden.shape
     vocab = weight.shape[0]
-    device = hidden.device
-    g = grad_logp.to(cd)
-    ent_grad = ent is not None and grad_ent is not None and bool(grad_ent.ne(0).any())
-    g_ent = grad_ent.to(cd) if ent_grad and grad_ent is not None else None
-    active = g.ne(0) if g_ent is None else g.ne(0) | g_ent.ne(0)
-    n_active = int(active.sum())
-    grad_hidden = grad_weight = None
-    if n_active == 0:
-        if need_hidden:
-            grad_hidden = torch.zeros_like(hidden)
-        if need_weight:
-            grad_weight = torch.zeros_like(weight)
-        return grad_hidden, grad_weight
-    index = None
-    if n_active < n_rows:
-        index = active.nonzero().squeeze(1)
-        hidden, targets, lse, g = hidden[index], targets[index], lse[index], g[index]
-        if g_ent is not None and ent is not None:
-            g_ent, ent = g_ent[index], ent[index]
+    device, out_dtype = hidden.device, hidden.dtype
     acc_h = torch.zeros(n_active, width, dtype=cd, device=device) if need_hidden else None
     acc_w = torch.empty(vocab, width, dtype=cd, device=device) if need_weight else None
     h, lse, inv_t = hidden.to(cd), lse.to(cd), 1.0 / temperature
@@ -257,13 +230,10 @@ def chunked_backward(
                     torch.mm(block.t(), w_operand[r0:r1], out=acc_w[v0:v1])
                 else:
                     acc_w[v0:v1].addmm_(block.t(), w_operand[r0:r1])
+    grad_hidden = grad_weight = None
     if acc_h is not None:
         acc_h.mul_(h_factor)  # grad_hidden = (Y - M) W g / T, or (g Y - M) W / T
-        if index is None:
-            grad_hidden = acc_h.to(hidden.dtype)
-        else:
-            grad_hidden = torch.zeros((n_rows, width), dtype=hidden.dtype, device=device)
-            grad_hidden[index] = acc_h.to(hidden.dtype)
+        grad_hidden = active.scatter(acc_h.to(out_dtype))
     if acc_w is not None:
         grad_weight = acc_w.to(weight.dtype)
     return grad_hidden, grad_weight

@@ -1,8 +1,10 @@
 """The one autograd Function of the kernel path, shared by the torch and triton back-ends.
 
 A back-end supplies two plain functions (`forward(hidden, weight, targets, temperature,
-with_entropy, tiling) -> (logp, entropy | None, lse)` and the matching `backward`); this wrapper
-saves only hidden, weight, targets and the per-row statistics, never an [N, V] tensor.
+with_entropy, tiling) -> (logp, entropy | None, lse)` and the matching `backward(rows, weight,
+temperature, tiling, (need_hidden, need_weight)) -> (grad_hidden | None, grad_weight | None)`); this
+wrapper saves only hidden, weight, targets and the per-row statistics, never an [N, V] tensor, and
+hands the backward only the rows whose upstream gradient is not zero (`ActiveRows`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from tepo_cli.kernels.active_rows import active_rows
+from tepo_cli.kernels.chunked import compute_dtype
 
 
 @dataclass(frozen=True)
@@ -50,17 +55,16 @@ class TokenLogprobs(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
         need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
+        cd = compute_dtype(hidden.dtype, weight.dtype)
+        rows = active_rows(hidden, targets, lse, ent, grad_logp, grad_ent, cd)
+        if rows.count == 0:
+            grad_hidden = torch.zeros_like(hidden) if need_h else None
+            return grad_hidden, torch.zeros_like(weight) if need_w else None, *[None] * 5
         grad_hidden, grad_weight = ctx.backend.backward(  # type: ignore[attr-defined]
-            hidden,
+            rows,
             weight,
-            targets,
-            lse,
-            ent,
-            grad_logp,
-            grad_ent if ent is not None else None,
             ctx.temperature,  # type: ignore[attr-defined]
             ctx.tiling,  # type: ignore[attr-defined]
-            need_hidden=need_h,
-            need_weight=need_w,
+            (need_h, need_w),
         )
         return grad_hidden, grad_weight, None, None, None, None, None

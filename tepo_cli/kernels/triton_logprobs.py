@@ -21,9 +21,13 @@ how they are tested without a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import triton
 import triton.language as tl
+
+from tepo_cli.kernels.active_rows import ActiveRows, Grads, Wanted, row_outputs
 
 MAX_BLOCK_V = 4096
 
@@ -139,6 +143,19 @@ def _addmm_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc.add_(torch.mm(a, b))
 
 
+def _logit_blocks(
+    h: torch.Tensor, w: torch.Tensor, rows: int
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(r0, r1, float32 logits h[r0:r1] @ w.T) for blocks of `rows` rows, in one reused buffer."""
+    n_rows = h.shape[0]
+    buf = torch.empty(min(rows, n_rows), w.shape[0], dtype=torch.float32, device=h.device)
+    for r0 in range(0, n_rows, rows):
+        r1 = min(n_rows, r0 + rows)
+        logits = buf[: r1 - r0]
+        _mm_f32(h[r0:r1], w.t(), logits)
+        yield r0, r1, logits
+
+
 def _operands(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Same-dtype matmul operands (the wider of the two when they differ)."""
     if hidden.dtype == weight.dtype:
@@ -157,19 +174,12 @@ def triton_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
-    f32 = torch.float32
-    lse = torch.empty(n_rows, dtype=f32, device=device)
-    logp = torch.empty(n_rows, dtype=f32, device=device)
-    ent = torch.empty(n_rows, dtype=f32, device=device) if with_entropy else None
+    lse, logp, ent = row_outputs(n_rows, torch.float32, device, with_entropy)
     if n_rows == 0:
         return logp, ent, lse
     h, w = _operands(hidden, weight)
-    buf = torch.empty(min(rows, n_rows), vocab, dtype=f32, device=device)
     block_v = _block_v(vocab)
-    for r0 in range(0, n_rows, rows):
-        r1 = min(n_rows, r0 + rows)
-        logits = buf[: r1 - r0]
-        _mm_f32(h[r0:r1], w.t(), logits)
+    for r0, r1, logits in _logit_blocks(h, w, rows):
         _row_stats_kernel[(r1 - r0,)](
             logits,
             logits.stride(0),
@@ -187,67 +197,40 @@ def triton_forward(
 
 
 def triton_backward(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    lse: torch.Tensor,
-    ent: torch.Tensor | None,
-    grad_logp: torch.Tensor,
-    grad_ent: torch.Tensor | None,
-    temperature: float,
-    rows: int,
-    need_hidden: bool = True,
-    need_weight: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    n_rows, width = hidden.shape
+    active: ActiveRows, weight: torch.Tensor, temperature: float, rows: int, wanted: Wanted
+) -> Grads:
+    """Gradients w.r.t. hidden and weight of the active rows, one block of full-vocabulary
+    logits at a time (the gradient of the logits computed in place by `_grad_logits_kernel`)."""
+    hidden, targets, lse, ent, g, g_ent = active.tensors()
+    need_hidden, need_weight = wanted
+    n_active, width = hidden.shape
     vocab = weight.shape[0]
-    device = hidden.device
+    device, out_dtype = hidden.device, hidden.dtype
     f32 = torch.float32
-    g = grad_logp.to(f32).contiguous()
-    ent_grad = ent is not None and grad_ent is not None and bool(grad_ent.ne(0).any())
-    g_ent = grad_ent.to(f32).contiguous() if ent_grad and grad_ent is not None else None
-    active = g.ne(0) if g_ent is None else g.ne(0) | g_ent.ne(0)
-    n_active = int(active.sum())
-    grad_hidden = torch.zeros_like(hidden) if need_hidden else None
     acc_w = torch.zeros(vocab, width, dtype=f32, device=device) if need_weight else None
-    if n_active > 0:
-        index = None
-        if n_active < n_rows:
-            index = active.nonzero().squeeze(1)
-            hidden, targets, lse, g = hidden[index], targets[index], lse[index], g[index]
-            if g_ent is not None and ent is not None:
-                g_ent, ent = g_ent[index], ent[index]
-        h, w = _operands(hidden, weight)
-        acc_h = torch.empty(n_active, width, dtype=f32, device=device) if need_hidden else None
-        buf = torch.empty(min(rows, n_active), vocab, dtype=f32, device=device)
-        block_v = _block_v(vocab)
-        for r0 in range(0, n_active, rows):
-            r1 = min(n_active, r0 + rows)
-            logits = buf[: r1 - r0]
-            _mm_f32(h[r0:r1], w.t(), logits)
-            _grad_logits_kernel[(r1 - r0,)](
-                logits,
-                logits.stride(0),
-                targets[r0:r1],
-                lse[r0:r1],
-                ent[r0:r1] if ent is not None else lse[r0:r1],
-                g[r0:r1],
-                g_ent[r0:r1] if g_ent is not None else g[r0:r1],
-                1.0 / temperature,
-                vocab,
-                BLOCK_V=block_v,
-                ENT_GRAD=g_ent is not None,
-                num_warps=_num_warps(block_v),
-            )
-            grad_logits = logits if w.dtype == f32 else logits.to(w.dtype)
-            if acc_h is not None:
-                _mm_f32(grad_logits, w, acc_h[r0:r1])
-            if acc_w is not None:
-                _addmm_f32(acc_w, grad_logits.t(), h[r0:r1])
-        if grad_hidden is not None and acc_h is not None:
-            if index is None:
-                grad_hidden = acc_h.to(hidden.dtype)
-            else:
-                grad_hidden[index] = acc_h.to(hidden.dtype)
+    h, w = _operands(hidden, weight)
+    acc_h = torch.empty(n_active, width, dtype=f32, device=device) if need_hidden else None
+    block_v = _block_v(vocab)
+    for r0, r1, logits in _logit_blocks(h, w, rows):
+        _grad_logits_kernel[(r1 - r0,)](
+            logits,
+            logits.stride(0),
+            targets[r0:r1],
+            lse[r0:r1],
+            ent[r0:r1] if ent is not None else lse[r0:r1],
+            g[r0:r1],
+            g_ent[r0:r1] if g_ent is not None else g[r0:r1],
+            1.0 / temperature,
+            vocab,
+            BLOCK_V=block_v,
+            ENT_GRAD=g_ent is not None,
+            num_warps=_num_warps(block_v),
+        )
+        grad_logits = logits if w.dtype == f32 else logits.to(w.dtype)
+        if acc_h is not None:
+            _mm_f32(grad_logits, w, acc_h[r0:r1])
+        if acc_w is not None:
+            _addmm_f32(acc_w, grad_logits.t(), h[r0:r1])
+    grad_hidden = active.scatter(acc_h.to(out_dtype)) if acc_h is not None else None
     grad_weight = acc_w.to(weight.dtype) if acc_w is not None else None
     return grad_hidden, grad_weight
