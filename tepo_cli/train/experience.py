@@ -6,7 +6,7 @@ no-grad scores the objective needs are added, and the update never reaches back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -61,23 +61,15 @@ def score(
     objective reads besides — entropies, TEPO's first-order term, MPO's MTP depths) and reference
     log-probs, in micro-batches, without gradient."""
     clock = clock or StepClock()
-    experience = Experience(
-        problems=groups.problems,
-        rollout=groups.rollout,
-        batch=groups.batch,
-        rewards=groups.rewards,
-        correct=groups.correct,
-        advantages=advantages.advantages,
-        old_values=advantages.old_values,
-        returns=advantages.returns,
-        critic_metrics=advantages.critic_metrics,
-        sampled_groups=groups.sampled_groups,
-        refill_rounds=groups.refill_rounds,
-        overlong_mean=groups.overlong_mean,
-    )
+    experience = Experience(**_fields_of(groups), **_fields_of(advantages))
     with clock("score"):
         _add_scores(cfg, policy, reference, experience)
     return experience
+
+
+def _fields_of(record: Groups | Advantages) -> dict[str, object]:
+    """A record's fields by name, not copied (every one of them is also a field of Experience)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 def _add_scores(

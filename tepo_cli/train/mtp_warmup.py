@@ -26,10 +26,10 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
-from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
 from tepo_cli.train import faults
 from tepo_cli.train.policy import Policy
+from tepo_cli.train.sampling import training_sampling
 
 Emit = Callable[[dict[str, Any]], None]
 _WARMUP_STREAM = 7_919  # seeds the warm-up's problem stream apart from the RL stream
@@ -105,14 +105,7 @@ def _batch(
         prompts_needed = -(-size // cfg.rollout.n)
         problems = [next(stream) for _ in range(prompts_needed)]
         prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
-        sampling = Sampling(
-            n=cfg.rollout.n,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            batch_size=cfg.rollout.batch_size,
-        )
+        sampling = training_sampling(cfg)
         rollout = generate(policy.lm, tokenizer, prompts, sampling, policy.share_prompts)
         return SequenceBatch.from_rollout(rollout.take(torch.arange(size)))
     problems = [next(stream) for _ in range(size)]

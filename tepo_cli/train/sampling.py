@@ -112,18 +112,14 @@ def _sample(
     problems: list[Problem],
     seed: int | None,
 ) -> Rollout:
-    rollout_cfg = cfg.rollout
     prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
-    sampling = Sampling(
-        n=rollout_cfg.n,
-        temperature=rollout_cfg.temperature,
-        top_p=rollout_cfg.top_p,
-        top_k=rollout_cfg.top_k,
-        max_new_tokens=rollout_cfg.max_new_tokens,
-        batch_size=rollout_cfg.batch_size,
-        seed=seed,
-    )
-    return backend.generate(prompts, sampling)
+    return backend.generate(prompts, training_sampling(cfg, seed))
+
+
+def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:
+    """The rollout's sampling settings (`rollout.*`), as the training steps draw."""
+    knobs = {"n", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size"}
+    return Sampling(**cfg.rollout.model_dump(include=knobs), seed=seed)
 
 
 def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:
