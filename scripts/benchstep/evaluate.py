@@ -21,7 +21,7 @@ from benchstep.job import Job, load_tepo_config
 def evaluate_models(job: Job, config_path: Path, models: dict[str, str]) -> dict[str, dict]:
     from tepo_cli.benchmarks import build_reward, build_task
     from tepo_cli.config.schema import ModelConfig
-    from tepo_cli.eval.accuracy import evaluate
+    from tepo_cli.eval.accuracy import evaluate, sample_and_grade
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.rollout import Sampling
     from tepo_cli.rollout.hf import HfBackend
@@ -39,7 +39,8 @@ def evaluate_models(job: Job, config_path: Path, models: dict[str, str]) -> dict
         tokenizer = load_tokenizer(model_cfg)
         model = load_model(model_cfg, tokenizer, device)
         backend = HfBackend(model, tokenizer, share_prompts=True)
-        result = evaluate(backend, tokenizer, problems, config.benchmark, reward, sampling)
+        batches = sample_and_grade(backend, tokenizer, problems, config.benchmark, reward, sampling)
+        result = evaluate(batches, len(problems))
         results[name] = {
             "accuracy": result.accuracy,
             "problems": result.problems,

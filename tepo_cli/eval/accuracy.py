@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,25 +61,16 @@ def sample_and_grade(
         ]
 
 
-def evaluate(
-    backend: RolloutBackend,
-    tokenizer: PreTrainedTokenizerBase,
-    problems: list[Problem],
-    benchmark: BenchmarkConfig,
-    reward: Reward,
-    sampling: Sampling,
-) -> EvalResult:
-    """Accuracy = the share of samples graded correct (pass@1 averaged over `sampling.n`)."""
+def evaluate(batches: Iterable[list[dict[str, Any]]], problems: int) -> EvalResult:
+    """Consume `sample_and_grade`'s batches (it generates lazily, so this times the generation).
+
+    Accuracy = the share of samples graded correct (pass@1 averaged over `sampling.n`)."""
     start = time.perf_counter()
-    records = [
-        record
-        for batch in sample_and_grade(backend, tokenizer, problems, benchmark, reward, sampling)
-        for record in batch
-    ]
+    records = [record for batch in batches for record in batch]
     correct = sum(r["passed"] for r in records)
     return EvalResult(
         accuracy=correct / max(1, len(records)),
-        problems=len(problems),
+        problems=problems,
         samples=len(records),
         seconds=time.perf_counter() - start,
         records=records,

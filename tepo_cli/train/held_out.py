@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.eval.accuracy import evaluate
+from tepo_cli.eval.accuracy import evaluate, sample_and_grade
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.train.distributed import Topology
@@ -36,7 +36,8 @@ def held_out_accuracy(
         max_new_tokens=cfg.rollout.max_new_tokens,
         batch_size=cfg.rollout.batch_size,
     )
-    result = evaluate(backend, tokenizer, problems, cfg.benchmark, reward, sampling)
+    batches = sample_and_grade(backend, tokenizer, problems, cfg.benchmark, reward, sampling)
+    result = evaluate(batches, len(problems))
     totals = torch.tensor([result.accuracy * result.samples, result.samples], dtype=torch.float64)
     if dist.is_initialized() and topo.world_size > 1:
         totals = totals.to(topo.device)
