@@ -17,7 +17,7 @@ from tepo_cli.algos.batch import PolicyBatch
 from tepo_cli.algos.clip import clipped_surrogate
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.algos.kl import kl_estimate
-from tepo_cli.algos.ratio import route_ratio, unit_log_ratio, unit_ratio
+from tepo_cli.algos.ratio import RATIO_KNOBS, route_ratio, unit_log_ratio, unit_ratio
 from tepo_cli.algos.registry import register_policy_loss
 from tepo_cli.algos.tepo_mask import tepo_kl_mask
 from tepo_cli.kernels.units import unit_view
@@ -46,17 +46,9 @@ def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
     future = None
     if cfg.mtp_depths and batch.mtp_logp is not None and batch.old_mtp_logp is not None:
         future = batch.mtp_logp - batch.old_mtp_logp
+    knobs = {name: getattr(cfg, name) for name in RATIO_KNOBS}
     log_ratio = unit_log_ratio(
-        batch.logp,
-        batch.old_logp,
-        batch.mask,
-        unit=cfg.unit,
-        k=cfg.k,
-        ratio_norm=cfg.ratio_norm,
-        layout=cfg.layout,
-        block_weights=cfg.block_weights,
-        tail=cfg.tail,
-        future_log_ratio=future,
+        batch.logp, batch.old_logp, batch.mask, **knobs, future_log_ratio=future
     )
     return route_ratio(unit_ratio(log_ratio), batch.logp, cfg.route)
 

@@ -12,6 +12,10 @@ from tepo_cli.kernels.units import UnitKind, WindowTail, sliding_window_sum, uni
 LOG_RATIO_CLAMP = 20.0
 
 
+RATIO_KNOBS = ("unit", "k", "ratio_norm", "layout", "block_weights", "tail")
+"""The algo knobs `unit_log_ratio` takes, under the same names."""
+
+
 def unit_log_ratio(
     logp: Tensor,
     old_logp: Tensor,

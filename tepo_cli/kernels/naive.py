@@ -9,17 +9,15 @@ then the softmax statistics run in float32 (float64 for float64 inputs).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from tepo_cli.kernels.chunked import compute_dtype
 
 
 def naive_token_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """`token_logprobs` (kernels/dispatch.py) computed the plain way, for reference."""
     cd = compute_dtype(hidden.dtype, weight.dtype)
     if hidden.dtype == weight.dtype:
         logits = (hidden @ weight.t()).to(cd)
