@@ -20,6 +20,13 @@ pytestmark = pytest.mark.slow
 STEPS = 4
 # Keys that measure the machine, not the run: they differ between any two runs.
 TIMING_KEYS = {"tokens_per_second", "peak_rss_mb"}
+# What a run saves beside its metrics (the last three with MPO's MTP modules / a GAE critic).
+WEIGHTS_FILES = (
+    "final/model.safetensors",
+    "mtp_modules.safetensors",
+    "critic/model.safetensors",
+    "critic/value_head.safetensors",
+)
 
 
 def base_args(tmp: Path, run_dir: Path) -> list[str]:
@@ -86,13 +93,7 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     steps = [m["step"] for m in ours if "step" in m]  # MTP warm-up records have none
     assert steps == list(range(1, STEPS + 1))  # no step lost, none twice
     assert ours == theirs
-    weights_files = (
-        "final/model.safetensors",
-        "mtp_modules.safetensors",
-        "critic/model.safetensors",
-        "critic/value_head.safetensors",
-    )
-    for weights in weights_files:
+    for weights in WEIGHTS_FILES:
         if (reference / weights).exists() or (run_dir / weights).exists():
             assert (run_dir / weights).read_bytes() == (reference / weights).read_bytes()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
@@ -135,19 +136,21 @@ def mtp_reference(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("fault", ["update:3", "warmup:2"])
-def test_mpo_mtp_run_killed_then_resumed_loses_nothing(tmp_path, mtp_reference, fault):
-    """Killed during RL: the checkpoint holds the warmed-up, partly trained modules and the
-    warm-up never runs again. Killed during the warm-up: there is no checkpoint yet, so the
-    resumed run starts over, warm-up included, and still ends byte for byte the same."""
+def test_mpo_mtp_run_killed_then_resumed_loses_nothing(tmp_path, mtp_reference):
+    """Killed during the warm-up: there is no checkpoint yet, so the resumed run starts over,
+    warm-up included. Killed again during RL: the checkpoint holds the warmed-up, partly trained
+    modules and the warm-up never runs again. The run still ends byte for byte the same."""
     run_dir = tmp_path / "run"
     args = mtp_args(tmp_path, run_dir)
-    killed = tepo(args, cwd=tmp_path, fault=fault)
-    assert killed.returncode == -signal.SIGKILL
+    in_warmup = tepo(args, cwd=tmp_path, fault="warmup:2")
+    assert in_warmup.returncode == -signal.SIGKILL, in_warmup.stderr[-3000:]
+    assert not list((run_dir / "checkpoints").glob("step_*"))
+    in_rl = tepo([*args, "resume=true"], cwd=tmp_path, fault="update:3")
+    assert in_rl.returncode == -signal.SIGKILL, in_rl.stderr[-3000:]
+    assert "MTP warm-up step" in in_rl.stderr  # nothing to resume from: warmed up again
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    warmed_again = "MTP warm-up step" in resumed.stderr
-    assert warmed_again == fault.startswith("warmup")
+    assert "MTP warm-up step" not in resumed.stderr
     assert_same_run(run_dir, mtp_reference)
 
 
@@ -182,15 +185,17 @@ def test_gae_run_killed_then_resumed_loses_nothing(tmp_path, gae_reference):
     assert (run_dir / "critic" / "value_head.safetensors").is_file()
 
 
-@pytest.mark.parametrize("fault", ["rollout:3", "update:2", "checkpoint:3"])
-def test_sigkill_at_a_point_then_resume_loses_nothing(tmp_path, reference, fault):
+def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
+    """Killed in step 2's rollout, then (resumed) in step 3's update, then (resumed again) while
+    writing step 3's checkpoint; the last resume ends byte for byte as the uninterrupted run."""
     run_dir = tmp_path / "run"
     args = base_args(tmp_path, run_dir)
-    killed = tepo(args, cwd=tmp_path, fault=fault)
-    assert killed.returncode == -signal.SIGKILL
-    assert json.loads((run_dir / "status.json").read_text())["state"] == "running"
-    if fault.startswith("checkpoint"):
-        assert list((run_dir / "checkpoints").glob(".step_*.staging"))  # the torn write
+    for fault in ("rollout:2", "update:3", "checkpoint:3"):
+        again = ["resume=true"] if fault != "rollout:2" else []
+        killed = tepo([*args, *again], cwd=tmp_path, fault=fault)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        assert json.loads((run_dir / "status.json").read_text())["state"] == "running"
+    assert list((run_dir / "checkpoints").glob(".step_*.staging"))  # the torn write
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stderr
@@ -302,13 +307,21 @@ def test_resume_true_finds_the_newest_unfinished_run(tmp_path):
     assert nothing_left.returncode == 2 and "no unfinished run" in nothing_left.stderr
 
 
-def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp_path):
-    """ZeRO-2 partitions the optimizer state over ranks: each rank must restore its own part; the
-    uninterrupted run ends with identical weights on both ranks."""
+def test_two_rank_mpo_mtp_gae_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(
+    tmp_path,
+):
+    """MPO's MTP modules and a GAE critic under ZeRO-2 on two ranks. Uninterrupted: both ranks
+    warm the modules up and rank 0's are broadcast, GAE's whitening statistics are all-reduced,
+    and both ranks end with the same policy (modules included) and the same critic. Killed and
+    resumed: ZeRO-2 partitions the optimizer states over the ranks, so each rank restores its own
+    part, and the run ends byte for byte as the uninterrupted one."""
     runs = {name: tmp_path / name for name in ("whole", "killed")}
+    gae = ["advantage=gae", "rollout.n=1", "trainer.prompts_per_step=4"]
     args = {
         name: [
-            *base_args(tmp_path, run_dir),
+            *mtp_args(tmp_path, run_dir),
+            *gae,
+            "advantage.save_critic=true",
             "trainer.max_steps=3",
             "trainer.nproc=2",
             "deepspeed=zero2",
@@ -316,42 +329,24 @@ def test_two_rank_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(tmp
         for name, run_dir in runs.items()
     }
     buffers = set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
-    assert tepo(args["whole"], cwd=tmp_path).returncode == 0
+    whole = tepo(args["whole"], cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
     # DeepSpeed's CPU all-reduce buffers (70 MB a rank) do not outlive the run
     assert set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) <= buffers
-    first, second = json.loads((runs["whole"] / "summary.json").read_text())["rank_param_checksums"]
-    assert first == second  # data-parallel ranks end with identical weights
+    summary = json.loads((runs["whole"] / "summary.json").read_text())
+    first, second = summary["rank_param_checksums"]
+    critic_first, critic_second = summary["critic_rank_param_checksums"]
+    assert first == second and critic_first == critic_second
+    assert summary["mtp_parameters"] > 0 and summary["critic_parameters"] > 0
     assert tepo(args["killed"], cwd=tmp_path, fault="update:2").returncode != 0
     checkpoint = runs["killed"] / "checkpoints" / "step_00000001"
     assert {p.name for p in checkpoint.glob("rank_*.pt")} == {"rank_00000.pt", "rank_00001.pt"}
     resumed = tepo([*args["killed"], "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) <= buffers  # killed too
-    weights = "final/model.safetensors"
-    assert (runs["killed"] / weights).read_bytes() == (runs["whole"] / weights).read_bytes()
+    for weights in WEIGHTS_FILES:
+        assert (runs["killed"] / weights).read_bytes() == (runs["whole"] / weights).read_bytes()
     assert comparable_metrics(runs["killed"]) == comparable_metrics(runs["whole"])
-
-
-def test_two_rank_mpo_mtp_gae_run_ends_with_identical_ranks(tmp_path):
-    """MPO's MTP modules and a GAE critic under ZeRO-2 on two ranks: both ranks warm the modules
-    up and rank 0's are broadcast; GAE's whitening statistics are all-reduced; both ranks end
-    with the same policy (modules included) and the same critic."""
-    run_dir = tmp_path / "run"
-    gae = [
-        "advantage=gae",
-        "rollout.n=1",
-        "trainer.prompts_per_step=4",
-        "advantage.save_critic=true",
-    ]
-    args = [*mtp_args(tmp_path, run_dir), *gae, "trainer.max_steps=2", "trainer.nproc=2"]
-    result = tepo([*args, "deepspeed=zero2"], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    first, second = summary["rank_param_checksums"]
-    critic_first, critic_second = summary["critic_rank_param_checksums"]
-    assert first == second and critic_first == critic_second
-    assert summary["mtp_parameters"] > 0 and summary["critic_parameters"] > 0
-    assert (run_dir / "mtp_modules.safetensors").is_file() and (run_dir / "critic").is_dir()
 
 
 @pytest.mark.parametrize(
