@@ -6,7 +6,8 @@
     python scripts/check_references.py --limit 100     # the first 100 problems of each
 
 Every reference must score correct through the grader a model is scored with:
-  - GSM8K: each full reference solution (ending in ``#### n``), strict and flexible extraction;
+  - GSM8K: each full reference solution (ending in ``#### n``) in the three modes (lm-eval's
+    strict-match and flexible-extract, numeric);
   - MATH (5,000) and MATH-500: each full reference solution through the maths grader (last
     ``\\boxed{}`` -> math-verify) against the answer the loader took from that solution. This
     checks extraction, parsing and verification end to end on real LaTeX; misses are listed;
@@ -26,7 +27,7 @@ from tepo_cli.benchmarks import load_problems
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.data.prepare import prepare
 from tepo_cli.rewards.code import CodeProblem, grade_many
-from tepo_cli.rewards.gsm8k import grade_gsm8k
+from tepo_cli.rewards.gsm8k import MODES, grade_gsm8k
 from tepo_cli.rewards.math import clear_cache, extract_answer, grade_math, is_symbolic
 
 
@@ -61,7 +62,7 @@ def _list_misses(misses: list[tuple[Problem, RewardResult]], limit: int = 30) ->
 def check_gsm8k(limit: int | None) -> bool:
     problems = load_problems("gsm8k", limit=limit)
     ok = True
-    for mode in ("strict", "flexible"):
+    for mode in MODES:
         passed, misses, seconds = _grade_texts(
             problems,
             lambda p: p.extra["solution"],
@@ -69,7 +70,7 @@ def check_gsm8k(limit: int | None) -> bool:
         )
         _report(f"gsm8k reference solutions ({mode})", passed, len(problems), seconds)
         _list_misses(misses)
-        ok = ok and (mode != "strict" or not misses)
+        ok = ok and not misses
     return ok
 
 

@@ -86,6 +86,45 @@ def test_wrong_answers_are_incorrect(completion: str, reference: str) -> None:
     assert result.reward == -1.0 and not result.correct
 
 
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [
+        (r"\boxed{1} then \boxed{2", "1"),  # an earlier, closed box does not stand in
+        (r"Try x = 7: no. So the answer is \boxed{\frac{3", "7"),  # nor "the answer is" / a value
+        (r"The answer is 7 \boxed{\frac{1}{2}", r"\frac{1}{2}"),  # nor the cut-off content itself
+        (r"The final answer is $7$. \boxed{7", "7"),
+        (r"\boxed{7} so \fbox{", "7"),
+        (r"$x = 7$, hence \boxed", "7"),  # cut off before the brace
+        (r"$x = 7$, hence \boxed ", "7"),
+        (r"$x = 7$, hence \boxed{\sqrt{2}+\frac{1}{2}", "7"),  # an inner group closed, the box not
+        (r"x = 7, so $\boxed{}$", "7"),  # an empty final box is no answer either
+        (r"\boxed{\left\{ 7 \right\}", "7"),  # escaped braces do not close the box
+    ],
+)
+def test_a_cut_off_final_box_is_no_answer(completion: str, reference: str) -> None:
+    """A rollout truncated inside its final box (max_new_tokens) earns no reward: no earlier box,
+    "the answer is X" or last value is taken instead (math-verify would find one)."""
+    assert grade_math(completion, reference) == RewardResult(0.0, False, None)
+    assert extract_answer(completion) == (None, ())
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "extracted"),
+    [
+        (r"\boxed{\frac{1}{2}}", "1/2", r"\frac{1}{2}"),  # nested braces closed: the whole box
+        (r"\boxed{1} then \boxed{\frac{1}{2}}", "0.5", r"\frac{1}{2}"),
+        (r"$\boxed{2}$ wait \{ no", "2", "2"),  # braces after a closed box do not reopen it
+        (
+            r"The answer is \boxed{\sqrt{2}+\frac{1}{2}}.",
+            r"\frac{1}{2}+\sqrt{2}",
+            r"\sqrt{2}+\frac{1}{2}",
+        ),
+    ],
+)
+def test_a_closed_final_box_is_the_answer(completion: str, reference: str, extracted: str) -> None:
+    assert grade_math(completion, reference) == RewardResult(1.0, True, extracted)
+
+
 def test_extraction_prefers_the_box_and_reports_it() -> None:
     assert extract_answer(r"so x = 4 and \boxed{\frac{3}{4}}. Also 7.")[0] == r"\frac{3}{4}"
     assert extract_answer("no maths at all")[0] is None

@@ -96,7 +96,7 @@ class RewardConfig(Strict):
     name: str = Field(min_length=1)  # auto or a grader (tepo_cli.rewards, checked at start)
     correct: float = 1.0
     incorrect: float = 0.0
-    mode: Literal["strict", "flexible"] = "strict"
+    mode: Literal["strict", "flexible", "numeric"] = "strict"  # gsm8k: lm-eval's two, or numeric
     timeout_s: float = Field(default=10.0, gt=0.0)
     path: str | None = None
     function: str | None = None

@@ -97,7 +97,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         "system_prompt": benchmark.system_prompt,
         "chat_template": benchmark.chat_template,
         "sampling": {**options.model_dump(), "max_new_tokens": sampling.max_new_tokens},
-        **summarize(records, problems, options.n, options.pass_k, reward.name),
+        **summarize(records, problems, options.n, options.pass_k, reward.name, reward.cfg),
         "resumed_problems": len(problems) - len(todo),
         "seconds": seconds,
         "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,

@@ -6,14 +6,18 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.records import Problem
 from tepo_cli.eval.passk import maj_at_k, mean_pass_at_k
 from tepo_cli.rewards import get_grader
 
 
-def answer_matcher(grader: str) -> Callable[[str, str], bool] | None:
-    """How two extracted answers are compared, for majority voting; None: no answer to vote on."""
-    return get_grader(grader).same_answer
+def answer_matcher(
+    grader: str, cfg: RewardConfig | None = None
+) -> Callable[[str, str], bool] | None:
+    """How two extracted answers are compared under the reward settings `cfg` (the grader's
+    defaults when None), for majority voting; None: no answer to vote on."""
+    return get_grader(grader).answer_matcher(cfg or RewardConfig(name=grader))
 
 
 def summarize(
@@ -22,6 +26,7 @@ def summarize(
     n: int,
     pass_k: Sequence[int],
     grader: str,
+    reward_cfg: RewardConfig | None = None,
 ) -> dict[str, Any]:
     by_problem: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
@@ -36,7 +41,7 @@ def summarize(
     for k in sorted(set(pass_k)):
         if k <= n:
             summary[f"pass@{k}"] = mean_pass_at_k(counts, k)
-    matcher = answer_matcher(grader)
+    matcher = answer_matcher(grader, reward_cfg)
     if matcher is not None and n > 1:
         answers = [[r["extracted"] for r in samples] for samples in ordered]
         summary[f"maj@{n}"] = maj_at_k(

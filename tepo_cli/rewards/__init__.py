@@ -26,11 +26,19 @@ ScoreMany = Callable[[Sequence[str], Sequence[Problem]], list[RewardResult]]
 class Grader:
     """A grader: `build(cfg)` makes its batch scorer from the reward group's settings;
     `same_answer` compares two extracted answers for majority voting (None: nothing to vote on,
-    e.g. code)."""
+    e.g. code); a grader whose comparison depends on its settings (gsm8k's `reward.mode`) gives
+    `same_answer_for(cfg)` instead."""
 
     name: str
     build: Callable[[RewardConfig], ScoreMany]
     same_answer: Callable[[str, str], bool] | None = None
+    same_answer_for: Callable[[RewardConfig], Callable[[str, str], bool]] | None = None
+
+    def answer_matcher(self, cfg: RewardConfig) -> Callable[[str, str], bool] | None:
+        """How two extracted answers compare under `cfg`'s settings (None: no answers)."""
+        if self.same_answer_for is not None:
+            return self.same_answer_for(cfg)
+        return self.same_answer
 
 
 class Reward:

@@ -1,11 +1,13 @@
 """Maths reward: the completion's final answer checked against the reference with math-verify.
 
-Extraction, in order:
-  1. the content of the completion's *last* ``\\boxed{...}`` / ``\\fbox{...}`` (``\\boxed 5``
-     too), found by brace matching (``last_boxed``), parsed by math-verify;
-  2. if there is no box (or its content does not parse), math-verify's own extraction over the
-     whole completion (anchors such as "final answer is", then the last LaTeX or plain
-     expression); this is the documented fallback.
+Extraction:
+  1. a completion with a ``\\boxed``/``\\fbox`` answers with its *last* box only: the content
+     of that ``\\boxed{...}`` / ``\\fbox{...}`` (``\\boxed 5`` too), found by brace matching
+     (``last_boxed``), parsed by math-verify. When that last box is cut off (``\\boxed{\\frac{3``
+     at max_new_tokens), empty or without an argument, the completion has *no* answer: neither an
+     earlier box nor any other text stands in for it, so a truncated rollout earns no reward;
+  2. only a completion without any box goes to math-verify's own extraction over the whole text
+     (anchors such as "final answer is", then the last LaTeX or plain expression).
 The reference (``Problem.answer``: the content of the reference solution's last box) is parsed
 as ``$<answer>$``, falling back to ``\\boxed{<answer>}``; ``verify(gold, prediction)`` then
 decides equivalence (1/2 = 0.5 = \\frac12, sets and intervals, ``x=5`` vs ``5``, ...).
@@ -134,15 +136,16 @@ def _verify(gold: tuple[Any, ...], prediction: tuple[Any, ...], timeout_s: int |
 def extract_answer(
     completion: str, timeout_s: int | None = DEFAULT_TIMEOUT_S
 ) -> tuple[str | None, tuple[Any, ...]]:
-    """(the extracted answer text, its math-verify parse): last box first, then the fallback."""
-    boxed = last_boxed(completion)
-    if boxed is not None and boxed.strip():
-        parsed = _parse_answer(boxed, timeout_s)
-        if parsed:
-            return boxed, parsed
+    """(the extracted answer text, its math-verify parse): the last box when there is one (none
+    when it is unclosed or empty), math-verify's extraction over the text when there is none."""
+    if _BOX.search(completion) is not None:  # the last box is the answer, or there is none
+        boxed = last_boxed(completion)
+        if boxed is None or not boxed.strip():
+            return None, ()
+        return boxed, _parse_answer(boxed, timeout_s)
     parsed = tuple(_parse(completion, timeout_s))
     if not parsed:
-        return (boxed if boxed and boxed.strip() else None), ()
+        return None, ()
     text = next((item for item in parsed if isinstance(item, str)), str(parsed[0]))
     return text, parsed
 
