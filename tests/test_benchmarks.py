@@ -222,3 +222,24 @@ def test_training_on_a_test_split_is_refused() -> None:
     # every dataset benchmark names the hub dataset its other splits come from
     assert all(b.hub_id for b in benchmarks().values() if b.to_problem is not None)
     assert get_benchmark("arith").to_problem is None  # generated: a held-out split of its own
+
+
+def test_training_data_origin_per_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tepo_cli.benchmarks import build_task
+    from tepo_cli.config.schema import BenchmarkConfig
+
+    def origin(name: str, split: str, **keys: str) -> str:
+        return build_task(BenchmarkConfig(name=name, **keys)).origin(split)
+
+    data = tmp_path / "tepo" / "data"
+    assert origin("math500", "train") == f"prepared offline: {data / 'math500' / 'train.jsonl'}"
+    assert origin("math500", "test") == f"prepared offline: {data / 'math500' / 'test.jsonl'}"
+    assert origin("math", "train") == (
+        "the hub dataset EleutherAI/hendrycks_math:algebra,counting_and_probability,geometry,"
+        "intermediate_algebra,number_theory,prealgebra,precalculus (needs network)"
+    )
+    assert origin("gsm8k", "train", hub_id="my/gsm") == "the hub dataset my/gsm (needs network)"
+    assert origin("mbpp", "train", path="here") == "local files: here"
+    monkeypatch.setattr("datasets.load_dataset", lambda *a, **k: pytest.fail("hub used"))
+    with pytest.raises(DataError, match=r"math500 train split is not prepared.*benchmark=math500"):
+        load_problems("math500", split="train")  # prepared offline, never the hub

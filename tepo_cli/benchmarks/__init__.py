@@ -17,7 +17,7 @@ from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
 from tepo_cli.core.discovery import package_modules
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
-from tepo_cli.data.prepare import benchmark_names as prepared_names
+from tepo_cli.data.prepare import prepared_splits
 from tepo_cli.data.records import Record, load_records
 from tepo_cli.data.tasks import DatasetTask, Task
 from tepo_cli.rewards import Reward, get_grader, make_reward
@@ -92,7 +92,7 @@ def load_problems(
     benchmark = get_benchmark(name)
     if benchmark.to_problem is None:
         raise ConfigError(f"benchmark={name} is generated, not read from records")
-    prepared = name in prepared_names()
+    prepared = prepared_splits(name)
     records = load_records(name, split, path, hub_id, benchmark.hub_id, prepared, limit)
     to_problem = benchmark.to_problem
     return [to_problem(r, i, f"{name}/{split}/{i}") for i, r in enumerate(records)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.errors import ConfigError
@@ -33,6 +34,17 @@ class ArithTask:
 
     def eval_problems(self, limit: int | None = None) -> list[Problem]:
         return self._eval[:limit] if limit else list(self._eval)
+
+    def describe_data(self) -> dict[str, Any]:
+        """What `tepo train` trains and evaluates on (summary.json's `data`)."""
+        return {
+            "benchmark": self.cfg.name,
+            "train_split": "generated",
+            "train_from": "generated, never a held-out problem",
+            "train_problems": self.space - len(self._eval),
+            "eval_split": "held-out",
+            "eval_from": f"{len(self._eval)} generated problems, seed {self.cfg.eval_seed}",
+        }
 
     def train_stream(self, seed: int) -> Iterator[Problem]:
         """An endless stream of training problems, never one of the held-out ones."""

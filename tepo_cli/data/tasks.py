@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.data.records import check_split_for_training
+from tepo_cli.data.prepare import prepared_file, prepared_splits
+from tepo_cli.data.records import check_split_for_training, records_origin
 
 # (split, limit) -> the split's first `limit` problems (all of them with None)
 Loader = Callable[[str, int | None], list[Problem]]
@@ -43,6 +44,29 @@ class DatasetTask:
         cfg = self.cfg
         check_split_for_training(cfg.name, cfg.train_split, self._hub_id, cfg.allow_test_split)
         self._train_problems()
+
+    def origin(self, split: str) -> str:
+        """Where `split`'s records come from, in words (records.load_records decides the same)."""
+        cfg = self.cfg
+        prepared = prepared_splits(cfg.name)
+        origin, where = records_origin(split, cfg.path, cfg.hub_id, self._hub_id, prepared)
+        if origin == "prepared":
+            return f"prepared offline: {prepared_file(cfg.name, split)}"
+        if origin == "hub":
+            return f"the hub dataset {where} (needs network)"
+        return f"local files: {where}" if origin == "local" else "nowhere (no data source)"
+
+    def describe_data(self) -> dict[str, Any]:
+        """What `tepo train` trains and evaluates on (summary.json's `data`)."""
+        cfg = self.cfg
+        return {
+            "benchmark": cfg.name,
+            "train_split": cfg.train_split,
+            "train_from": self.origin(cfg.train_split),
+            "train_problems": len(self._train_problems()),
+            "eval_split": cfg.split,
+            "eval_from": self.origin(cfg.split),
+        }
 
     def train_stream(self, seed: int) -> Iterator[Problem]:
         """Epochs over the training split, each in a fresh seeded order."""

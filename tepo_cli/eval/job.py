@@ -71,8 +71,9 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         seed=config.seed,
     )
     start = time.perf_counter()
+    replay_note: dict[str, Any] = {}
     if todo and config.model.source in ("reference", "replay"):
-        batch = _offline_records(config, todo, reward, options.n)
+        batch, replay_note = _offline_records(config, todo, reward, options.n)
         _append(run_dir / SAMPLES, batch, done)
     elif todo:
         if config.num_threads:
@@ -101,6 +102,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         "resumed_problems": len(problems) - len(todo),
         "seconds": seconds,
         "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,
+        **({"replay": replay_note} if replay_note else {}),
     }
     _write_json(run_dir / SUMMARY, summary)
     return summary
@@ -115,19 +117,23 @@ def _append(path: Path, batch: list[dict[str, Any]], done: dict[str, list[dict[s
 
 def _offline_records(
     config: EvalConfig, problems: list[Problem], reward: Reward, n: int
-) -> list[dict[str, Any]]:
-    """Records for model=reference (the dataset's solutions) or model=replay (a JSONL file)."""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Records for model=reference (the dataset's solutions) or model=replay (a JSONL file),
+    and for replay how its file was read (also said on stderr)."""
     from tepo_cli.eval.offline import reference_completion, replay_completions
 
+    note: dict[str, Any] = {}
     if config.model.source == "replay":
         assert config.model.path  # ModelConfig validation
-        texts = replay_completions(config.model.path, problems, n)
+        replay = replay_completions(config.model.path, problems, n)
+        print(f"tepo eval: {replay.line(n)}", file=sys.stderr)
+        texts, note = replay.completions, replay.note()
     else:
         texts = {p.id: [reference_completion(config.benchmark, p)] * n for p in problems}
     owners = [p for p in problems for _ in range(n)]
     completions = [text for p in problems for text in texts[p.id]]
     results = reward.score_many(completions, owners)
-    return [
+    records = [
         {
             "id": problem.id,
             "sample": index % n,
@@ -143,6 +149,7 @@ def _offline_records(
             zip(owners, completions, results, strict=True)
         )
     ]
+    return records, note
 
 
 def _completed_records(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:

@@ -52,6 +52,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     task = build_task(cfg.benchmark)
     if isinstance(task, DatasetTask):
         task.check_training()
+    data = describe_data(cfg, task)
+    if topo.is_main:
+        _say_data(data)
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     lm = load_model(cfg.model, tokenizer, topo.device)
@@ -62,7 +65,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
     resume_from = choose_checkpoint(cfg, run_dir, topo)
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
-    summary = {"run_dir": str(run_dir), "steps": 0, **model_sizes(model, critic)}
+    summary = {"run_dir": str(run_dir), "steps": 0, "data": data, **model_sizes(model, critic)}
     if model.mtp is not None and resume_from is None:
         warmup_stream = task.train_stream(warmup_stream_seed(cfg.seed))
         emit = log.warmup if log is not None else (lambda record: None)
@@ -87,6 +90,27 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     return Run(
         cfg, run_dir, topo, tokenizer, task, reward, models, backend, prompts, generator, state, log
     )
+
+
+def describe_data(cfg: TrainConfig, task: Any) -> dict[str, Any]:
+    """The task's own account of its training and evaluation data (a plugin task without
+    `describe_data` is reported as generating its own)."""
+    describe = getattr(task, "describe_data", None)
+    if describe is not None:
+        return describe()
+    return {"benchmark": cfg.benchmark.name, "train_from": "the benchmark's own task"}
+
+
+def _say_data(data: dict[str, Any]) -> None:
+    count = data.get("train_problems")
+    size = f"{count:,} problems; " if isinstance(count, int) else ""
+    line = (
+        f"tepo train: training on {data['benchmark']} '{data.get('train_split', 'task')}' "
+        f"({size}{data['train_from']})"
+    )
+    if "eval_split" in data:
+        line += f", evaluating on '{data['eval_split']}' ({data['eval_from']})"
+    print(line, file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:
