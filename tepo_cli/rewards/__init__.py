@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from tepo_cli.config.schema import RewardConfig
-from tepo_cli.core.discovery import package_modules
-from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.discovery import Registry
 from tepo_cli.core.records import Problem, RewardResult
 
 __all__ = ["Grader", "Reward", "RewardResult", "graders", "make_reward", "register_grader"]
@@ -62,30 +62,23 @@ def one_by_one(score: Callable[[str, Problem], RewardResult]) -> ScoreMany:
     return score_many
 
 
-_REGISTERED: dict[str, Grader] = {}
+def _defined(module: ModuleType) -> list[Grader]:
+    grader = getattr(module, "GRADER", None)
+    return [grader] if isinstance(grader, Grader) else []
 
 
-def register_grader(grader: Grader) -> Grader:
-    """Add a grader from outside this package (a plugin file)."""
-    _REGISTERED[grader.name] = grader
-    return grader
-
-
-def graders() -> dict[str, Grader]:
-    """Every grader: this package's modules' `GRADER`s, then the registered ones."""
-    own = [getattr(module, "GRADER", None) for module in package_modules(__name__, __path__)]
-    return {**{g.name: g for g in own if isinstance(g, Grader)}, **_REGISTERED}
-
-
-def get_grader(name: str) -> Grader:
-    known = graders()
-    if name not in known:
-        raise ConfigError(
-            f"reward={name} is not a grader; the graders are: auto (the benchmark's own), "
-            f"{', '.join(sorted(known))}. A grader is a module of tepo_cli/rewards/ defining "
-            f"GRADER, or register_grader(...) in a file listed in plugins=[...]."
-        )
-    return known[name]
+_GRADERS = Registry(
+    __name__,
+    __path__,
+    _defined,
+    lambda grader: grader.name,
+    "reward={name} is not a grader; the graders are: auto (the benchmark's own), {known}. A grader "
+    "is a module of tepo_cli/rewards/ defining GRADER, or register_grader(...) in a file listed in "
+    "plugins=[...].",
+)
+register_grader = _GRADERS.register  # add one from a plugin file
+graders = _GRADERS.all  # every grader by name: this package's GRADERs, then the registered
+get_grader = _GRADERS.get
 
 
 def make_reward(cfg: RewardConfig, name: str) -> Reward:

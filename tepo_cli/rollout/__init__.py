@@ -18,7 +18,7 @@ from types import ModuleType
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
-from tepo_cli.core.discovery import package_modules
+from tepo_cli.core.discovery import Registry
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.rollout.base import RolloutBackend, Sampling
@@ -33,7 +33,20 @@ __all__ = [
     "register_backend",
 ]
 
-_REGISTERED: dict[str, ModuleType] = {}
+
+def _defined(module: ModuleType) -> list[ModuleType]:
+    return [module] if isinstance(module.__dict__.get("NAME"), str) else []
+
+
+_BACKENDS = Registry(
+    __name__,
+    __path__,
+    _defined,
+    lambda module: module.NAME,
+    "rollout.backend='{name}' is not a rollout back-end; known: {known} (each is a module in "
+    "tepo_cli/rollout/ with that NAME, or a plugin module passed to register_backend).",
+)
+backends = _BACKENDS.all  # every back-end module by its NAME: this package's, then the registered
 
 
 def register_backend(module: ModuleType) -> None:
@@ -44,29 +57,12 @@ def register_backend(module: ModuleType) -> None:
         raise ConfigError(
             f"{module.__name__} is not a rollout back-end: it needs NAME (a string) and build()"
         )
-    _REGISTERED[name] = module
-
-
-def backends() -> dict[str, ModuleType]:
-    """Every back-end module of this package, by its NAME, then the registered ones."""
-    found = {
-        m.NAME: m
-        for m in package_modules(__name__, __path__)
-        if isinstance(m.__dict__.get("NAME"), str)
-    }
-    return {**found, **_REGISTERED}
+    _BACKENDS.register(module)
 
 
 def check_backend(cfg: RolloutConfig) -> None:
     """Refuse an unknown back-end, or one whose package is absent, before any model loads."""
-    known = backends()
-    if cfg.backend not in known:
-        raise ConfigError(
-            f"rollout.backend={cfg.backend!r} is not a rollout back-end; known: "
-            f"{', '.join(sorted(known))} (each is a module in tepo_cli/rollout/ with that NAME, "
-            f"or a plugin module passed to register_backend)."
-        )
-    module = known[cfg.backend]
+    module = _BACKENDS.get(cfg.backend)
     package = getattr(module, "REQUIRES", None)
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(
