@@ -11,7 +11,7 @@ from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 from tepo_cli.data.tasks import DatasetTask
-from tepo_cli.eval.job import _completed_records
+from tepo_cli.eval.job import _completed_records, refuse_training_sampling_keys
 from tepo_cli.eval.summary import summarize
 
 
@@ -82,3 +82,21 @@ def test_dataset_benchmarks_refuse_training_on_the_test_split(tmp_path):
 def test_arith_only_keys_are_rejected_for_datasets():
     with pytest.raises(ValueError, match=r"benchmark\.digits only apply to benchmark=arith"):
         BenchmarkConfig(name="gsm8k", digits=2)
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("rollout.n=8", "rollout.n sets the training rollout's sampling; tepo eval samples with"),
+        ("+rollout.temperature=1.0", "(here: eval.temperature)"),
+        ("rollout.top_k=5", "(tepo eval has no top_k)"),
+    ],
+)
+def test_eval_refuses_the_training_rollouts_sampling_keys(override, fragment):
+    with pytest.raises(ConfigError) as caught:
+        refuse_training_sampling_keys(["benchmark=gsm8k", override])
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_eval_takes_the_back_end_and_its_engine_from_the_rollout_group():
+    refuse_training_sampling_keys(["rollout=vllm", "rollout.engine.max_model_len=512", "eval.n=4"])

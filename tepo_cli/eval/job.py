@@ -32,6 +32,7 @@ def eval_job(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
+        refuse_training_sampling_keys(hydra_cfg.overrides.task)
         config = load_eval_config(cfg, hydra_cfg.runtime.choices)
         from tepo_cli.benchmarks import check_benchmark
         from tepo_cli.core.user_code import import_plugins
@@ -45,6 +46,25 @@ def eval_job(cfg: DictConfig) -> None:
         print(f"tepo eval: {error}", file=sys.stderr)
         sys.exit(2 if isinstance(error, ConfigError) else 1)
     _print_table(summary, run_dir)
+
+
+# rollout.* keys of the training rollout; tepo eval's sampling is eval.*'s
+_TRAINING_SAMPLING = ("n", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size")
+
+
+def refuse_training_sampling_keys(overrides: list[str]) -> None:
+    """`tepo eval rollout.n=8` would be read by nothing: say which eval.* key does it."""
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        field = key.removeprefix("rollout.")
+        if key.startswith("rollout.") and field in _TRAINING_SAMPLING:
+            instead = "tepo eval has no top_k" if field == "top_k" else f"here: eval.{field}"
+            raise ConfigError(
+                f"{key} sets the training rollout's sampling; tepo eval samples with eval.n, "
+                f"eval.greedy, eval.temperature, eval.top_p, eval.max_new_tokens and "
+                f"eval.batch_size ({instead}). In tepo eval, rollout=<name> picks the "
+                f"generation back-end and rollout.engine.* configures it."
+            )
 
 
 def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
