@@ -27,7 +27,6 @@ FINAL = "final"
 MTP_MODULES = "mtp_modules.safetensors"
 CRITIC = "critic"
 HYDRA = ".hydra"
-TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")  # each tracker's directory is its name
 
 # The training run's append-only logs, in the order RunLog opens them (resume cuts them back).
 LOG_FILES = (METRICS, SAMPLES, EVALS)

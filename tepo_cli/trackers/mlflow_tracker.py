@@ -9,6 +9,7 @@ The config is logged once, as params (MLflow refuses a param whose value changes
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ class MLflowTracker:
     def start(self, run_dir: Path, config: dict[str, Any], resume: int | None) -> None:
         from mlflow.tracking import MlflowClient
 
+        # Its INFO lines ("Creating initial MLflow database tables...") would crowd the console.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         store = run_dir.resolve() / NAME
         store.mkdir(parents=True, exist_ok=True)
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store / 'mlflow.db'}"
