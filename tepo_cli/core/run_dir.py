@@ -11,6 +11,7 @@ final/              the trained model, a transformers directory
 mtp_modules.safetensors   MPO's MTP modules (future=mtp)
 critic/             the critic (advantage=gae, advantage.save_critic)
 .hydra/             Hydra's own record of the command (config.yaml, overrides.yaml)
+tensorboard/ mlflow/ wandb/ trackio/   the experiment trackers of `logger=[...]` (tepo_cli/trackers)
 """
 
 from __future__ import annotations

@@ -72,15 +72,18 @@ def train_job(cfg: DictConfig) -> None:
 
 
 def _check_registered_names(config: TrainConfig) -> None:
-    """The rollout back-end, the objective (after the plugins' import), the benchmark and the
-    grader exist: one paragraph naming the known ones otherwise, before anything heavy starts."""
+    """The rollout back-end, the objective (after the plugins' import), the benchmark, the grader
+    and the trackers exist (and the packages they need): one paragraph naming the known ones
+    otherwise, before anything heavy starts."""
     from tepo_cli.algos.plugins import load_objectives
     from tepo_cli.benchmarks import check_benchmark
     from tepo_cli.rollout import check_backend
+    from tepo_cli.trackers import check_trackers
 
     load_objectives(config.plugins, config.algo.name)  # imports the plugins first
     check_backend(config.rollout)
     check_benchmark(config.benchmark, config.reward)
+    check_trackers(config.logger)
 
 
 def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:

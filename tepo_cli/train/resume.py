@@ -23,6 +23,7 @@ RUNS_ROOT = Path("outputs/train")
 # logged, saved or how long the run goes on, not what a step computes.
 HARMLESS = (
     "resume",
+    "logger",
     "trainer.max_steps",
     "trainer.progress",
     "trainer.samples_per_step",

@@ -1,6 +1,6 @@
 """A training run's plumbing, behind the methods the recipe calls: the models and engines, the
-prompt streams, the run's typed state, the logs, stop signals, held-out evaluations, the
-bad-step guard, checkpoints and the final save. `train/setup.py` builds one (fresh or resumed).
+prompt streams, the run's typed state, the logs and experiment trackers, stop signals, held-out
+evaluations, the bad-step guard, checkpoints and the final save. `train/setup.py` builds one (fresh or resumed).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tepo_cli.core.errors import RunError, StopRequested
 from tepo_cli.models.critic import Critic
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend
+from tepo_cli.trackers import Trackers
 from tepo_cli.train import checkpoint, faults, finish
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.held_out import held_out_accuracy
@@ -68,13 +69,15 @@ class Run:
     generator: torch.Generator  # the update's minibatch shuffles
     state: TrainerState
     log: RunLog | None  # rank 0 only
+    trackers: Trackers = field(default_factory=Trackers)  # logger=[...]; empty off rank 0
     signals: StopSignals = field(default_factory=StopSignals)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        """Logs open, SIGINT/SIGTERM caught (a step finishes, then a checkpoint and exit), the
-        rollout engine released at the end."""
-        with self.log or contextlib.nullcontext(), self.signals, contextlib.closing(self.backend):
+        """Logs and trackers open, SIGINT/SIGTERM caught (a step finishes, then a checkpoint and
+        exit), the rollout engine released at the end; the trackers close with the run's outcome."""
+        log = self.log or contextlib.nullcontext()
+        with log, self.trackers, self.signals, contextlib.closing(self.backend):
             yield
 
     def remaining_steps(self) -> Iterator[int]:
@@ -98,13 +101,14 @@ class Run:
             self._held_out(step, "during")
 
     def log_step(self, record: dict[str, Any], samples: list[dict[str, Any]]) -> None:
-        """The step's record and samples into the run's logs; too many skipped optimizer steps
-        in a row (non-finite loss or gradient) end the run."""
+        """The step's record and samples into the run's logs, its numbers to the trackers; too
+        many skipped optimizer steps in a row (non-finite loss or gradient) end the run."""
         state = self.state
         state.step = record["step"]
         state.step_seconds.append(record["step_seconds"])
         if self.log is not None:
             self.log.step(record, samples)
+        self.trackers.log_step(record)
         state.summary.update(steps=record["step"], final_reward_mean=record["reward_mean"])
         skipped = record["skipped_optimizer_steps"]
         state.bad_steps_in_row = state.bad_steps_in_row + 1 if skipped else 0
@@ -159,7 +163,8 @@ class Run:
             finish.write_summary(self.log, summary, self.run_dir)
 
     def _held_out(self, step: int, when: str) -> float:
-        return held_out_accuracy(
+        """Held-out accuracy into eval.jsonl and the trackers, at the step it follows."""
+        accuracy = held_out_accuracy(
             self.cfg,
             self.backend,
             self.tokenizer,
@@ -170,6 +175,8 @@ class Run:
             step,
             when,
         )
+        self.trackers.log_held_out(step, accuracy)
+        return accuracy
 
 
 def _stopped(signum: int, step: int, saved: Path, run_dir: Path) -> str:

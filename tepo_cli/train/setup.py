@@ -28,6 +28,7 @@ from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rollout import build_backend
+from tepo_cli.trackers import Trackers, open_trackers
 from tepo_cli.train import checkpoint
 from tepo_cli.train.critic_files import build_critic
 from tepo_cli.train.distributed import Topology
@@ -87,9 +88,21 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     if rank_state.rng:
         restore_rng(rank_state.rng, generator)
     models = Models(engine, critic_engine, reference)
-    return Run(
+    run = Run(
         cfg, run_dir, topo, tokenizer, task, reward, models, backend, prompts, generator, state, log
     )
+    run.trackers = start_trackers(cfg, run_dir, topo, state)
+    return run
+
+
+def start_trackers(
+    cfg: TrainConfig, run_dir: Path, topo: Topology, state: TrainerState
+) -> Trackers:
+    """Rank 0's experiment trackers (`logger=[...]`), continuing their runs when resumed (after
+    the checkpoint's step; 0 when no checkpoint was usable)."""
+    names = cfg.logger if topo.is_main else []
+    resume = state.step if cfg.resume else None
+    return open_trackers(names, run_dir, cfg.model_dump(mode="json"), resume)
 
 
 def describe_data(cfg: TrainConfig, task: Any) -> dict[str, Any]:

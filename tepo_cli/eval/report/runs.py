@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from tepo_cli.core.flatten import flatten
 from tepo_cli.core.run_dir import CONFIG, EVALS, HYDRA, METRICS, STATUS, SUMMARY
 from tepo_cli.core.run_status import effective_state, read_status
 
@@ -72,7 +73,7 @@ def load_run(path: Path, root: Path) -> Run:
         path=path,
         name=str(path.relative_to(root)) if path != root else path.name,
         state=_state(path, summary),
-        config=_flatten(_read_config(path, notes)),
+        config=flatten(_read_config(path, notes)),
         overrides=_read_overrides(path, notes),
         metrics=_read_jsonl(path / METRICS, notes),
         evals=_read_jsonl(path / EVALS, notes),
@@ -148,17 +149,6 @@ def _read_jsonl(file: Path, notes: list[str]) -> list[dict[str, Any]]:
     if skipped:
         notes.append(f"{file.name}: {skipped} unreadable line(s) skipped")
     return records
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def _natural_key(text: str) -> list[Any]:

@@ -1,0 +1,104 @@
+"""Experiment trackers by name: `logger=[tensorboard,mlflow,wandb,trackio]` (console output and
+metrics.jsonl are always on). Each is fed, on rank 0, every number of each step's metrics record
+and each held-out accuracy, and writes under the run directory by default.
+
+A tracker is one module in this package (or a plugin file that calls `register_tracker`): it
+names itself (`NAME`, the value in `logger`), says which package it needs (`REQUIRES`, an
+optional extra of tepo with the same name as the tracker), and has a `build()` that returns a
+`Tracker` (trackers/base.py). Nothing else lists the trackers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tepo_cli.core.discovery import package_modules
+from tepo_cli.core.errors import ConfigError, RunError
+from tepo_cli.trackers.base import HELD_OUT_ACCURACY, Outcome, Tracker, numeric
+from tepo_cli.trackers.group import Trackers
+from tepo_cli.trackers.params import hyperparameters
+
+__all__ = [
+    "HELD_OUT_ACCURACY",
+    "Outcome",
+    "Tracker",
+    "Trackers",
+    "check_trackers",
+    "numeric",
+    "open_trackers",
+    "register_tracker",
+    "trackers",
+]
+
+_REGISTERED: dict[str, ModuleType] = {}
+
+
+def register_tracker(module: ModuleType) -> None:
+    """Add a tracker module from outside this package (a plugin file, `plugins=[...]`, ending in
+    `register_tracker(sys.modules[__name__])`); it names itself and builds as ours do."""
+    name = getattr(module, "NAME", None)
+    if not (isinstance(name, str) and callable(getattr(module, "build", None))):
+        raise ConfigError(
+            f"{module.__name__} is not an experiment tracker: it needs NAME (a string) and build()"
+        )
+    _REGISTERED[name] = module
+
+
+def trackers() -> dict[str, ModuleType]:
+    """Every tracker module of this package, by its NAME, then the registered ones."""
+    found = {
+        m.NAME: m
+        for m in package_modules(__name__, __path__)
+        if isinstance(m.__dict__.get("NAME"), str)
+    }
+    return {**found, **_REGISTERED}
+
+
+def check_trackers(names: Sequence[str]) -> None:
+    """Refuse an unknown tracker, or one whose library is not installed, before any model loads."""
+    known, given = trackers(), f"logger=[{','.join(names)}]"
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"{given}: {', '.join(unknown)} is not an experiment tracker; the "
+            f"trackers are: {', '.join(sorted(known))} (console output and metrics.jsonl are "
+            f"always written). A tracker is a module of tepo_cli/trackers/ with that NAME, or a "
+            f"plugin module passed to register_tracker."
+        )
+    missing = [n for n in names if importlib.util.find_spec(known[n].REQUIRES) is None]
+    if missing:
+        packages = ", ".join(known[n].REQUIRES for n in missing)
+        extras = ",".join(missing)
+        raise ConfigError(
+            f"{given} needs {packages}, not installed in this environment "
+            f"({sys.executable}). Install the trackers with `make install-trackers` (all of them), "
+            f"or `pip install -c constraints.txt -e '.[{extras}]'` in tepo's checkout; or drop "
+            f"{', '.join(missing)} from logger. Nothing was run."
+        )
+
+
+def open_trackers(
+    names: Sequence[str], run_dir: Path, config: dict[str, Any], resume: int | None
+) -> Trackers:
+    """The named trackers, started for `run_dir` (`resume`: the step a resumed run continues
+    after, None for a fresh run); `config` is the resolved config, recorded once."""
+    check_trackers(names)
+    known, started = trackers(), Trackers()
+    params = hyperparameters(config) if names else {}
+    for name in names:
+        tracker = known[name].build()
+        try:
+            tracker.start(run_dir, params, resume)
+        except Exception as error:
+            started.close("failed")
+            raise RunError(
+                f"logger={name} could not start ({type(error).__name__}: {error}); drop it from "
+                f"logger to train without it."
+            ) from error
+        started.add(name, tracker)
+    return started
