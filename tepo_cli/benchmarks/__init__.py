@@ -52,7 +52,6 @@ def _defined(module: ModuleType) -> list[Benchmark]:
 
 _BENCHMARKS = Registry(
     __name__,
-    __path__,
     _defined,
     lambda benchmark: benchmark.name,
     "benchmark={name} is not a benchmark; the benchmarks are: {known}. A benchmark is a module of "

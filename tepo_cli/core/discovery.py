@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Generic, TypeVar
@@ -23,7 +24,8 @@ def package_modules(package: str, path: Iterable[str]) -> list[ModuleType]:
 
 
 class Registry(Generic[T]):
-    """One extension point: the entries its package's modules define, then the registered ones.
+    """One extension point: the entries its package's modules define (its `__path__` as it is
+    when asked), then the registered ones.
 
     `defined(module)` gives a module's entries, `name_of(entry)` an entry's name, and `unknown`
     the one-paragraph refusal of a name that is none of them (a template of `{name}`, `{known}`).
@@ -32,12 +34,11 @@ class Registry(Generic[T]):
     def __init__(
         self,
         package: str,
-        path: Iterable[str],
         defined: Callable[[ModuleType], Iterable[T]],
         name_of: Callable[[T], str],
         unknown: str,
     ) -> None:
-        self._package, self._path = package, list(path)
+        self._package = package
         self._defined, self._name_of, self._unknown = defined, name_of, unknown
         self._registered: dict[str, T] = {}
 
@@ -50,7 +51,7 @@ class Registry(Generic[T]):
         """Every entry by name; a registered one replaces a defined one of the same name."""
         found = {
             self._name_of(entry): entry
-            for module in package_modules(self._package, self._path)
+            for module in package_modules(self._package, sys.modules[self._package].__path__)
             for entry in self._defined(module)
         }
         return {**found, **self._registered}

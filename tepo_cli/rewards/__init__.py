@@ -69,7 +69,6 @@ def _defined(module: ModuleType) -> list[Grader]:
 
 _GRADERS = Registry(
     __name__,
-    __path__,
     _defined,
     lambda grader: grader.name,
     "reward={name} is not a grader; the graders are: auto (the benchmark's own), {known}. A grader "

@@ -40,7 +40,6 @@ def _defined(module: ModuleType) -> list[ModuleType]:
 
 _BACKENDS = Registry(
     __name__,
-    __path__,
     _defined,
     lambda module: module.NAME,
     "rollout.backend='{name}' is not a rollout back-end; known: {known} (each is a module in "
