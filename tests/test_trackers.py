@@ -163,7 +163,7 @@ def plugin_tracker(name: str, requires: str = "json", fail_in: str = "") -> type
 def plugin(monkeypatch):
     from tepo_cli import trackers as package
 
-    monkeypatch.setattr(package, "_REGISTERED", {})
+    monkeypatch.setattr(package._TRACKERS, "_registered", {})  # plugins of this test only
 
     def _register(*args: Any, **kwargs: Any) -> types.ModuleType:
         module = plugin_tracker(*args, **kwargs)

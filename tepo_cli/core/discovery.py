@@ -62,3 +62,25 @@ class Registry(Generic[T]):
         if name not in known:
             raise ConfigError(self._unknown.format(name=name, known=", ".join(sorted(known))))
         return known[name]
+
+
+def _self_named(module: ModuleType) -> list[ModuleType]:
+    return [module] if isinstance(module.__dict__.get("NAME"), str) else []
+
+
+class ModuleRegistry(Registry[ModuleType]):
+    """A registry whose entries are modules that name themselves (`NAME`) and have `build()`:
+    rollout back-ends and experiment trackers. `kind` names them in the refusal of a bad one."""
+
+    def __init__(self, package: str, kind: str, unknown: str) -> None:
+        super().__init__(package, _self_named, lambda module: module.NAME, unknown)
+        self._kind = kind
+
+    def register(self, entry: ModuleType) -> ModuleType:
+        """Add a module from a plugin file (ending in `register_...(sys.modules[__name__])`)."""
+        name = getattr(entry, "NAME", None)
+        if not (isinstance(name, str) and callable(getattr(entry, "build", None))):
+            raise ConfigError(
+                f"{entry.__name__} is not {self._kind}: it needs NAME (a string) and build()"
+            )
+        return super().register(entry)

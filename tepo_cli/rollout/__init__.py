@@ -13,12 +13,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from types import ModuleType
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
-from tepo_cli.core.discovery import Registry
+from tepo_cli.core.discovery import ModuleRegistry
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.rollout.base import RolloutBackend, Sampling
@@ -34,29 +33,14 @@ __all__ = [
 ]
 
 
-def _defined(module: ModuleType) -> list[ModuleType]:
-    return [module] if isinstance(module.__dict__.get("NAME"), str) else []
-
-
-_BACKENDS = Registry(
+_BACKENDS = ModuleRegistry(
     __name__,
-    _defined,
-    lambda module: module.NAME,
+    "a rollout back-end",
     "rollout.backend='{name}' is not a rollout back-end; known: {known} (each is a module in "
     "tepo_cli/rollout/ with that NAME, or a plugin module passed to register_backend).",
 )
 backends = _BACKENDS.all  # every back-end module by its NAME: this package's, then the registered
-
-
-def register_backend(module: ModuleType) -> None:
-    """Add a back-end module from outside this package (a plugin file, `plugins=[...]`, ending in
-    `register_backend(sys.modules[__name__])`); it names itself and builds as ours do."""
-    name = getattr(module, "NAME", None)
-    if not (isinstance(name, str) and callable(getattr(module, "build", None))):
-        raise ConfigError(
-            f"{module.__name__} is not a rollout back-end: it needs NAME (a string) and build()"
-        )
-    _BACKENDS.register(module)
+register_backend = _BACKENDS.register  # add one from a plugin file (`plugins=[...]`)
 
 
 def check_backend(cfg: RolloutConfig) -> None:

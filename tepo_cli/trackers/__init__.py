@@ -14,10 +14,9 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from tepo_cli.core.discovery import package_modules
+from tepo_cli.core.discovery import ModuleRegistry
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.trackers.base import HELD_OUT_ACCURACY, Outcome, Tracker, numeric
 from tepo_cli.trackers.group import Trackers
@@ -35,47 +34,27 @@ __all__ = [
     "trackers",
 ]
 
-_REGISTERED: dict[str, ModuleType] = {}
 
-
-def register_tracker(module: ModuleType) -> None:
-    """Add a tracker module from outside this package (a plugin file, `plugins=[...]`, ending in
-    `register_tracker(sys.modules[__name__])`); it names itself and builds as ours do."""
-    name = getattr(module, "NAME", None)
-    if not (isinstance(name, str) and callable(getattr(module, "build", None))):
-        raise ConfigError(
-            f"{module.__name__} is not an experiment tracker: it needs NAME (a string) and build()"
-        )
-    _REGISTERED[name] = module
-
-
-def trackers() -> dict[str, ModuleType]:
-    """Every tracker module of this package, by its NAME, then the registered ones."""
-    found = {
-        m.NAME: m
-        for m in package_modules(__name__, __path__)
-        if isinstance(m.__dict__.get("NAME"), str)
-    }
-    return {**found, **_REGISTERED}
+_TRACKERS = ModuleRegistry(
+    __name__,
+    "an experiment tracker",
+    "logger={name}: {name} is not an experiment tracker; the trackers are: {known} (console "
+    "output and metrics.jsonl are always written). A tracker is a module of tepo_cli/trackers/ "
+    "with that NAME, or a plugin module passed to register_tracker.",
+)
+trackers = _TRACKERS.all  # every tracker module by its NAME: this package's, then the registered
+register_tracker = _TRACKERS.register  # add one from a plugin file (`plugins=[...]`)
 
 
 def check_trackers(names: Sequence[str]) -> None:
     """Refuse an unknown tracker, or one whose library is not installed, before any model loads."""
-    known, given = trackers(), f"logger=[{','.join(names)}]"
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise ConfigError(
-            f"{given}: {', '.join(unknown)} is not an experiment tracker; the "
-            f"trackers are: {', '.join(sorted(known))} (console output and metrics.jsonl are "
-            f"always written). A tracker is a module of tepo_cli/trackers/ with that NAME, or a "
-            f"plugin module passed to register_tracker."
-        )
+    known = {name: _TRACKERS.get(name) for name in names}
     missing = [n for n in names if importlib.util.find_spec(known[n].REQUIRES) is None]
     if missing:
         packages = ", ".join(known[n].REQUIRES for n in missing)
         extras = ",".join(missing)
         raise ConfigError(
-            f"{given} needs {packages}, not installed in this environment "
+            f"logger=[{','.join(names)}] needs {packages}, not installed in this environment "
             f"({sys.executable}). Install the trackers with `make install-trackers` (all of them), "
             f"or `pip install -c constraints.txt -e '.[{extras}]'` in tepo's checkout; or drop "
             f"{', '.join(missing)} from logger. Nothing was run."
