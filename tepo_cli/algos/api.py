@@ -51,10 +51,9 @@ def policy_loss(
                  normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
                  `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
                  default T). With global normalisers, the sum of the micro-batch losses is the
-                 loss of one big batch.
+                 loss of one big batch. A ValueError names the argument missing or misshapen.
 
-    Metrics: pg_loss, kl_loss, kl, clip_frac (+ _low, _high), dual_clip_frac, ratio_mean (token
-    means), kl_mask_frac (TEPO). ValueError names the argument missing or misshapen.
+    Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac.
     """
     normalisers = {name: overrides.pop(name) for name in NORMALISERS if name in overrides}
     cfg = resolve_algo(algo, overrides)

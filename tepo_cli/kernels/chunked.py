@@ -25,6 +25,8 @@ gradient is exactly zero.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tepo_cli.kernels.active_rows import ActiveRows, Grads, Wanted, row_outputs
@@ -171,30 +173,10 @@ def chunked_backward(
     acc_h = torch.zeros(n_active, width, dtype=cd, device=device) if need_hidden else None
     acc_w = torch.empty(vocab, width, dtype=cd, device=device) if need_weight else None
     h, lse, inv_t = hidden.to(cd), lse.to(cd), 1.0 / temperature
-    row_factor = None
-    if g_ent is None:
-        # d loss / d z = g (Y - P), z = logits / T. Blocks are built in base 2 (exp2 is cheaper
-        # than exp): block = 2^(z log2(e) - shift). When |lse| is moderate the shift is 0 and
-        # block = P e^lse: the per-row factor e^-lse joins g on the small operands and the block
-        # needs no bias pass (z <= lse <= limit cannot overflow; an entry that underflows,
-        # z < -87 in float32, has p = e^(z - lse) < e^(limit - 87)).
-        limit = 300.0 if cd == torch.float64 else 40.0
-        unshifted = bool(lse.abs().max() <= limit)
-        mm_operand = h * (LOG2E * inv_t)
-        shift = None if unshifted else lse * -LOG2E
-        row_g = g * torch.exp(-lse) if unshifted else g
-        one_hot = torch.exp(lse) if unshifted else torch.ones_like(lse)
-        h_factor: torch.Tensor | float = (row_g * -inv_t).unsqueeze(1)
-        w_operand = h * h_factor if need_weight else None  # grad_W = (P - Y)^T (-g h / T)
-    else:
-        # d loss / d z = g Y - M with M = P * (g + g_H * (H + log P)) per element;
-        # grad_W = (M - g Y)^T (-h / T). Natural log here: log P is needed itself.
-        mm_operand = h * inv_t
-        shift = lse.neg()
-        row_factor = g + g_ent * ent
-        one_hot = g
-        h_factor = -inv_t
-        w_operand = h * h_factor if need_weight else None
+    mm_operand, shift, row_factor, one_hot, h_factor = _backward_operands(
+        h, lse, g, g_ent, ent, inv_t
+    )
+    w_operand = h * h_factor if need_weight else None  # grad_W = (block)^T (h_factor h)
     rows, tile = blocking.rows, blocking.vocab_tile
     buf = torch.empty(min(rows, n_active) * min(tile, vocab), dtype=cd, device=device)
     p_buf = torch.empty_like(buf) if g_ent is not None else None
@@ -237,3 +219,30 @@ def chunked_backward(
     if acc_w is not None:
         grad_weight = acc_w.to(weight.dtype)
     return grad_hidden, grad_weight
+
+
+def _backward_operands(
+    h: torch.Tensor,
+    lse: torch.Tensor,
+    g: torch.Tensor,
+    g_ent: torch.Tensor | None,
+    ent: torch.Tensor | None,
+    inv_t: float,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor, Any]:
+    """(mm_operand, shift, row_factor, one_hot, h_factor) of the backward's logit blocks."""
+    if g_ent is None or ent is None:
+        # d loss / d z = g (Y - P), z = logits / T. Blocks are built in base 2 (exp2 is cheaper
+        # than exp): block = 2^(z log2(e) - shift). When |lse| is moderate the shift is 0 and
+        # block = P e^lse: the per-row factor e^-lse joins g on the small operands and the block
+        # needs no bias pass (z <= lse <= limit cannot overflow; an entry that underflows,
+        # z < -87 in float32, has p = e^(z - lse) < e^(limit - 87)).
+        limit = 300.0 if lse.dtype == torch.float64 else 40.0
+        unshifted = bool(lse.abs().max() <= limit)
+        shift = None if unshifted else lse * -LOG2E
+        row_g = g * torch.exp(-lse) if unshifted else g
+        one_hot = torch.exp(lse) if unshifted else torch.ones_like(lse)
+        # grad_W = (P - Y)^T (-g h / T)
+        return h * (LOG2E * inv_t), shift, None, one_hot, (row_g * -inv_t).unsqueeze(1)
+    # d loss / d z = g Y - M with M = P * (g + g_H * (H + log P)) per element;
+    # grad_W = (M - g Y)^T (-h / T). Natural log here: log P is needed itself.
+    return h * inv_t, lse.neg(), g + g_ent * ent, g, -inv_t
