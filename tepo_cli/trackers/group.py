@@ -25,8 +25,9 @@ class Trackers:
         self._started[name] = tracker
 
     def log_step(self, record: dict[str, Any]) -> None:
-        """Every number of a step's metrics record, at its step."""
-        self._log(int(record["step"]), numeric(record))
+        """Every number of a step's metrics record, at its step (nothing to do without trackers)."""
+        if self._started:
+            self._log(int(record["step"]), numeric(record))
 
     def log_held_out(self, step: int, accuracy: float) -> None:
         """A held-out evaluation's accuracy, at the step it was measured after (0: before)."""
