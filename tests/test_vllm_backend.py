@@ -109,6 +109,32 @@ def test_synced_weights_reach_the_engine(engine_and_model, tiny_tokenizer):
     assert (engine - old).abs().max() > 1e3 * (engine - new).abs().max()
 
 
+def test_a_lora_policy_reaches_the_engine_as_its_merged_weights(engine_and_model, tiny_tokenizer):
+    """With model.lora the engine holds the plain model: each adapted layer arrives merged
+    (W + (alpha / r) B A) under its plain name, and vLLM's log-probs are the adapted model's."""
+    from tepo_cli.config.schema import LoraConfig
+    from tepo_cli.models.lora import add_adapters, lora_layers
+
+    backend, lm, _, _ = engine_and_model
+    sequence = tiny_tokenizer("12+34=46 and 7+8=15", add_special_tokens=False)["input_ids"]
+    adapted = copy.deepcopy(lm)
+    add_adapters(adapted, LoraConfig(r=4), base_model=None)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in lora_layers(adapted):
+            weight = layer.lora_B["default"].weight
+            weight.copy_(torch.randn(weight.shape, generator=generator))
+    expected, base = _model_prompt_logprobs(adapted, sequence), _model_prompt_logprobs(lm, sequence)
+    backend.sync(adapted)
+    try:
+        engine = _engine_prompt_logprobs(backend, sequence)
+    finally:
+        backend.sync(lm)
+    assert (expected - base).abs().max() > 0.1  # the adapter changes the model
+    assert (engine - expected).abs().max() < 1e-4
+    assert (engine - base).abs().max() > 100 * (engine - expected).abs().max()
+
+
 def test_sampled_logprobs_are_the_trainers_after_temperature(engine_and_model):
     backend, lm, _, _ = engine_and_model
     for temperature in (1.0, 0.7):

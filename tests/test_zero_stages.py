@@ -140,3 +140,36 @@ def test_gae_critic_trains_and_is_saved_in_zero_stages(compose_config, tmp_path,
     critic = Critic.from_path(str(tmp_path / "critic"), torch.float32, torch.device("cpu"))
     assert sum(p.numel() for p in critic.parameters()) == summary["critic_parameters"]
     assert all(torch.isfinite(p).all() for p in critic.parameters())
+
+
+def _lora_step(compose_config, run_dir, preset: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    train_tiny(
+        compose_config, run_dir, preset, "model.lora.r=4", "trainer.max_steps=1", "trainer.lr=1e-2"
+    )
+    (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return record, load_file(run_dir / "final" / "adapter_model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def lora_zero0_step(compose_config, tmp_path_factory) -> tuple[dict, dict[str, torch.Tensor]]:
+    record, adapter = _lora_step(compose_config, tmp_path_factory.mktemp("lora0"), "zero0")
+    assert len(adapter) == 28 and all(t.abs().max() > 1e-4 for t in adapter.values())  # B moved
+    return record, adapter
+
+
+@pytest.mark.parametrize("preset", ["zero1", "zero2", "zero3"])
+def test_lora_takes_the_same_step_in_every_zero_stage(
+    compose_config, tmp_path, preset, lora_zero0_step
+):
+    """LoRA (the base frozen, the KL reference the base through the same partitioned modules)
+    through each stage: the same loss, gradient norm and adapter weights as without ZeRO."""
+    record, adapter = _lora_step(compose_config, tmp_path, preset)
+    reference_record, reference = lora_zero0_step
+    assert record["pg_loss"] == pytest.approx(reference_record["pg_loss"], rel=1e-5, abs=1e-7)
+    assert record["kl"] == pytest.approx(reference_record["kl"], abs=1e-7)
+    assert record["grad_norm"] == pytest.approx(reference_record["grad_norm"], rel=1e-4)
+    assert adapter.keys() == reference.keys()
+    for name, tensor in adapter.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -18,6 +18,27 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LoraConfig(Strict):
+    """`model.lora` (tepo train): low-rank adapters through peft; r = 0 trains every weight."""
+
+    r: int = Field(default=0, ge=0)
+    alpha: float = Field(default=32.0, gt=0.0)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: str | list[str] = "all-linear"
+    save_merged: bool = True
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, value: str | list[str]) -> str | list[str]:
+        if not value:
+            raise ValueError("names no module: give 'all-linear' or module names like q_proj")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
 class ModelConfig(Strict):
     name: str = Field(min_length=1)
     source: Literal["gguf_package", "tiny", "hf", "reference", "replay"]
@@ -35,6 +56,7 @@ class ModelConfig(Strict):
     num_attention_heads: int = Field(default=2, ge=1)
     num_key_value_heads: int = Field(default=1, ge=1)
     init_seed: int = 0
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
     @model_validator(mode="after")
     def _check_source(self) -> ModelConfig:
@@ -227,7 +249,8 @@ class TrainerConfig(Strict):
     minibatches: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=16, ge=1)
     mmap_threshold_kb: int | None = Field(default=512, ge=4)
-    lr: float = Field(default=1e-5, gt=0.0)
+    # None: FULL_FINE_TUNING_LR, or LORA_LR with model.lora (TrainConfig resolves it)
+    lr: float | None = Field(default=None, gt=0.0)
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)
     weight_decay: float = Field(default=0.0, ge=0.0)
@@ -251,6 +274,12 @@ class TrainerConfig(Strict):
         if self.warmup_steps > self.max_steps > 0:
             raise ValueError("trainer.warmup_steps must not exceed trainer.max_steps")
         return self
+
+
+# A LoRA adapter learns best at ~10x full fine-tuning's learning rate (Schulman et al., "LoRA
+# Without Regret", Thinking Machines Lab 2025); `trainer.lr` set by the user wins over both.
+FULL_FINE_TUNING_LR = 1e-5
+LORA_LR = 1e-4
 
 
 class TrainConfig(Strict):
@@ -288,6 +317,8 @@ class TrainConfig(Strict):
         if self.rollout.max_new_tokens is None:
             # One length story: the benchmark's answer length, unless training overrides it.
             self.rollout.max_new_tokens = self.benchmark.max_new_tokens
+        if self.trainer.lr is None:
+            self.trainer.lr = LORA_LR if self.model.lora.enabled else FULL_FINE_TUNING_LR
         if self.model.source in ("reference", "replay"):
             raise ValueError(
                 f"model={self.model.source} has no weights to train; it is for tepo eval"

@@ -1,11 +1,13 @@
 """Build the policy (and tokenizer) a `model` config group describes.
 
 Rule: `model.path`, when set, always wins (a saved run's `final/` directory, a hub id or a local
-checkpoint); otherwise `source` says where the weights come from.
+checkpoint; a LoRA adapter directory is merged into the base model it names); otherwise `source`
+says where the weights come from.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -25,6 +27,7 @@ from tepo_cli.config.schema import ModelConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.models.gguf_convert import converted_checkpoint
 
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: a directory holding a LoRA adapter
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -45,6 +48,15 @@ def checkpoint_dir(cfg: ModelConfig) -> str | None:
     if cfg.source == "hf":
         return cfg.path
     return None
+
+
+def weights_location(cfg: ModelConfig) -> str | None:
+    """`checkpoint_dir`, a local directory made absolute (what a LoRA adapter records as its
+    base model)."""
+    source = checkpoint_dir(cfg)
+    if source is not None and Path(source).is_dir():
+        return str(Path(source).resolve())
+    return source
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
@@ -70,16 +82,10 @@ def load_model(
     source = checkpoint_dir(cfg)
     if source is None:
         model = _tiny_model(cfg, tokenizer)
+    elif (Path(source) / ADAPTER_CONFIG).is_file():
+        model = _merged_adapter(cfg, Path(source), dtype)
     else:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=dtype, trust_remote_code=cfg.trust_remote_code
-            )
-        except OSError as exc:
-            raise ConfigError(
-                f"Cannot load model '{cfg.name}' from '{source}': {exc}. Set model.path to a "
-                f"directory written by save_pretrained (e.g. <run dir>/final) or a hub id."
-            ) from None
+        model = _pretrained(cfg, source, dtype)
     model.to(device=device, dtype=dtype)
     if model.generation_config is not None:
         # Sampling settings come from the rollout config only, never from a checkpoint's defaults.
@@ -90,6 +96,33 @@ def load_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = True
     return model
+
+
+def _pretrained(cfg: ModelConfig, source: str, dtype: torch.dtype) -> PreTrainedModel:
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=cfg.trust_remote_code
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot load model '{cfg.name}' from '{source}': {exc}. Set model.path to a "
+            f"directory written by save_pretrained (e.g. <run dir>/final) or a hub id."
+        ) from None
+
+
+def _merged_adapter(cfg: ModelConfig, adapter: Path, dtype: torch.dtype) -> PreTrainedModel:
+    """A peft LoRA adapter directory (a LoRA run's final/): its base model with it merged in."""
+    from peft import PeftModel
+
+    base = json.loads((adapter / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(
+            f"model.path={adapter} is a LoRA adapter whose base model has no saved weights (it "
+            f"was trained on a model built in-process, model=tiny): load {adapter / 'merged'}, "
+            "the model with the adapter merged in, instead."
+        )
+    model = _pretrained(cfg, base, dtype)
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
 
 
 def _grouped_query_attention_without_copies() -> None:

@@ -31,6 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tepo_cli.config.schema import EngineConfig, RolloutConfig
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.rollout import Rollout
+from tepo_cli.models.lora import merged_weights
 from tepo_cli.rollout.base import Sampling, eos_ids
 
 NAME = "vllm"  # rollout.backend (conf/rollout/vllm.yaml)
@@ -247,22 +248,24 @@ def _default_group_kept() -> Iterator[None]:
 
 
 def _weights(lm: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's parameters by their transformers names, one at a time. ZeRO-3 partitions
-    are gathered (a collective: every rank syncs, in the same order) and copied out before the
-    next is gathered.
+    """The policy's parameters by their transformers names, one at a time; with LoRA, each
+    adapted layer's weight merged (the engine holds the plain model). ZeRO-3 partitions are
+    gathered (a collective: every rank syncs, in the same order) and copied out before the next
+    is gathered.
 
     Tied parameters are sent under each of their names (`lm_head.weight` beside
     `model.embed_tokens.weight`): vLLM reloads layer by layer, and a layer that receives nothing
     keeps its dummy values — with SmolLM2 the LM head would sample near-uniformly.
     """
-    for name, param in lm.named_parameters(remove_duplicate=False):
-        if hasattr(param, "ds_id"):
-            import deepspeed
+    return merged_weights(lm, _gathered)
 
-            with deepspeed.zero.GatheredParameters([param]):
-                yield name, param.detach().clone()
-        else:
-            yield name, param.detach()
+
+def _gathered(params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[object]:
+    if not any(hasattr(param, "ds_id") for param in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params)
 
 
 def _cannot_run(lm: PreTrainedModel, error: Exception) -> str:

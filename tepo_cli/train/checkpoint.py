@@ -3,8 +3,8 @@
 Written into a hidden staging directory, sealed by a manifest (size and sha256 of every file),
 then renamed into place: a checkpoint either exists whole or not at all, and one torn or
 corrupted on disk afterwards fails its manifest check, so the previous good one is used.
-Each holds the DeepSpeed engine states (weights, optimizer, schedule, ZeRO partitions: the
-policy's under `engine/`, the critic's under `critic/` with advantage=gae), one file
+Each holds the DeepSpeed engine states (weights — with LoRA only the adapters' —, optimizer,
+schedule, ZeRO partitions: the policy's under `engine/`, the critic's under `critic/` with advantage=gae), one file
 of random-number states and stream positions per rank, and the trainer's own state (step,
 summary so far, byte lengths of the run's log files) as JSON.
 """
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.run_dir import CHECKPOINTS
+from tepo_cli.models.lora import has_adapters
 from tepo_cli.train import faults
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.state import RankState, TrainerState
@@ -97,7 +98,7 @@ def save(
 def _write_rank_parts(
     engine: Any, critic_engine: Any, staging: Path, rank_state: RankState, topo: Topology
 ) -> None:
-    engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
+    _save_engine(engine, staging)
     if critic_engine is not None:
         critic_engine.save_checkpoint(str(staging), tag=CRITIC_TAG, save_latest=False)
     torch.save(rank_state.to_dict(), staging / f"rank_{topo.rank:05d}.pt")
@@ -174,7 +175,11 @@ def load(
             f"with a different number of ranks (trainer.nproc)."
         )
     engine.load_checkpoint(
-        str(checkpoint), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        str(checkpoint),
+        tag=ENGINE_TAG,
+        load_module_strict=not _base_weights_frozen(engine),
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
     )
     if critic_engine is not None:
         if not (checkpoint / CRITIC_TAG).is_dir():
@@ -190,6 +195,39 @@ def load(
         )
     rank_state = RankState.from_dict(torch.load(rank_file, weights_only=False))
     return read_trainer_state(checkpoint), rank_state
+
+
+def _save_engine(engine: Any, staging: Path) -> None:
+    if not _base_weights_frozen(engine):
+        engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
+        return
+    # DeepSpeed leaves out the frozen parameters it names once (`named_parameters()`), not their
+    # tied second names (lm_head.weight, the kernel head's weight): those go too, meanwhile.
+    frozen = {
+        name
+        for name, p in engine.module.named_parameters(remove_duplicate=False)
+        if not p.requires_grad
+    }
+
+    def drop_frozen(module: Any, state: dict[str, Any], prefix: str, metadata: Any) -> None:
+        for name in frozen:
+            state.pop(prefix + name, None)
+
+    hook = engine.module.register_state_dict_post_hook(drop_frozen)
+    try:
+        engine.save_checkpoint(
+            str(staging), tag=ENGINE_TAG, save_latest=False, exclude_frozen_parameters=True
+        )
+    finally:
+        hook.remove()
+
+
+def _base_weights_frozen(engine: Any) -> bool:
+    """With LoRA every frozen weight is the base model's, which a resumed run reads again from
+    where it came from: checkpoints hold only the adapters (and MTP modules) and their optimizer
+    state. (Frozen MTP modules, `algo.mtp.trainable=false`, are warmed up once: they are kept.)"""
+    policy = engine.module
+    return has_adapters(policy.lm) and (policy.mtp is None or policy.mtp_config.trainable)
 
 
 def _digest(path: Path) -> dict[str, Any]:

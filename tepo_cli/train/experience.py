@@ -17,6 +17,7 @@ from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.train.advantage import Advantages
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.policy import Policy
+from tepo_cli.train.reference import Reference
 from tepo_cli.train.sampling import Groups
 
 
@@ -52,7 +53,7 @@ def on_policy(cfg: TrainConfig) -> bool:
 def score(
     cfg: TrainConfig,
     policy: Policy,
-    reference: Policy | None,
+    reference: Reference | None,
     groups: Groups,
     advantages: Advantages,
     clock: StepClock | None = None,
@@ -73,7 +74,7 @@ def _fields_of(record: Groups | Advantages) -> dict[str, object]:
 
 
 def _add_scores(
-    cfg: TrainConfig, policy: Policy, reference: Policy | None, experience: Experience
+    cfg: TrainConfig, policy: Policy, reference: Reference | None, experience: Experience
 ) -> None:
     need_old = not on_policy(cfg)
     if not need_old and reference is None:

@@ -12,11 +12,13 @@ import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.run_dir import CRITIC, FINAL, MTP_MODULES, SUMMARY
+from tepo_cli.models.lora import has_adapters
 from tepo_cli.train import checkpoint
 from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.critic_files import save_critic
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.guards import torch_optimizer
+from tepo_cli.train.lora_files import save_adapter
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.mtp_files import save_mtp_modules
 from tepo_cli.train.policy import Policy
@@ -47,10 +49,14 @@ def save_final(
     run_dir: Path,
     topo: Topology,
 ) -> dict[str, str]:
-    """final/ (a transformers model directory), the MTP modules and the critic; returns their
-    paths for the summary. Collective: every rank calls it."""
-    saved = {"final_model": str(run_dir / FINAL)}
-    _save_model(engine, tokenizer, run_dir / FINAL, topo)
+    """final/ (a transformers model directory; with LoRA the adapter and final/merged), the MTP
+    modules and the critic; returns their paths for the summary. Collective: every rank calls
+    it."""
+    if has_adapters(engine.module.lm):
+        saved = save_adapter(cfg, engine, tokenizer, run_dir / FINAL, topo)
+    else:
+        saved = {"final_model": str(run_dir / FINAL)}
+        _save_model(engine, tokenizer, run_dir / FINAL, topo)
     if engine.module.mtp is not None:
         save_mtp_modules(engine, cfg, run_dir / MTP_MODULES, topo)
         saved["mtp_modules"] = str(run_dir / MTP_MODULES)

@@ -19,6 +19,7 @@ from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels import token_entropy_terms
 from tepo_cli.models.logprob_head import LogprobHead
+from tepo_cli.models.lora import dropout_in_training
 from tepo_cli.models.mtp import MtpStack, SharedPrompts
 from tepo_cli.models.mtp_loss import mtp_present
 from tepo_cli.models.sequence_hidden import sequence_hidden
@@ -75,7 +76,19 @@ class Policy(nn.Module):
         with_entropy_term: bool = False,
         with_mtp: bool = False,
     ) -> Scores:
-        """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules."""
+        """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules.
+        LoRA dropout (model.lora.dropout) acts only when gradients are recorded."""
+        with dropout_in_training(self.lm):
+            return self._score(batch, temperature, with_entropy, with_entropy_term, with_mtp)
+
+    def _score(
+        self,
+        batch: SequenceBatch,
+        temperature: float,
+        with_entropy: bool,
+        with_entropy_term: bool,
+        with_mtp: bool,
+    ) -> Scores:
         if with_mtp and self.mtp is None:
             raise ValueError("with_mtp=True needs a policy built with MTP modules (mtp_depths)")
         # The sequence is embedded once for the backbone and the MTP modules: every lookup's

@@ -28,6 +28,7 @@ from tepo_cli.train.held_out import held_out_accuracy
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.prompts import Prompts
+from tepo_cli.train.reference import Reference
 from tepo_cli.train.resumable import capture_rng
 from tepo_cli.train.resume import log_lengths
 from tepo_cli.train.state import RankState, TrainerState
@@ -41,7 +42,7 @@ class Models:
 
     engine: Any
     critic_engine: Any | None
-    reference: Policy | None
+    reference: Reference | None
 
     @property
     def policy(self) -> Policy:

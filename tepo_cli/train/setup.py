@@ -9,7 +9,6 @@ weights.
 
 from __future__ import annotations
 
-import copy
 import random
 import sys
 from pathlib import Path
@@ -25,7 +24,8 @@ from tepo_cli.core.errors import ConfigError
 from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.models.critic import Critic
-from tepo_cli.models.loading import load_model, load_tokenizer
+from tepo_cli.models.loading import load_model, load_tokenizer, weights_location
+from tepo_cli.models.lora import add_adapters, trainable_parameters
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rollout import build_backend
 from tepo_cli.trackers import Trackers, open_trackers
@@ -39,6 +39,7 @@ from tepo_cli.train.mtp_files import mtp_unsupported_message
 from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.prompts import open_prompts
+from tepo_cli.train.reference import build_reference
 from tepo_cli.train.resumable import restore_rng
 from tepo_cli.train.resume import truncate_logs
 from tepo_cli.train.run import Models, Run
@@ -62,8 +63,11 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     if cfg.kernel.lean_layers:
         make_lean(lm)
     model = build_policy(cfg, lm)
-    reference = frozen_reference(model, cfg) if cfg.algo.needs_ref else None
+    # The MTP modules and the critic are copies of the LM's layers without adapters: fully trained.
     critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
+    if cfg.model.lora.enabled:
+        add_adapters(lm, cfg.model.lora, weights_location(cfg.model))
+    reference = build_reference(cfg, model)
     resume_from = choose_checkpoint(cfg, run_dir, topo)
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
     summary = {"run_dir": str(run_dir), "steps": 0, "data": data, **model_sizes(model, critic)}
@@ -148,18 +152,14 @@ def build_policy(cfg: TrainConfig, lm: Any) -> Policy:
     )
 
 
-def frozen_reference(model: Policy, cfg: TrainConfig) -> Policy:
-    """A frozen copy of the policy's LM (never of its MTP modules) for the KL term."""
-    reference = Policy(copy.deepcopy(model.lm), cfg.kernel, share_prompts=model.share_prompts)
-    reference.eval()
-    reference.requires_grad_(False)
-    return reference
-
-
 def model_sizes(policy: Policy, critic: Critic | None = None) -> dict[str, int]:
-    """Parameter counts (before ZeRO-3 partitions them): the policy's own and, with MPO's
-    future=mtp, the MTP modules', and the critic's with advantage=gae."""
-    sizes = {"policy_parameters": sum(p.numel() for p in policy.lm.parameters())}
+    """Parameter counts (before ZeRO-3 partitions them): the policy's own (with LoRA adapters),
+    those the optimizer updates (adapters and MTP modules only, with LoRA), with MPO's
+    future=mtp the MTP modules', and the critic's with advantage=gae."""
+    sizes = {
+        "policy_parameters": sum(p.numel() for p in policy.lm.parameters()),
+        "trainable_parameters": trainable_parameters(policy),
+    }
     if policy.mtp is not None:
         sizes["mtp_parameters"] = policy.mtp.parameter_count()
     if critic is not None:
