@@ -199,7 +199,8 @@ def test_gae_run_killed_then_resumed_loses_nothing(tmp_path, gae_reference):
 
 def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
     """Killed in step 2's rollout, then (resumed) in step 3's update, then (resumed again) while
-    writing step 3's checkpoint; the last resume ends byte for byte as the uninterrupted run."""
+    writing step 3's checkpoint; then step 2's checkpoint is torn on disk after it was sealed, so
+    the last resume falls back to step 1's, and ends byte for byte as the uninterrupted run."""
     run_dir = tmp_path / "run"
     args = base_args(tmp_path, run_dir)
     for fault in ("rollout:2", "update:3", "checkpoint:3"):
@@ -208,27 +209,20 @@ def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
         assert json.loads((run_dir / "status.json").read_text())["state"] == "running"
     assert list((run_dir / "checkpoints").glob(".step_*.staging"))  # the torn write
+    newest = run_dir / "checkpoints" / "step_00000002" / "engine" / "mp_rank_00_model_states.pt"
+    with newest.open("r+b") as handle:  # and the newest sealed one torn on disk afterwards
+        handle.truncate(newest.stat().st_size // 2)
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming" in resumed.stderr
+    assert "step_00000002 is unusable" in resumed.stderr and "after step 1" in resumed.stderr
     assert not list((run_dir / "checkpoints").glob(".step_*"))
     assert_same_run(run_dir, reference)
 
 
-def test_external_kill_9_mid_run_then_resume_by_directory(tmp_path, reference):
-    run_dir = tmp_path / "run"
-    args = base_args(tmp_path, run_dir)
-    process = start(args, tmp_path)
-    wait_for_steps(run_dir, 2, process)
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
-    without_dir = [a for a in args if not a.startswith("hydra.run.dir=")]
-    resumed = tepo([*without_dir, f"resume={run_dir}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_run(run_dir, reference)
-
-
-def test_sigterm_checkpoints_exits_nonzero_and_says_how_to_resume(tmp_path, reference):
+def test_sigterm_then_an_external_kill_9_then_resume_loses_nothing(tmp_path, reference):
+    """SIGTERM after step 1 with periodic saves off: the step finishes, its checkpoint is written,
+    the run exits 128 + 15 and says how to resume. Resumed by directory and killed from outside
+    (kill -9) a step later; resumed again, it ends byte for byte as the uninterrupted run."""
     run_dir = tmp_path / "run"
     args = [*base_args(tmp_path, run_dir), "trainer.save_every=0"]
     process = start(args, tmp_path)
@@ -242,36 +236,14 @@ def test_sigterm_checkpoints_exits_nonzero_and_says_how_to_resume(tmp_path, refe
     (saved,) = (run_dir / "checkpoints").glob("step_*")
     stopped_at = int(saved.name.split("_")[1])
     assert stopped_at == len((run_dir / "metrics.jsonl").read_text().splitlines())
+    without_dir = [a for a in args if not a.startswith("hydra.run.dir=")]
+    process = start([*without_dir, f"resume={run_dir}"], tmp_path)
+    wait_for_steps(run_dir, stopped_at + 1, process)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run_dir, reference)
-
-
-def test_corrupted_newest_checkpoint_falls_back_to_the_previous(tmp_path, reference):
-    run_dir = tmp_path / "run"
-    args = base_args(tmp_path, run_dir)
-    assert tepo(args, cwd=tmp_path, fault="rollout:4").returncode == -signal.SIGKILL
-    newest = run_dir / "checkpoints" / "step_00000003" / "engine" / "mp_rank_00_model_states.pt"
-    with newest.open("r+b") as handle:  # torn on disk after it was sealed
-        handle.truncate(newest.stat().st_size // 2)
-    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "step_00000003 is unusable" in resumed.stderr and "after step 2" in resumed.stderr
-    assert_same_run(run_dir, reference)
-
-
-def test_changed_objective_is_refused_on_resume(tmp_path):
-    run_dir = tmp_path / "run"
-    args = base_args(tmp_path, run_dir)
-    assert tepo(args, cwd=tmp_path, fault="update:2").returncode == -signal.SIGKILL
-    refused = tepo([*args, "resume=true", "algo=mpo"], cwd=tmp_path)
-    assert refused.returncode == 2
-    assert "cannot resume" in refused.stderr and "algo.name: 'grpo' -> 'mpo'" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    fresh_over_old = tepo(args, cwd=tmp_path)
-    assert (
-        fresh_over_old.returncode == 2 and "already holds a training run" in fresh_over_old.stderr
-    )
 
 
 def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path):
@@ -289,6 +261,15 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path):
     from tepo_cli.train.checkpoint import verify
 
     assert verify(run_dir / "checkpoints" / checkpoints[-1]) is None
+    # The failed run resumes only as itself: another objective is refused, as is a fresh start.
+    refused = tepo([*args, "resume=true", "algo=mpo"], cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "cannot resume" in refused.stderr and "algo.name: 'grpo' -> 'mpo'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    fresh_over_old = tepo(args, cwd=tmp_path)
+    assert (
+        fresh_over_old.returncode == 2 and "already holds a training run" in fresh_over_old.stderr
+    )
 
 
 def _small_file_limit() -> None:

@@ -85,6 +85,15 @@ def _model_prompt_logprobs(lm, token_ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
 
 
+def _engine_logprobs_synced_from(backend, model, original, token_ids: list[int]) -> torch.Tensor:
+    """The engine's prompt log-probs after syncing `model`; `original` synced back after."""
+    backend.sync(model)
+    try:
+        return _engine_prompt_logprobs(backend, token_ids)
+    finally:
+        backend.sync(original)
+
+
 def test_synced_weights_reach_the_engine(engine_and_model, tiny_tokenizer):
     """After a large-lr optimizer step and a sync, vLLM's log-probs of a fixed continuation are
     the new weights' (float rounding), and far from the old weights'."""
@@ -99,11 +108,7 @@ def test_synced_weights_reach_the_engine(engine_and_model, tiny_tokenizer):
     trained(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
     new = _model_prompt_logprobs(trained, sequence)
-    backend.sync(trained)
-    try:
-        engine = _engine_prompt_logprobs(backend, sequence)
-    finally:
-        backend.sync(lm)
+    engine = _engine_logprobs_synced_from(backend, trained, lm, sequence)
     assert (new - old).abs().max() > 0.5  # the step moved the model
     assert (engine - new).abs().max() < 1e-4
     assert (engine - old).abs().max() > 1e3 * (engine - new).abs().max()
@@ -125,11 +130,7 @@ def test_a_lora_policy_reaches_the_engine_as_its_merged_weights(engine_and_model
             weight = layer.lora_B["default"].weight
             weight.copy_(torch.randn(weight.shape, generator=generator))
     expected, base = _model_prompt_logprobs(adapted, sequence), _model_prompt_logprobs(lm, sequence)
-    backend.sync(adapted)
-    try:
-        engine = _engine_prompt_logprobs(backend, sequence)
-    finally:
-        backend.sync(lm)
+    engine = _engine_logprobs_synced_from(backend, adapted, lm, sequence)
     assert (expected - base).abs().max() > 0.1  # the adapter changes the model
     assert (engine - expected).abs().max() < 1e-4
     assert (engine - base).abs().max() > 100 * (engine - expected).abs().max()
