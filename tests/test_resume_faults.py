@@ -131,70 +131,57 @@ def mtp_args(tmp: Path, run_dir: Path) -> list[str]:
     ]
 
 
+def chain_args(tmp: Path, run_dir: Path) -> list[str]:
+    """MPO's MTP modules (off-policy: the old MTP scores are state too) beside PPO's critic (one
+    response per prompt: V_old, returns and the critic's optimizer are state), the policy training
+    LoRA adapters with a KL term to the base model (the adapters switch off to score it); the
+    MTP modules and the critic are copies of layers without adapters and train whole."""
+    return [
+        *mtp_args(tmp, run_dir),
+        "model.lora.r=4",
+        "algo.beta=0.04",
+        "advantage=gae",
+        "rollout.n=1",
+        "trainer.prompts_per_step=4",
+        "advantage.save_critic=true",
+    ]
+
+
 @pytest.fixture(scope="module")
-def mtp_reference(tmp_path_factory) -> Path:
-    run_dir = uninterrupted(tmp_path_factory, "mtp_reference", mtp_args)
+def chain_reference(tmp_path_factory) -> Path:
+    run_dir = uninterrupted(tmp_path_factory, "chain_reference", chain_args)
     assert len([line for line in (run_dir / "metrics.jsonl").open() if "mtp_warmup_step" in line])
     return run_dir
 
 
-def test_mpo_mtp_run_killed_then_resumed_loses_nothing(tmp_path, mtp_reference):
+def test_mpo_mtp_gae_lora_run_killed_then_resumed_loses_nothing(tmp_path, chain_reference):
     """Killed during the warm-up: there is no checkpoint yet, so the resumed run starts over,
-    warm-up included. Killed again during RL: the checkpoint holds the warmed-up, partly trained
-    modules and the warm-up never runs again. The run still ends byte for byte the same."""
+    warm-up included. Killed again in step 3's update: the policy's and the critic's engines come
+    back from step 2's checkpoint, which holds the warmed-up, partly trained MTP modules (the
+    warm-up never runs again) and the adapters with their optimizer state, not the frozen base
+    weights (read again from where they came from). Metrics (value losses included), final/ (the
+    adapter and the merged model), the MTP modules and critic/ end byte for byte the same."""
+    import torch
+
     run_dir = tmp_path / "run"
-    args = mtp_args(tmp_path, run_dir)
+    args = chain_args(tmp_path, run_dir)
     in_warmup = tepo(args, cwd=tmp_path, fault="warmup:2")
     assert in_warmup.returncode == -signal.SIGKILL, in_warmup.stderr[-3000:]
     assert not list((run_dir / "checkpoints").glob("step_*"))
     in_rl = tepo([*args, "resume=true"], cwd=tmp_path, fault="update:3")
     assert in_rl.returncode == -signal.SIGKILL, in_rl.stderr[-3000:]
     assert "MTP warm-up step" in in_rl.stderr  # nothing to resume from: warmed up again
+    checkpoint = run_dir / "checkpoints" / "step_00000002"
+    assert (checkpoint / "critic").is_dir()
+    policy = torch.load(checkpoint / "engine" / "mp_rank_00_model_states.pt", weights_only=False)
+    kept = list(policy["module"])
+    assert kept and all("lora_" in key or key.startswith("mtp.") for key in kept)
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "MTP warm-up step" not in resumed.stderr
-    assert_same_run(run_dir, mtp_reference)
-
-
-def gae_args(tmp: Path, run_dir: Path) -> list[str]:
-    """PPO with a critic, one response per prompt, two epochs: V_old, returns and the critic's
-    optimizer are state the resumed run must restore. The policy trains LoRA adapters (the
-    critic, a copy of the decoder without them, trains whole) with GRPO's KL term to the base
-    model: the adapters switch off to score it."""
-    return [
-        *base_args(tmp, run_dir),
-        "model.lora.r=4",
-        "advantage=gae",
-        "rollout.n=1",
-        "trainer.prompts_per_step=4",
-        "trainer.ppo_epochs=2",
-        "advantage.save_critic=true",
-    ]
-
-
-@pytest.fixture(scope="module")
-def gae_reference(tmp_path_factory) -> Path:
-    return uninterrupted(tmp_path_factory, "gae_reference", gae_args)
-
-
-def test_gae_run_killed_then_resumed_loses_nothing(tmp_path, gae_reference):
-    """kill -9 in the update of step 3: the policy's and the critic's engines come back from the
-    same checkpoint; metrics (value losses included), final/ (the adapter and the merged model)
-    and critic/ end byte for byte equal. The policy's checkpoint holds the adapters and their
-    optimizer state, not the frozen base weights (read again from where they came from)."""
-    run_dir = tmp_path / "run"
-    args = gae_args(tmp_path, run_dir)
-    assert tepo(args, cwd=tmp_path, fault="update:3").returncode == -signal.SIGKILL
-    checkpoint = run_dir / "checkpoints" / "step_00000002"
-    assert (checkpoint / "critic").is_dir()
-    policy_bytes = sum(p.stat().st_size for p in (checkpoint / "engine").rglob("*") if p.is_file())
-    critic_bytes = sum(p.stat().st_size for p in (checkpoint / "critic").rglob("*") if p.is_file())
-    assert policy_bytes < critic_bytes / 10  # 8,192 adapter weights beside a 3.2M decoder
-    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_run(run_dir, gae_reference)
-    assert (run_dir / "critic" / "value_head.safetensors").is_file()
-    assert (run_dir / "final" / "adapter_model.safetensors").is_file()
+    assert_same_run(run_dir, chain_reference)
+    saved = [name for name in WEIGHTS_FILES if (run_dir / name).is_file()]
+    assert len(saved) == 5 and "final/model.safetensors" not in saved
 
 
 def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
@@ -219,31 +206,50 @@ def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
     assert_same_run(run_dir, reference)
 
 
-def test_sigterm_then_an_external_kill_9_then_resume_loses_nothing(tmp_path, reference):
-    """SIGTERM after step 1 with periodic saves off: the step finishes, its checkpoint is written,
-    the run exits 128 + 15 and says how to resume. Resumed by directory and killed from outside
-    (kill -9) a step later; resumed again, it ends byte for byte as the uninterrupted run."""
-    run_dir = tmp_path / "run"
-    args = [*base_args(tmp_path, run_dir), "trainer.save_every=0"]
+def test_sigterm_then_kill_9_then_resume_true_loses_nothing(tmp_path, reference):
+    """In the default run directory (outputs/train/<date>/<time>): SIGTERM after step 1 with
+    periodic saves off, so the step finishes, its checkpoint is written, and the run exits
+    128 + 15 saying how to resume. Resumed by directory and killed from outside (kill -9) a step
+    later. `resume=true` finds that newest unfinished run and ends it byte for byte as the
+    uninterrupted run; then there is no unfinished run left to resume."""
+    args = [a for a in base_args(tmp_path, tmp_path) if not a.startswith("hydra.run.dir=")]
+    args.append("trainer.save_every=0")
     process = start(args, tmp_path)
+    run_dir = wait_for_run_dir(tmp_path / "outputs" / "train", process)
     wait_for_steps(run_dir, 1, process)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM
-    assert "stopped by SIGTERM" in stderr and f"resume={run_dir}" in stderr
+    assert "stopped by SIGTERM" in stderr and "resume=" in stderr and run_dir.name in stderr
     assert "Traceback" not in stderr
     assert json.loads((run_dir / "status.json").read_text())["state"] == "interrupted"
     (saved,) = (run_dir / "checkpoints").glob("step_*")
     stopped_at = int(saved.name.split("_")[1])
     assert stopped_at == len((run_dir / "metrics.jsonl").read_text().splitlines())
-    without_dir = [a for a in args if not a.startswith("hydra.run.dir=")]
-    process = start([*without_dir, f"resume={run_dir}"], tmp_path)
+    process = start([*args, f"resume={run_dir}"], tmp_path)
     wait_for_steps(run_dir, stopped_at + 1, process)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir}" in resumed.stderr or f"resuming {run_dir.resolve()}" in (
+        resumed.stderr
+    )
     assert_same_run(run_dir, reference)
+    nothing_left = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert nothing_left.returncode == 2 and "no unfinished run" in nothing_left.stderr
+
+
+def wait_for_run_dir(root: Path, process: subprocess.Popen) -> Path:
+    """The run directory a run started without hydra.run.dir creates under `root`."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        found = [p.parent for p in root.glob("*/*/config.yaml")]
+        if found:
+            (run_dir,) = found
+            return run_dir
+        time.sleep(0.05)
+    raise AssertionError(f"no run directory appeared under {root}: {process.poll()}")
 
 
 def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path):
@@ -286,20 +292,6 @@ def test_disk_full_while_checkpointing_leaves_nothing_partial(tmp_path):
     assert not list((run_dir / "checkpoints").iterdir())  # no torn staging, no sealed dir
 
 
-def test_resume_true_finds_the_newest_unfinished_run(tmp_path):
-    args = [a for a in base_args(tmp_path, tmp_path) if not a.startswith("hydra.run.dir")]
-    args.append("trainer.max_steps=2")  # killed in step 2, resumed for that step only
-    assert tepo(args, cwd=tmp_path, fault="update:2").returncode == -signal.SIGKILL
-    (run_dir,) = [p.parent for p in (tmp_path / "outputs" / "train").glob("*/*/config.yaml")]
-    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert (
-        f"resuming {run_dir.resolve()}" in resumed.stderr or f"resuming {run_dir}" in resumed.stderr
-    )
-    nothing_left = tepo([*args, "resume=true"], cwd=tmp_path)
-    assert nothing_left.returncode == 2 and "no unfinished run" in nothing_left.stderr
-
-
 def test_two_rank_mpo_mtp_gae_zero2_run_killed_and_resumed_matches_the_uninterrupted_one(
     tmp_path,
 ):
@@ -315,7 +307,8 @@ def test_two_rank_mpo_mtp_gae_zero2_run_killed_and_resumed_matches_the_uninterru
             *mtp_args(tmp_path, run_dir),
             *gae,
             "advantage.save_critic=true",
-            "trainer.max_steps=3",
+            "algo.mtp.warmup.steps=1",
+            "trainer.max_steps=2",
             "trainer.nproc=2",
             "deepspeed=zero2",
         ]
