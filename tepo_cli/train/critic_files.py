@@ -17,6 +17,7 @@ from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import resolve_dtype
 from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.distributed import Topology
+from tepo_cli.train.engine import consolidated_state_dict
 from tepo_cli.train.policy import Policy
 
 
@@ -44,9 +45,7 @@ def build_critic(cfg: TrainConfig, policy: Policy, topo: Topology) -> Critic:
 def save_critic(critic_engine: Any, target: Path, topo: Topology) -> None:
     """Collective under ZeRO-3; rank 0 writes `target` through a staging directory."""
     critic: Critic = critic_engine.module
-    state = None
-    if critic_engine.zero_optimization_stage() == 3:
-        state = critic_engine._zero3_consolidated_16bit_state_dict()
+    state = consolidated_state_dict(critic_engine)
     if not topo.is_main:
         return
     write_directory(target, lambda staging: critic.save(staging, state), "the critic")

@@ -78,6 +78,15 @@ def build_engine(
     return engine
 
 
+def consolidated_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
+    """Under ZeRO-3, the module's whole state dict on rank 0 and None on the others (a
+    collective: every rank calls it). None under the other stages, whose modules hold their
+    whole weights: read the module itself."""
+    if engine.zero_optimization_stage() != 3:
+        return None
+    return engine._zero3_consolidated_16bit_state_dict()
+
+
 def optimizer_steps_per_step(cfg: TrainConfig) -> int:
     return cfg.trainer.ppo_epochs * cfg.trainer.minibatches
 

@@ -17,6 +17,7 @@ from tepo_cli.train import checkpoint
 from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.critic_files import save_critic
 from tepo_cli.train.distributed import Topology
+from tepo_cli.train.engine import consolidated_state_dict
 from tepo_cli.train.guards import torch_optimizer
 from tepo_cli.train.lora_files import save_adapter
 from tepo_cli.train.metrics import RunLog
@@ -106,10 +107,7 @@ def _checksums(engine: Any, topo: Topology) -> list[float]:
 def _save_model(engine: Any, tokenizer: Any, target: Path, topo: Topology) -> None:
     """save_pretrained into a staging directory renamed into place (never a half-written model)."""
     policy: Policy = engine.module
-    consolidated = None
-    if engine.zero_optimization_stage() == 3:
-        # Collective: every rank calls it; rank 0 gets the full weights, the others None.
-        consolidated = engine._zero3_consolidated_16bit_state_dict()
+    consolidated = consolidated_state_dict(engine)
     if not topo.is_main:
         return
     state_dict = None if consolidated is None else policy.hf_state_dict(consolidated)

@@ -21,6 +21,7 @@ from tepo_cli.models.loading import load_model
 from tepo_cli.models.lora import ADAPTER
 from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.distributed import Topology
+from tepo_cli.train.engine import consolidated_state_dict
 from tepo_cli.train.policy import Policy
 
 MERGED = "merged"
@@ -36,9 +37,7 @@ def save_adapter(
     from peft import get_peft_model_state_dict
 
     policy: Policy = engine.module
-    consolidated = None
-    if engine.zero_optimization_stage() == 3:
-        consolidated = engine._zero3_consolidated_16bit_state_dict()
+    consolidated = consolidated_state_dict(engine)
     merged = target / MERGED if cfg.model.lora.save_merged else None
     saved = {"final_adapter": str(target), "final_model": str(merged or target)}
     if not topo.is_main:

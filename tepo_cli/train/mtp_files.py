@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import RunError
 from tepo_cli.train.distributed import Topology
+from tepo_cli.train.engine import consolidated_state_dict
 
 METADATA_KEY = "tepo_mtp"
 
@@ -24,12 +25,10 @@ METADATA_KEY = "tepo_mtp"
 def save_mtp_modules(engine: Any, cfg: TrainConfig, target: Path, topo: Topology) -> None:
     """Collective under ZeRO-3 (every rank calls it); rank 0 writes `target` atomically."""
     policy = engine.module
-    zero3 = engine.zero_optimization_stage() == 3
-    # Collective under ZeRO-3: rank 0 gets the full weights, the others None.
-    consolidated = engine._zero3_consolidated_16bit_state_dict() if zero3 else None
+    consolidated = consolidated_state_dict(engine)
     if not topo.is_main:
         return
-    state = policy.mtp_state_dict(consolidated) if zero3 else policy.mtp.state_dict()
+    state = policy.mtp.state_dict() if consolidated is None else policy.mtp_state_dict(consolidated)
     settings = {
         "format": "tepo-mtp-1",
         "depths": cfg.algo.mtp_depths,
