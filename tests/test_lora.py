@@ -19,7 +19,6 @@ from tepo_cli.models.loading import load_model
 from tepo_cli.models.lora import (
     adapters_off,
     add_adapters,
-    has_adapters,
     lora_layers,
     merged_weights,
     trainable_parameters,
@@ -60,7 +59,7 @@ def test_only_the_adapters_train_and_their_count_is_r_times_in_plus_out(tiny_mod
     assert trainable_parameters(model) == 2 * 4 * per_layer == 8192
     assert sum(p.numel() for p in model.parameters()) == base_count + 8192
     assert all("lora_" in name for name, p in model.named_parameters() if p.requires_grad)
-    assert has_adapters(model) and len(lora_layers(model)) == 14
+    assert len(lora_layers(model)) == 14
 
 
 def test_adapters_off_is_the_base_model_bit_for_bit(tiny_model):
@@ -113,7 +112,7 @@ def _batch(model, tokenizer) -> SequenceBatch:
 def test_reference_is_the_base_models_logprobs_without_a_copy(tiny_model, tiny_tokenizer):
     base = Policy(copy.deepcopy(tiny_model), KernelConfig())
     policy = Policy(tiny_model, KernelConfig())
-    add_adapters(policy.lm, LoraConfig(r=4), base_model=None)
+    policy.add_adapters(LoraConfig(r=4), base_model=None)
     _randomise_adapters(policy.lm)
     batch = _batch(tiny_model, tiny_tokenizer)
     reference = AdaptersOff(policy)
@@ -126,7 +125,7 @@ def test_reference_is_the_base_models_logprobs_without_a_copy(tiny_model, tiny_t
 
 def test_dropout_acts_only_when_gradients_are_recorded(tiny_model, tiny_tokenizer):
     policy = Policy(tiny_model, KernelConfig())
-    add_adapters(policy.lm, LoraConfig(r=4, dropout=0.5), base_model=None)
+    policy.add_adapters(LoraConfig(r=4, dropout=0.5), base_model=None)
     _randomise_adapters(policy.lm)
     batch = _batch(tiny_model, tiny_tokenizer)
     with torch.no_grad():

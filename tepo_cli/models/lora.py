@@ -74,10 +74,6 @@ def lora_layers(lm: nn.Module) -> list[nn.Module]:
     return [module for module in lm.modules() if is_adapted(module)]
 
 
-def has_adapters(lm: nn.Module) -> bool:
-    return any(is_adapted(module) for module in lm.modules())
-
-
 @contextlib.contextmanager
 def adapters_off(lm: nn.Module) -> Iterator[None]:
     """`lm` computes its base model's function meanwhile (peft's own switch, as
@@ -92,16 +88,20 @@ def adapters_off(lm: nn.Module) -> Iterator[None]:
             layer.enable_adapters(True)
 
 
-@contextlib.contextmanager
-def dropout_in_training(lm: nn.Module) -> Iterator[None]:
-    """The adapters' dropout modules in training mode while gradients are recorded (the policy
-    otherwise stays in eval mode: no dropout anywhere)."""
-    dropouts = [
+def lora_dropouts(lm: nn.Module) -> list[nn.Module]:
+    """The adapters' dropout modules (none with model.lora.dropout = 0: peft puts an Identity)."""
+    return [
         module
         for layer in lora_layers(lm)
         for module in layer.lora_dropout.values()
         if isinstance(module, nn.Dropout)
     ]
+
+
+@contextlib.contextmanager
+def dropout_in_training(dropouts: list[nn.Module]) -> Iterator[None]:
+    """`dropouts` (from `lora_dropouts`) in training mode while gradients are recorded (the
+    policy otherwise stays in eval mode: no dropout anywhere)."""
     if not dropouts or not torch.is_grad_enabled():
         yield
         return
@@ -126,20 +126,17 @@ def merged_weights(
     for name, param in lm.named_parameters(remove_duplicate=False):
         if any(part in name for part in _ADAPTER_WEIGHTS):
             continue
-        partitioned = hasattr(param, "ds_id")
-        if _BASE not in name:
-            with gathered([param]):
-                yield name, param.detach().clone() if partitioned else param.detach()
+        owner, _, leaf = name.rpartition(_BASE)
+        plain = f"{owner}.{leaf}" if owner else name
+        if owner and leaf == "weight":
+            layer = layers[owner]
+            adapter = [layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight]
+            with gathered([param, *adapter]), torch.no_grad():
+                yield plain, param.detach() + layer.get_delta_weight(ADAPTER)
             continue
-        owner, leaf = name.split(_BASE)
-        layer = layers[owner]
-        if leaf != "weight":  # the base layer's bias: LoRA leaves it as it is
-            with gathered([param]):
-                yield f"{owner}.{leaf}", param.detach().clone() if partitioned else param.detach()
-            continue
-        adapter = [layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight]
-        with gathered([param, *adapter]), torch.no_grad():
-            yield f"{owner}.weight", param.detach() + layer.get_delta_weight(ADAPTER)
+        # Any other parameter (a base layer's bias included: LoRA leaves it as it is).
+        with gathered([param]):
+            yield plain, param.detach().clone() if hasattr(param, "ds_id") else param.detach()
 
 
 def trainable_parameters(module: nn.Module) -> int:

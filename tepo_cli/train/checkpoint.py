@@ -25,7 +25,6 @@ import torch.distributed as dist
 
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.run_dir import CHECKPOINTS
-from tepo_cli.models.lora import has_adapters
 from tepo_cli.train import faults
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.state import RankState, TrainerState
@@ -227,7 +226,7 @@ def _base_weights_frozen(engine: Any) -> bool:
     where it came from: checkpoints hold only the adapters (and MTP modules) and their optimizer
     state. (Frozen MTP modules, `algo.mtp.trainable=false`, are warmed up once: they are kept.)"""
     policy = engine.module
-    return has_adapters(policy.lm) and (policy.mtp is None or policy.mtp_config.trainable)
+    return policy.adapted and (policy.mtp is None or policy.mtp_config.trainable)
 
 
 def _digest(path: Path) -> dict[str, Any]:

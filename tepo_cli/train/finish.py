@@ -12,7 +12,6 @@ import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.run_dir import CRITIC, FINAL, MTP_MODULES, SUMMARY
-from tepo_cli.models.lora import has_adapters
 from tepo_cli.train import checkpoint
 from tepo_cli.train.atomic_dir import write_directory
 from tepo_cli.train.critic_files import save_critic
@@ -53,7 +52,7 @@ def save_final(
     """final/ (a transformers model directory; with LoRA the adapter and final/merged), the MTP
     modules and the critic; returns their paths for the summary. Collective: every rank calls
     it."""
-    if has_adapters(engine.module.lm):
+    if engine.module.adapted:
         saved = save_adapter(cfg, engine, tokenizer, run_dir / FINAL, topo)
     else:
         saved = {"final_model": str(run_dir / FINAL)}

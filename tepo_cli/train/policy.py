@@ -15,11 +15,11 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from tepo_cli.algos.config import MtpConfig
-from tepo_cli.config.schema import KernelConfig
+from tepo_cli.config.schema import KernelConfig, LoraConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels import token_entropy_terms
 from tepo_cli.models.logprob_head import LogprobHead
-from tepo_cli.models.lora import dropout_in_training
+from tepo_cli.models.lora import add_adapters, dropout_in_training, lora_dropouts
 from tepo_cli.models.mtp import MtpStack, SharedPrompts
 from tepo_cli.models.mtp_loss import mtp_present
 from tepo_cli.models.sequence_hidden import sequence_hidden
@@ -67,6 +67,15 @@ class Policy(nn.Module):
         )
         if self.mtp is not None and not self.mtp_config.trainable:
             self.mtp.requires_grad_(False)
+        self.adapted = False  # LoRA adapters in `lm` (add_adapters)
+        self._lora_dropouts: list[nn.Module] = []
+
+    def add_adapters(self, settings: LoraConfig, base_model: str | None) -> None:
+        """LoRA adapters into the LM (models/lora.py), after the MTP modules copied its layers:
+        those train whole."""
+        add_adapters(self.lm, settings, base_model)
+        self.adapted = True
+        self._lora_dropouts = lora_dropouts(self.lm)
 
     def forward(
         self,
@@ -78,7 +87,7 @@ class Policy(nn.Module):
     ) -> Scores:
         """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules.
         LoRA dropout (model.lora.dropout) acts only when gradients are recorded."""
-        with dropout_in_training(self.lm):
+        with dropout_in_training(self._lora_dropouts):
             return self._score(batch, temperature, with_entropy, with_entropy_term, with_mtp)
 
     def _score(

@@ -14,7 +14,7 @@ import torch
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.models.lora import adapters_off, has_adapters
+from tepo_cli.models.lora import adapters_off
 from tepo_cli.train.policy import Policy, Scores
 
 
@@ -40,7 +40,7 @@ def build_reference(cfg: TrainConfig, policy: Policy) -> Reference | None:
     """None without a KL term to a reference (`algo.needs_ref`)."""
     if not cfg.algo.needs_ref:
         return None
-    if has_adapters(policy.lm):
+    if policy.adapted:
         return AdaptersOff(policy)
     return frozen_copy(policy, cfg)
 

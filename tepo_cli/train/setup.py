@@ -25,7 +25,7 @@ from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer, weights_location
-from tepo_cli.models.lora import add_adapters, trainable_parameters
+from tepo_cli.models.lora import trainable_parameters
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rollout import build_backend
 from tepo_cli.trackers import Trackers, open_trackers
@@ -66,7 +66,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     # The MTP modules and the critic are copies of the LM's layers without adapters: fully trained.
     critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
     if cfg.model.lora.enabled:
-        add_adapters(lm, cfg.model.lora, weights_location(cfg.model))
+        model.add_adapters(cfg.model.lora, weights_location(cfg.model))
     reference = build_reference(cfg, model)
     resume_from = choose_checkpoint(cfg, run_dir, topo)
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
