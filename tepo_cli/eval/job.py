@@ -140,7 +140,7 @@ def _offline_records(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Records for model=reference (the dataset's solutions) or model=replay (a JSONL file),
     and for replay how its file was read (also said on stderr)."""
-    from tepo_cli.eval.offline import reference_completion, replay_completions
+    from tepo_cli.eval.offline import reference_completions, replay_completions
 
     note: dict[str, Any] = {}
     if config.model.source == "replay":
@@ -149,7 +149,7 @@ def _offline_records(
         print(f"tepo eval: {replay.line(n)}", file=sys.stderr)
         texts, note = replay.completions, replay.note()
     else:
-        texts = {p.id: [reference_completion(config.benchmark, p)] * n for p in problems}
+        texts = reference_completions(config.benchmark, problems, n)
     owners = [p for p in problems for _ in range(n)]
     completions = [text for p in problems for text in texts[p.id]]
     results = reward.score_many(completions, owners)

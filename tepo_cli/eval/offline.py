@@ -31,9 +31,13 @@ from tepo_cli.core.records import Problem
 _KEYS = ("id", "task_id")
 
 
-def reference_completion(benchmark: BenchmarkConfig, problem: Problem) -> str:
-    """The benchmark's reference answer to `problem` as a completion (tepo_cli/benchmarks/)."""
-    return get_benchmark(benchmark.name).reference(problem)
+def reference_completions(
+    benchmark: BenchmarkConfig, problems: list[Problem], n: int
+) -> dict[str, list[str]]:
+    """The benchmark's reference answer to each problem as a completion, `n` times
+    (tepo_cli/benchmarks/)."""
+    reference = get_benchmark(benchmark.name).reference
+    return {p.id: [reference(p)] * n for p in problems}
 
 
 @dataclass
