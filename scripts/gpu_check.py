@@ -1,0 +1,360 @@
+"""The first thing to run on a GPU node: every path a GPU user takes, a few steps each, one verdict.
+
+    bash scripts/gpu_check.sh                     # every visible GPU, the embedded model, bf16
+    bash scripts/gpu_check.sh --gpus 8 --model hf --model-path Qwen/Qwen2.5-1.5B-Instruct
+    bash scripts/gpu_check.sh --only zero3,vllm   # a subset, by check name (or name@ranks)
+    bash scripts/gpu_check.sh --device cpu --model tiny --gpus 2   # the same checks on CPU ranks
+
+Each check is a short `tepo train` (or `tepo eval`) run on 1 rank and, when more than one GPU is
+visible, on all of them: the `hf` back-end under ZeRO-2 and ZeRO-3 (generation across ranks with
+uneven held-out shards), ZeRO-2 with the optimizer offloaded to the host, bf16 through DeepSpeed,
+LoRA, MPO with its MTP modules, PPO's critic (GAE), DAPO's dynamic sampling, the `vllm` back-end
+(when vLLM imports), a checkpoint resumed, and `tepo eval` of a trained model. A check passes when the
+run exits 0 and every step it logged has a finite loss and no skipped optimizer step. The table
+gives each check's median seconds per step (total, rollout, update) and peak memory; the same rows
+go to `<out>/gpu_check.json`. The exit code is 1 when any check failed, so the script can gate a
+cluster's first job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Check:
+    """One short run: its `tepo` subcommand, overrides and number of ranks."""
+
+    name: str
+    ranks: int
+    overrides: tuple[str, ...]
+    command: str = "train"
+    after: str | None = None  # a check whose run directory this one reads (resume, eval)
+    skip: str | None = None  # why this check cannot run here (shown, not counted as a failure)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.ranks}"
+
+
+@dataclass
+class Outcome:
+    label: str
+    verdict: str  # pass, FAIL or skip
+    why: str = ""
+    seconds: float = 0.0
+    steps: int = 0
+    step_s: float | None = None
+    rollout_s: float | None = None
+    update_s: float | None = None
+    peak_rss_mb: float | None = None
+    peak_gpu_mb: float | None = None
+    run_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def model_overrides(model: str, model_path: str | None, dtype: str) -> list[str]:
+    overrides = [f"model={model}", f"model.dtype={dtype}"]
+    if model_path:
+        overrides.append(f"model.path={model_path}")
+    return overrides
+
+
+def plan(
+    gpus: int, device: str, model: list[str], steps: int, vllm: bool, tiny: bool
+) -> list[Check]:
+    """The checks, in order: each path on 1 rank, then on `gpus` ranks when there are several."""
+    checks: list[Check] = []
+    for ranks in sorted({1, gpus}):
+        common = (
+            *model,
+            f"trainer.device={device}",
+            f"trainer.nproc={ranks}",
+            f"trainer.max_steps={steps}",
+            f"trainer.prompts_per_step={2 * ranks}",
+            "trainer.progress=false",
+            "trainer.eval_before=false",
+            "trainer.eval_after=false",
+            "trainer.save_every=0",
+        )
+        paths: list[tuple[str, tuple[str, ...], str | None]] = [
+            ("zero2", ("deepspeed=zero2",), None),
+            (
+                "zero3",
+                (
+                    "deepspeed=zero3",
+                    "trainer.eval_after=true",
+                    f"benchmark.eval_size={2 * ranks + 1}",  # uneven held-out shards
+                    "rollout.batch_size=1",  # ranks finish decoding at different steps
+                ),
+                None,
+            ),
+            ("offload", ("deepspeed=zero2_offload",), None),
+            ("lora", ("deepspeed=zero2", "model.lora.r=8"), None),
+            (
+                "mpo-mtp",
+                ("deepspeed=zero2", "algo=mpo", "k=3", "algo.mtp.warmup.steps=2"),
+                None,
+            ),
+            ("gae", ("deepspeed=zero2", "advantage=gae", "rollout.n=1"), None),
+            (
+                "dapo",
+                ("deepspeed=zero3", "algo=dapo"),
+                "a random tiny model never answers right, so no group has mixed rewards"
+                if tiny
+                else None,
+            ),
+            (
+                "vllm",
+                ("deepspeed=zero2", "rollout=vllm"),
+                None if vllm else "vLLM does not import (make install-vllm)",
+            ),
+            ("save", ("deepspeed=zero3", "trainer.save_every=1"), None),
+        ]
+        for name, extra, skip in paths:
+            checks.append(Check(name, ranks, (*common, *extra), skip=skip))
+        resume = (*common, "deepspeed=zero3", f"trainer.max_steps={steps + 1}", "resume=true")
+        checks.append(Check("resume", ranks, resume, after=f"save@{ranks}"))
+    evaluate = (*model[:1], "benchmark=arith", "eval.limit=16")
+    checks.append(Check("eval", 1, evaluate, command="eval", after="zero2@1"))
+    return checks
+
+
+def selected(checks: list[Check], only: list[str]) -> list[Check]:
+    """The checks named in `only` (a name or name@ranks), with the checks they read."""
+    if not only:
+        return checks
+    wanted = {c.label for c in checks if c.name in only or c.label in only}
+    unknown = [o for o in only if not any(o in (c.name, c.label) for c in checks)]
+    if unknown:
+        names = ", ".join(dict.fromkeys(c.name for c in checks))
+        raise ValueError(f"--only: unknown check(s) {', '.join(unknown)}; the checks: {names}")
+    by_label = {c.label: c for c in checks}
+    for label in list(wanted):
+        after = by_label[label].after
+        if after:
+            wanted.add(after)
+    return [c for c in checks if c.label in wanted]
+
+
+def command_line(check: Check, run_dir: Path, runs: dict[str, Path], tepo: list[str]) -> list[str]:
+    if check.command == "eval":
+        model_path = runs[check.after] / "final" if check.after else None
+        return [*tepo, "eval", f"model.path={model_path}", *check.overrides]
+    args = [*tepo, "train", *check.overrides, f"hydra.run.dir={run_dir}"]
+    if check.after:
+        args[-1] = f"hydra.run.dir={runs[check.after]}"
+    return args
+
+
+def step_records(metrics: Path) -> list[dict[str, Any]]:
+    """The training steps' records of a run's metrics.jsonl (not the MTP warm-up's)."""
+    if not metrics.exists():
+        return []
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [r for r in records if "step" in r and "loss" in r]
+
+
+def judge(check: Check, returncode: int, records: list[dict[str, Any]], steps: int) -> str:
+    """Why the check failed ("" when it passed)."""
+    if returncode != 0:
+        return f"exit code {returncode}"
+    if check.command == "eval":
+        return ""
+    if len(records) < steps:
+        return f"{len(records)} of {steps} steps logged"
+    bad = [r["step"] for r in records if not math.isfinite(float(r["loss"]))]
+    if bad:
+        return f"non-finite loss at step(s) {bad}"
+    skipped = max(int(r.get("skipped_optimizer_steps", 0)) for r in records)
+    if skipped:
+        return f"{skipped} optimizer step(s) skipped (non-finite gradients)"
+    return ""
+
+
+def _median(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in records if key in r]
+    return statistics.median(values) if values else None
+
+
+def run_check(
+    check: Check, out: Path, runs: dict[str, Path], tepo: list[str], steps: int, timeout: float
+) -> Outcome:
+    run_dir = out / check.label.replace("@", "-")
+    outcome = Outcome(check.label, "skip", check.skip or "", run_dir=str(run_dir))
+    if check.skip:
+        return outcome
+    if check.after and check.after not in runs:
+        outcome.why = f"{check.after} did not pass"
+        return outcome
+    log = out / f"{check.label.replace('@', '-')}.log"
+    started = time.monotonic()
+    try:
+        with log.open("w") as stream:
+            returncode = subprocess.call(
+                command_line(check, run_dir, runs, tepo),
+                stdout=stream,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                start_new_session=True,
+            )
+    except subprocess.TimeoutExpired:
+        returncode = -1
+    outcome.seconds = time.monotonic() - started
+    where = runs.get(check.after, run_dir) if check.command == "train" else run_dir
+    records = step_records(where / "metrics.jsonl")
+    if check.name == "resume":
+        records = records[-1:]  # the step the resumed run took
+    outcome.steps = len(records)
+    failure = judge(check, returncode, records, 1 if check.name == "resume" else steps)
+    if returncode == -1:
+        failure = f"timed out after {timeout:.0f} s"
+    outcome.verdict = "FAIL" if failure else "pass"
+    outcome.why = failure or ""
+    if failure:
+        outcome.why += f" (log: {log})"
+    else:
+        runs[check.label] = where
+    outcome.step_s = _median(records, "step_seconds")
+    outcome.rollout_s = _median(records, "rollout_seconds")
+    outcome.update_s = _median(records, "update_seconds")
+    outcome.peak_rss_mb = max(
+        (r["peak_rss_mb"] for r in records if "peak_rss_mb" in r), default=None
+    )
+    outcome.peak_gpu_mb = max(
+        (r["peak_gpu_mb"] for r in records if "peak_gpu_mb" in r), default=None
+    )
+    return outcome
+
+
+def render(outcomes: list[Outcome], header: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def number(value: float | None, digits: int = 2) -> str:
+        return "" if value is None else f"{value:.{digits}f}"
+
+    table = Table(title=header)
+    for column in (
+        "check",
+        "result",
+        "s/step",
+        "rollout s",
+        "update s",
+        "peak RSS MB",
+        "peak GPU MB",
+        "wall s",
+        "why",
+    ):
+        table.add_column(column)
+    colour = {"pass": "green", "FAIL": "red", "skip": "yellow"}
+    for o in outcomes:
+        table.add_row(
+            o.label,
+            f"[{colour[o.verdict]}]{o.verdict}[/]",
+            number(o.step_s),
+            number(o.rollout_s),
+            number(o.update_s),
+            number(o.peak_rss_mb, 0),
+            number(o.peak_gpu_mb, 0),
+            number(o.seconds, 0),
+            o.why,
+        )
+    Console(width=200).print(table)
+
+
+def environment(device: str) -> str:
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        names = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+        gpus = f"{torch.cuda.device_count()} x {', '.join(sorted(names))}"
+    else:
+        gpus = "no GPU"
+    return f"tepo gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}), {gpus}"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--gpus", type=int, default=None, help="ranks of the multi-rank checks")
+    parser.add_argument("--model", default=None, help="model preset (default smollm2_135m; tiny)")
+    parser.add_argument("--model-path", default=None, help="model.path: a hub id or directory")
+    parser.add_argument(
+        "--dtype", default=None, help="model.dtype (bfloat16 on cuda, else float32)"
+    )
+    parser.add_argument("--steps", type=int, default=3, help="training steps per check")
+    parser.add_argument("--only", default="", help="comma-separated check names (or name@ranks)")
+    parser.add_argument("--out", type=Path, default=Path("outputs/gpu_check"))
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per check")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "gpu_check --device cuda: torch cannot use CUDA here (torch.cuda.is_available() is "
+            f"False; torch {torch.__version__} built for CUDA {torch.version.cuda}). Install a "
+            "CUDA build of torch that matches the driver (nvidia-smi shows its CUDA version), or "
+            "run the same checks on CPU ranks with --device cpu --model tiny.",
+            file=sys.stderr,
+        )
+        return 2
+    gpus = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 1)
+    model = args.model or ("smollm2_135m" if args.device == "cuda" else "tiny")
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    vllm = importlib.util.find_spec("vllm") is not None
+    checks = plan(
+        gpus,
+        args.device,
+        model_overrides(model, args.model_path, dtype),
+        args.steps,
+        vllm,
+        tiny=model == "tiny",
+    )
+    try:
+        checks = selected(checks, [name for name in args.only.split(",") if name])
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    tepo = [shutil.which("tepo") or "tepo"]
+    if not Path(tepo[0]).exists():
+        tepo = [sys.executable, "-m", "tepo_cli"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    header = f"{environment(args.device)}; model {model} ({dtype}); {args.steps} steps per check"
+    print(header, flush=True)
+    runs: dict[str, Path] = {}
+    outcomes = []
+    for check in checks:
+        outcome = run_check(check, args.out, runs, tepo, args.steps, args.timeout)
+        print(f"{outcome.label:<12} {outcome.verdict:<5} {outcome.why}", flush=True)
+        outcomes.append(outcome)
+    render(outcomes, header)
+    report = {"header": header, "checks": [asdict(o) for o in outcomes]}
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    failed = [o.label for o in outcomes if o.verdict == "FAIL"]
+    print(
+        f"{len(outcomes) - len(failed)} of {len(outcomes)} checks did not fail; "
+        f"failed: {', '.join(failed) or 'none'} — rows in {args.out / 'gpu_check.json'}"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
