@@ -328,3 +328,27 @@ def test_the_correctness_reward_lives_in_the_reward_group_and_dapo_sets_it(
     config = load_train_config(compose_config("train", overrides))
     assert (config.reward.correct, config.reward.incorrect) == (correct, incorrect)
     assert "reward_correct" not in config.algo.model_dump()
+
+
+ROUND_TRIPS = [
+    *([f"algo={name}"] for name in ("grpo", "dapo", "gspo", "tepo", "mpo", "mpo_exact")),
+    ["advantage=rloo"],
+    ["advantage=gae", "rollout.n=1", "advantage.critic_lr=3e-5"],
+    ["advantage.scale=none", "benchmark.eval_size=7"],
+    ["benchmark=math500", "reward=math", "algo=mpo", "k=3"],
+    ["benchmark=gsm8k", "model.lora.r=8", "deepspeed=zero3"],
+    *([f"recipe={name}"] for name in ("dapo_math", "mpo_paper", "cpu_compare")),
+]
+
+
+@pytest.mark.parametrize("overrides", ROUND_TRIPS, ids=" ".join)
+def test_a_runs_config_yaml_validates_again_as_written(compose_config, overrides):
+    """config.yaml (the dump a run writes) is a config: scripts and `resume` read it back."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    config = load_train_config(compose_config("train", overrides))
+    written = OmegaConf.to_yaml(config.model_dump(mode="json"))  # as train/job.py writes it
+    again = load_train_config(yaml.safe_load(written))
+    assert again.model_dump(mode="json") == config.model_dump(mode="json")
+    assert again == config

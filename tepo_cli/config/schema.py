@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from tepo_cli.algos.config import AlgoConfig
 
@@ -113,6 +121,12 @@ class BenchmarkConfig(Strict):
             )
         return self
 
+    @model_serializer(mode="wrap")
+    def _applicable_knobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A dump (a run's config.yaml) holds the knobs that apply, so it validates again."""
+        data = handler(self)
+        return data if self.name == "arith" else _without(data, _ARITH_ONLY)
+
 
 class RewardConfig(Strict):
     name: str = Field(min_length=1)  # auto or a grader (tepo_cli.rewards, checked at start)
@@ -163,6 +177,13 @@ class AdvantageConfig(Strict):
             )
         return self
 
+    @model_serializer(mode="wrap")
+    def _applicable_knobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A dump (a run's config.yaml) holds this estimator's knobs only, so it validates
+        again: the other estimators' knobs are refused when set."""
+        own = {"grpo": _GRPO_KNOBS, "rloo": set(), "gae": _GAE_KNOBS}[self.name]
+        return _without(handler(self), (_GRPO_KNOBS | _GAE_KNOBS) - own)
+
     @property
     def needs_groups(self) -> bool:
         """Group estimators compare the samples of one prompt: they need rollout.n >= 2."""
@@ -171,6 +192,10 @@ class AdvantageConfig(Strict):
     @property
     def needs_critic(self) -> bool:
         return self.name == "gae"
+
+
+def _without(data: dict[str, Any], keys: Any) -> dict[str, Any]:
+    return {key: value for key, value in data.items() if key not in keys}
 
 
 _GRPO_KNOBS = {"scale", "eps"}
