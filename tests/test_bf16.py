@@ -22,6 +22,7 @@ from tepo_cli.train import guards
 from tepo_cli.train.distributed import collective_device, setup_topology, teardown
 from tepo_cli.train.engine import build_engine
 from tepo_cli.train.guards import FiniteAdamW, skipped_optimizer_steps
+from tepo_cli.train.master_weights import MasterAdamW
 
 SMALL = 2.0**-9  # 1 + SMALL is 1 in bf16 (8 significant bits), not in float32
 
@@ -172,3 +173,60 @@ def test_the_guards_finite_flag_is_all_reduced_on_the_collective_device(monkeypa
     assert asked and reduced == [target]
     assert optimizer.last_step_skipped and optimizer.skipped_steps == 1
     assert torch.equal(weight.detach(), torch.ones(3))
+
+
+def test_master_adamw_keeps_updates_below_bf16_resolution():
+    """Constant unit gradients make each AdamW update exactly lr = 1e-3, below half the bf16
+    spacing under 1 (2^-9): AdamW on the bf16 weights never moves them; with float32 masters
+    the updates add up, and the weights are the masters rounded."""
+    plain = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    mastered = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    plain_adamw = torch.optim.AdamW([plain], lr=1e-3, weight_decay=0.0)
+    master_adamw = MasterAdamW([mastered], lr=1e-3, weight_decay=0.0)
+    for _ in range(3):
+        plain.grad = torch.ones_like(plain)
+        plain_adamw.step()
+        master_adamw.zero_grad()
+        mastered.grad = torch.ones_like(mastered)
+        master_adamw.step(max_norm=float("inf"))
+    (master,) = master_adamw.masters
+    assert torch.equal(plain.detach(), torch.ones(4, dtype=torch.bfloat16))  # lost to rounding
+    torch.testing.assert_close(master.detach(), torch.full((4,), 0.997), rtol=0, atol=1e-6)
+    assert master.dtype == torch.float32
+    assert torch.equal(mastered.detach(), torch.full((4,), 1 - 2**-8, dtype=torch.bfloat16))
+
+
+def test_bf16_mtp_warmup_steps_float32_masters(compose_config, tiny_model, tiny_tokenizer):
+    """The warm-up on a bf16 policy at lr 1e-3: the modules' fresh norm weights start at 1,
+    where bf16's spacing (2^-8 below 1) is ~4x an AdamW update; only float32 masters let
+    several small updates move them."""
+    from tepo_cli.benchmarks import build_task
+    from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
+    from tepo_cli.train.setup import build_policy
+
+    cfg = load_train_config(
+        compose_config(
+            "train",
+            [
+                "model=tiny",
+                "algo=mpo",
+                "k=2",
+                "algo.mtp.warmup.steps=3",
+                "algo.mtp.warmup.lr=1e-3",
+                "algo.mtp.warmup.batch_size=2",
+                "algo.mtp.warmup.log_every=100",
+                "rollout.n=2",
+                "rollout.max_new_tokens=4",
+            ],
+        )
+    )
+    policy = build_policy(cfg, tiny_model.to(torch.bfloat16))
+    norms = [d.hidden_norm.weight for d in policy.mtp.depths] + [
+        d.embed_norm.weight for d in policy.mtp.depths
+    ]
+    assert all(torch.equal(w, torch.ones_like(w)) for w in norms)
+    stream = build_task(cfg.benchmark).train_stream(warmup_stream_seed(cfg.seed))
+    warm_up(cfg, policy, tiny_tokenizer, stream, lambda record: None)
+    assert all(p.dtype == torch.bfloat16 for p in policy.mtp.parameters())
+    moved = sum(int((w != 1.0).sum()) for w in norms)
+    assert moved > 0
