@@ -230,3 +230,49 @@ def test_bf16_mtp_warmup_steps_float32_masters(compose_config, tiny_model, tiny_
     assert all(p.dtype == torch.bfloat16 for p in policy.mtp.parameters())
     moved = sum(int((w != 1.0).sum()) for w in norms)
     assert moved > 0
+
+
+def test_bf16_critic_computes_values_in_float32_over_float32_masters(compose_config, tiny_model):
+    """advantage=gae on a bf16 model: the value head is float32 and computes V in float32 (a bf16
+    product would round V to 8 bits); in the critic's bf16 engine its master weights and
+    moments are float32."""
+    from tepo_cli.core.rollout import Rollout
+    from tepo_cli.core.sequences import SequenceBatch
+    from tepo_cli.models.critic import Critic
+
+    critic = Critic.from_policy(tiny_model.to(torch.bfloat16))
+    assert critic.value_head.weight.dtype == torch.float32
+    rows, width = 4, 5
+    rollout = Rollout(
+        prompt_ids=torch.randint(1, 100, (rows, 3), generator=torch.Generator().manual_seed(1)),
+        prompt_mask=torch.ones(rows, 3, dtype=torch.long),
+        completion_ids=torch.randint(1, 100, (rows, width), generator=torch.Generator()),
+        completion_mask=torch.ones(rows, width, dtype=torch.bool),
+        texts=[""] * rows,
+        truncated=torch.zeros(rows, dtype=torch.bool),
+    )
+    batch = SequenceBatch.from_rollout(rollout)
+    seen: list[torch.Tensor] = []
+    critic.value_head.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    values = critic(batch)
+    (hidden,) = seen
+    assert hidden.dtype == torch.bfloat16
+    head = critic.value_head
+    exact = (hidden.float() @ head.weight.float().T + head.bias.float()).squeeze(-1)
+    torch.testing.assert_close(values, exact, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(values, exact.bfloat16().float())  # finer than bf16 steps
+
+    cfg = load_train_config(compose_config("train", ["model=tiny", "advantage=gae"]))
+    setup_topology(num_threads=None)
+    try:
+        engine = build_engine(critic, cfg, accumulation=1, world=1, lr=cfg.advantage.critic_lr)
+        engine.backward(engine(batch).pow(2).mean())
+        engine.step()
+        weight = engine.module.value_head.weight
+        assert weight.dtype == torch.bfloat16  # the engine's copy; the master is float32
+        master = safe_get_full_fp32_param(weight)
+        assert master is not None and master.dtype == torch.float32
+        assert safe_get_full_optimizer_state(weight, "exp_avg").dtype == torch.float32
+        assert torch.equal(weight.detach(), master.bfloat16())
+    finally:
+        teardown()
