@@ -5,11 +5,11 @@ torch optimizer the (partitioned, clipped) fp32 gradients, and a NaN anywhere ma
 partition NaN after clipping by the global norm — the ranks still agree through an all-reduce.
 A skipped step leaves the weights, the AdamW moments and the learning-rate schedule untouched.
 
-In bf16 (and fp16) DeepSpeed's own wrapper checks the gradients first and skips a non-finite step
-before this optimizer is called; DeepSpeed then counts it in `engine.skipped_steps` and does not
-step the schedule either. `skipped_optimizer_steps` counts both, so `trainer.max_bad_steps` sees
-every skipped step whatever the precision (one step is never skipped by both: the wrapper does
-not call this optimizer for a step it skips).
+In bf16 DeepSpeed's own wrapper checks the gradients first and skips a non-finite step before this
+optimizer is called; DeepSpeed then counts it in `engine.skipped_steps` and does not step the
+schedule either. `skipped_optimizer_steps` counts both, so `trainer.max_bad_steps` sees every
+skipped step in float32 and bf16 (one step is never skipped by both: the wrapper does not call
+this optimizer for a step it skips). fp16's loss-scale overflows are left to DeepSpeed.
 """
 
 from __future__ import annotations
@@ -70,4 +70,8 @@ def skipped_optimizer_steps(engine: Any) -> int:
     """Optimizer steps skipped so far: by the guard (FiniteAdamW) and by DeepSpeed's own
     overflow check (bf16/fp16 wrappers), which skips before the guard would run."""
     guarded = int(getattr(torch_optimizer(engine), "skipped_steps", 0))
-    return guarded + int(getattr(engine, "skipped_steps", 0))
+    if engine.fp16_enabled():
+        # fp16's dynamic loss scale overflows on purpose while it calibrates (each overflow
+        # halves it); those skips are not bad steps, and DeepSpeed bounds them itself.
+        return guarded
+    return guarded + int(engine.skipped_steps)
