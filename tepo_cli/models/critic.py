@@ -28,6 +28,21 @@ if TYPE_CHECKING:
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
+class ValueHead(nn.Linear):
+    """The value head, computed in float32 (at least) whatever the decoder's dtype.
+
+    A bf16 V would carry 8 significant bits into the value loss and GAE's temporal differences
+    (V ≈ 0.5 is known to ±0.002). In a bf16 DeepSpeed engine the stored weights are bf16 (the
+    engine casts the whole module) with float32 master weights and moments; the product itself
+    is float32 here. Called as a module, so ZeRO-3 gathers its weights as for any layer.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(self.weight.dtype, torch.float32)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return nn.functional.linear(hidden.to(dtype), self.weight.to(dtype), bias)
+
+
 class Critic(nn.Module):
     """`backbone` is a decoder (a transformers base model); `forward` returns values [N, T]."""
 
@@ -36,8 +51,11 @@ class Critic(nn.Module):
         self.backbone = backbone.eval()  # no dropout: V_old and V see the same function
         self.share_prompts = share_prompts
         reference = next(backbone.parameters())
-        self.value_head = nn.Linear(
-            backbone.config.hidden_size, 1, dtype=reference.dtype, device=reference.device
+        self.value_head = ValueHead(
+            backbone.config.hidden_size,
+            1,
+            dtype=torch.promote_types(reference.dtype, torch.float32),
+            device=reference.device,
         )
         std = getattr(backbone.config, "initializer_range", 0.02)
         with torch.no_grad():

@@ -21,7 +21,8 @@ def deepspeed_config(
     grad_clip: float,
     dtype: torch.dtype,
 ) -> dict[str, Any]:
-    zero: dict[str, Any] = {"stage": cfg.stage, "overlap_comm": cfg.overlap_comm}
+    bf16 = dtype == torch.bfloat16
+    zero: dict[str, Any] = {"stage": ds_stage(cfg.stage, dtype), "overlap_comm": cfg.overlap_comm}
     if cfg.offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": cfg.offload_optimizer}
     if cfg.offload_param != "none":
@@ -32,7 +33,7 @@ def deepspeed_config(
         "train_batch_size": micro_batch * accumulation * world,
         "gradient_clipping": grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": dtype == torch.bfloat16},
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},
         "fp16": {"enabled": dtype == torch.float16},
         "zero_allow_untested_optimizer": True,
         # tepo passes a torch AdamW (no op compilation); with offload it runs on the host copy.
@@ -40,7 +41,30 @@ def deepspeed_config(
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if bf16:
+        config.update(BF16_PRECISION)
     return _merge(config, cfg.extra)
+
+
+# bf16 weights train against float32 numbers everywhere else: DeepSpeed's optimizer keeps float32
+# master weights and AdamW moments at every stage, and with these two keys it also accumulates
+# the micro-batches' gradients in float32 and reduces them across ranks in float32 (bf16 keeps
+# 8 significant bits: summed in bf16, small gradients vanish beside large ones).
+BF16_PRECISION: dict[str, Any] = {
+    "data_types": {"grad_accum_dtype": "fp32"},
+    "communication_data_type": "fp32",
+}
+
+
+def ds_stage(stage: int, dtype: torch.dtype) -> int:
+    """The ZeRO stage DeepSpeed is given for `deepspeed.stage`.
+
+    bf16 without ZeRO would run DeepSpeed's plain mixed-precision wrapper, which accumulates and
+    reduces gradients in bf16 (DeepSpeed 0.19 refuses float32 accumulation there). Stage 1 in
+    bf16 is DeepSpeed's BF16_Optimizer instead: float32 master weights, moments and gradient
+    accumulation, the optimizer state split over the ranks (one rank: no split at all).
+    """
+    return 1 if stage == 0 and dtype == torch.bfloat16 else stage
 
 
 def build_engine(

@@ -4,6 +4,12 @@ The check sits in the innermost optimizer, so it holds for every ZeRO stage: Dee
 torch optimizer the (partitioned, clipped) fp32 gradients, and a NaN anywhere makes every rank's
 partition NaN after clipping by the global norm — the ranks still agree through an all-reduce.
 A skipped step leaves the weights, the AdamW moments and the learning-rate schedule untouched.
+
+In bf16 DeepSpeed's own wrapper checks the gradients first and skips a non-finite step before this
+optimizer is called; DeepSpeed then counts it in `engine.skipped_steps` and does not step the
+schedule either. `skipped_optimizer_steps` counts both, so `trainer.max_bad_steps` sees every
+skipped step in float32 and bf16 (one step is never skipped by both: the wrapper does not call
+this optimizer for a step it skips). fp16's loss-scale overflows are left to DeepSpeed.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
+
+from tepo_cli.train.distributed import collective_device
 
 
 class FiniteAdamW(torch.optim.AdamW):
@@ -31,6 +39,9 @@ class FiniteAdamW(torch.optim.AdamW):
         if grads:
             finite = torch.isfinite(torch.nn.utils.get_total_norm(grads)).double().reshape(1)
             if dist.is_initialized() and dist.get_world_size() > 1:
+                # The gradients may live elsewhere than the group's back-end wants its tensors
+                # (host memory under ZeRO-Offload, NCCL on CUDA).
+                finite = finite.to(collective_device())
                 dist.all_reduce(finite, op=dist.ReduceOp.MIN)
             self.last_step_skipped = not bool(finite.item())
         else:
@@ -56,4 +67,11 @@ def torch_optimizer(engine: Any) -> torch.optim.Optimizer:
 
 
 def skipped_optimizer_steps(engine: Any) -> int:
-    return int(getattr(torch_optimizer(engine), "skipped_steps", 0))
+    """Optimizer steps skipped so far: by the guard (FiniteAdamW) and by DeepSpeed's own
+    overflow check (bf16/fp16 wrappers), which skips before the guard would run."""
+    guarded = int(getattr(torch_optimizer(engine), "skipped_steps", 0))
+    if engine.fp16_enabled():
+        # fp16's dynamic loss scale overflows on purpose while it calibrates (each overflow
+        # halves it); those skips are not bad steps, and DeepSpeed bounds them itself.
+        return guarded
+    return guarded + int(engine.skipped_steps)

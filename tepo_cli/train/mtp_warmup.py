@@ -2,9 +2,10 @@
 
 L_MTP = Σ_n α_n · NLL_n on text — the benchmark's reference solutions when it has them (GSM8K,
 MATH, code), otherwise the policy's own sampled completions (the embedded arithmetic task) — with
-its own AdamW. It runs once, before the first RL step, never on resume (a checkpoint holds the
-warmed-up modules), on its own problem stream and its own random-number state, so the RL steps
-that follow draw exactly what they would without it. Every rank runs the same warm-up; rank 0's
+its own AdamW (over float32 master weights when the model is bf16). It runs once, before the
+first RL step, never on resume (a checkpoint holds the warmed-up modules), on its own problem
+stream and its own random-number state, so the RL steps that follow draw exactly what they would
+without it. Every rank runs the same warm-up; rank 0's
 result is then broadcast, so the ranks start RL with identical modules.
 """
 
@@ -28,6 +29,7 @@ from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
 from tepo_cli.rollout.hf import generate
 from tepo_cli.train import faults
+from tepo_cli.train.master_weights import MasterAdamW
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.sampling import training_sampling
 
@@ -61,7 +63,7 @@ def warm_up(
     began = time.perf_counter()
     summary: dict[str, Any] = {"mtp_warmup_source": source, "mtp_warmup_steps": settings.steps}
     with _only_modules_train(policy), _own_random_state(cfg.seed):
-        optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+        optimizer = MasterAdamW(params, lr=settings.lr, weight_decay=0.0)  # float32 masters
         for step in range(0, settings.steps + 1):
             batch = _batch(cfg, policy, tokenizer, stream, source)
             with torch.no_grad():
@@ -81,10 +83,9 @@ def warm_up(
                 summary["mtp_warmup_after"] = record
             if step == settings.steps:
                 break  # the record of step s measures the modules after s updates
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.trainer.grad_clip or float("inf"))
-            optimizer.step()
+            optimizer.step(cfg.trainer.grad_clip or float("inf"))
             faults.enter_step(step + 1)
             faults.maybe_kill("warmup")
     faults.enter_step(0)
