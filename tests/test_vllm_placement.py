@@ -71,3 +71,22 @@ def test_rank_variables_are_the_trainers_while_the_engine_starts(monkeypatch):
     assert os.environ["LOCAL_RANK"] == "5" and "RANK" not in os.environ
     with _rank_environment(None):
         assert os.environ["LOCAL_RANK"] == "5" and "RANK" not in os.environ
+
+
+def test_an_engine_on_another_gpu_than_its_ranks_is_refused():
+    """What vLLM's default executor did on rank 1 of a GPU node (its worker on cuda:0): one
+    paragraph naming both devices. The engine here is a stand-in holding only the worker's
+    device, the attribute path of vLLM 0.32's in-process engine (no GPU on the test machine)."""
+    from types import SimpleNamespace
+
+    from tepo_cli.core.errors import RunError
+    from tepo_cli.rollout.vllm_engine import _check_device
+
+    def engine_on(device: str) -> SimpleNamespace:
+        worker = SimpleNamespace(worker=SimpleNamespace(device=torch.device(device)))
+        executor = SimpleNamespace(driver_worker=worker)
+        return SimpleNamespace(llm_engine=SimpleNamespace(model_executor=executor))
+
+    _check_device(engine_on("cuda:1"), torch.device("cuda", 1))
+    with pytest.raises(RunError, match=r"started on cuda:0, but the rank trains on cuda:1"):
+        _check_device(engine_on("cuda:0"), torch.device("cuda", 1))
