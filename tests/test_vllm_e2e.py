@@ -32,12 +32,58 @@ def tepo(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Completed
     )
 
 
+# A reward that also writes down, when TEPO_TEST_RECORD_DIR is set, which rank scored which
+# prompt's completion (the reward runs in every rank's own process).
+PARITY = """
+import json, os
+import torch.distributed as dist
+
+def score(completion, problem):
+    if "TEPO_TEST_RECORD_DIR" in os.environ:
+        rank = dist.get_rank()
+        path = os.path.join(os.environ["TEPO_TEST_RECORD_DIR"], f"scored-{rank}.jsonl")
+        with open(path, "a") as out:
+            out.write(json.dumps({"question": problem.question, "completion": completion}) + "\\n")
+    return len(completion) % 2
+"""
+
+# A plugin (imported by every rank before its engine starts) that builds each vllm.LLM as tepo
+# asks and writes down its placement arguments and where vLLM put it: the worker's rank and
+# local rank (its device index: cuda:<local rank> on a GPU).
+ENGINE_RECORDER = """
+import json, os
+import torch.distributed as dist
+import vllm
+
+LAUNCHER_LOCAL_RANK = os.environ.get("LOCAL_RANK")
+PLACEMENT_KEYS = ("distributed_executor_backend", "tensor_parallel_size", "seed")
+
+
+class RecordedLLM(vllm.LLM):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        worker = self.llm_engine.model_executor.driver_worker.worker
+        record = dict(
+            arguments={key: kwargs.get(key) for key in PLACEMENT_KEYS},
+            trainer_rank=dist.get_rank(),
+            launcher_local_rank=int(LAUNCHER_LOCAL_RANK),
+            engine_rank=worker.rank,
+            engine_local_rank=worker.local_rank,
+            executor=self.llm_engine.vllm_config.parallel_config.distributed_executor_backend,
+        )
+        path = os.path.join(os.environ["TEPO_TEST_RECORD_DIR"], f"engine-{dist.get_rank()}.json")
+        with open(path, "w") as out:
+            json.dump(record, out)
+
+
+vllm.LLM = RecordedLLM
+"""
+
+
 def train_args(tmp: Path, run_dir: Path) -> list[str]:
     """The tiny model on a parity reward, a learning rate large enough that every step moves the
     weights far: a sync that failed would show as a large rollout-trainer gap."""
-    (tmp / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2\n"
-    )
+    (tmp / "parity.py").write_text(PARITY)
     return [
         "model=tiny",
         "rollout=vllm",
@@ -69,13 +115,38 @@ def assert_engine_followed_the_trainer(steps: list[dict]) -> None:
 @needs_vllm
 def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
     """Under ZeRO-3 every rank gathers each parameter for its own engine (the mismatch metrics
-    are the maximum over ranks); the final model is consolidated from the partitions."""
-    run_dir = tmp_path / "run"
+    are the maximum over ranks); the final model is consolidated from the partitions.
+
+    Each rank's engine is vLLM's external-launcher executor at the trainer's own rank and local
+    device (vLLM's default put every rank's engine at rank 0, device index 0: cuda:0 on a GPU
+    node), and each rank samples and scores its own prompts."""
+    run_dir, record_dir = tmp_path / "run", tmp_path / "records"
+    record_dir.mkdir()
+    (tmp_path / "engine_recorder.py").write_text(ENGINE_RECORDER)
     args = [*train_args(tmp_path, run_dir), "trainer.nproc=2", "deepspeed=zero3"]
-    result = tepo("train", *args, "trainer.eval_before=false", cwd=tmp_path)
+    args += [f"plugins=[{tmp_path / 'engine_recorder.py'}]", "trainer.eval_before=false"]
+    args += ["trainer.eval_after=false"]
+    env = dict(os.environ, TEPO_TEST_RECORD_DIR=str(record_dir))
+    result = tepo("train", *args, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_engine_followed_the_trainer(records(run_dir))
     assert (run_dir / "final" / "model.safetensors").is_file()
+
+    engines = [json.loads((record_dir / f"engine-{r}.json").read_text()) for r in (0, 1)]
+    assert [(e["trainer_rank"], e["engine_rank"]) for e in engines] == [(0, 0), (1, 1)]
+    assert [(e["launcher_local_rank"], e["engine_local_rank"]) for e in engines] == [(0, 0), (1, 1)]
+    for rank, engine in enumerate(engines):
+        assert engine["executor"] == "external_launcher"
+        assert engine["arguments"] == {
+            "distributed_executor_backend": "external_launcher",
+            "tensor_parallel_size": 1,
+            "seed": rank,
+        }
+    scored = [records(record_dir, f"scored-{r}.jsonl") for r in (0, 1)]
+    questions = [{s["question"] for s in rank_scored} for rank_scored in scored]
+    assert all(questions) and not questions[0] & questions[1]  # ranks never share a prompt
+    completions = [[s["completion"] for s in rank_scored] for rank_scored in scored]
+    assert completions[0] != completions[1]
 
 
 @needs_vllm

