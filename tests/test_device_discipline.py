@@ -11,6 +11,7 @@ rollout found there was moved by the boundary.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -21,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import tepo_cli
 from tepo_cli.config.validate import load_train_config
-from tepo_cli.core.device_check import ENV, DeviceCheck, Violation
+from tepo_cli.core.device_check import ENV, FACTORIES, DeviceCheck, Violation
 from tepo_cli.core.rollout import Rollout
 
 needs_vllm = pytest.mark.skipif(
@@ -66,6 +68,29 @@ def test_the_check_records_tepos_factories_without_a_device_and_nothing_else():
         str(Violation("tepo_cli/x.py:3", "zeros"))
         == "tepo_cli/x.py:3: torch.zeros(...) without device="
     )
+
+
+def test_every_factory_call_in_the_source_names_its_device():
+    """The paths no CPU run reaches (CUDA-only kernels, rare branches): every `torch.<factory>(`
+    written in tepo_cli passes `device=` (and not `device=None`)."""
+    names = {factory.__name__ for factory in FACTORIES}
+    package = Path(tepo_cli.__file__).parent
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in names
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+            ):
+                continue
+            device = next((k.value for k in node.keywords if k.arg == "device"), None)
+            if device is None or (isinstance(device, ast.Constant) and device.value is None):
+                where = path.relative_to(package.parent)
+                missing.append(f"{where}:{node.lineno}: torch.{node.func.attr}")
+    assert missing == []
 
 
 def _recorded(check: DeviceCheck) -> list[str]:
