@@ -137,7 +137,7 @@ def _run_hydra(config_name: str, job: Callable[..., object], overrides: list[str
 
     sys.argv = [f"tepo {config_name}", *overrides]
     run = hydra.main(version_base="1.3", config_path="pkg://tepo_cli.conf", config_name=config_name)
-    if "TEPO_CHECK_DEVICES" not in os.environ:
+    if os.environ.get("TEPO_CHECK_DEVICES") != "1":
         run(job)()
         return
     _run_device_checked(run(job))

@@ -3,8 +3,9 @@
 No GPU is at hand, so the rule is checked structurally (tepo_cli/core/device_check.py): a torch
 function mode records each tensor factory that tepo's own code calls without `device=`. The
 training and evaluation paths a GPU user takes run once each under it — hf with GAE and LoRA, MPO
-with its MTP warm-up and DAPO's dynamic sampling, vLLM, two ranks through the launcher (with the
-environment switch, as a user would set it) and `tepo eval` — and must record nothing. The
+with its MTP warm-up and DAPO's dynamic sampling, vLLM and `tepo eval` — and must record nothing.
+Two ranks through the launcher, with the environment switch as a user sets it, are checked in the
+two-rank MPO + MTP + GAE run of tests/test_resume_faults.py (one launch less). The
 back-end boundary is checked on the `meta` device: a device the CPU engines never produce, so a
 rollout found there was moved by the boundary.
 """
@@ -15,8 +16,6 @@ import ast
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import torch
 
 import tepo_cli
 from tepo_cli.config.validate import load_train_config
-from tepo_cli.core.device_check import ENV, FACTORIES, DeviceCheck, Violation
+from tepo_cli.core.device_check import FACTORIES, DeviceCheck, Violation
 from tepo_cli.core.rollout import Rollout
 
 needs_vllm = pytest.mark.skipif(
@@ -154,39 +153,6 @@ def test_training_names_every_device(compose_config, tmp_path, overrides):
         records = _train(compose_config, tmp_path, *overrides)
     assert _recorded(check) == []
     assert [r["step"] for r in records if "reward_mean" in r] == [1]
-
-
-@pytest.mark.slow
-def test_two_ranks_name_every_device(tmp_path):
-    """Through the launcher, as a user runs it: each rank checks itself (the environment switch
-    reaches every rank) and would exit non-zero listing what it found."""
-    (tmp_path / "parity.py").write_text(PARITY)
-    run_dir = tmp_path / "run"
-    args = [
-        "model=tiny",
-        "reward=custom",
-        f"reward.path={tmp_path / 'parity.py'}",
-        "trainer.nproc=2",
-        "trainer.max_steps=1",
-        "trainer.eval_before=true",
-        "benchmark.eval_size=2",
-        "trainer.eval_after=false",
-        "trainer.save_final=false",
-        "trainer.progress=false",
-        "rollout.max_new_tokens=6",
-        f"hydra.run.dir={run_dir}",
-    ]
-    result = subprocess.run(
-        [sys.executable, "-m", "tepo_cli", "train", *args],
-        env={**os.environ, ENV: "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "without device" not in result.stderr + result.stdout
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in steps if "reward_mean" in r] == [1]
 
 
 def test_eval_names_every_device(compose_config, tmp_path):
