@@ -136,9 +136,29 @@ def _run_hydra(config_name: str, job: Callable[..., object], overrides: list[str
     _quiet_libraries()
 
     sys.argv = [f"tepo {config_name}", *overrides]
-    hydra.main(version_base="1.3", config_path="pkg://tepo_cli.conf", config_name=config_name)(
-        job
-    )()
+    run = hydra.main(version_base="1.3", config_path="pkg://tepo_cli.conf", config_name=config_name)
+    if os.environ.get("TEPO_CHECK_DEVICES") != "1":
+        run(job)()
+        return
+    _run_device_checked(run(job))
+
+
+def _run_device_checked(run: Callable[[], object]) -> None:
+    """`TEPO_CHECK_DEVICES=1` (core/device_check.py): the job runs under the check, which lists
+    tepo's tensor factories called without a device at the end; a job that would have succeeded
+    then exits with status 3."""
+    from tepo_cli.core import device_check
+
+    device_check.install_from_env()
+    status: object = 0
+    try:
+        run()
+    except SystemExit as stop:
+        status = stop.code
+        raise
+    finally:
+        if device_check.report() and not status:
+            sys.exit(device_check.EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -48,8 +48,12 @@ def base_args(tmp: Path, run_dir: Path) -> list[str]:
     ]
 
 
-def tepo(args: list[str], cwd: Path, fault: str = "", **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TEPO_FAULT=fault)
+def tepo(
+    args: list[str], cwd: Path, fault: str = "", devices_checked: bool = False, **kwargs
+) -> subprocess.CompletedProcess:
+    """`devices_checked`: under TEPO_CHECK_DEVICES=1 (tests/test_device_discipline.py), so the run
+    also fails if any rank's tepo code made a tensor without naming its device."""
+    env = dict(os.environ, TEPO_FAULT=fault, TEPO_CHECK_DEVICES="1" if devices_checked else "0")
     return subprocess.run(
         [sys.executable, "-m", "tepo_cli", "train", *args],
         cwd=cwd,
@@ -315,8 +319,9 @@ def test_two_rank_mpo_mtp_gae_zero2_run_killed_and_resumed_matches_the_uninterru
         for name, run_dir in runs.items()
     }
     buffers = set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
-    whole = tepo(args["whole"], cwd=tmp_path)
+    whole = tepo(args["whole"], cwd=tmp_path, devices_checked=True)
     assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "without device" not in whole.stderr
     # DeepSpeed's CPU all-reduce buffers (70 MB a rank) do not outlive the run
     assert set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) <= buffers
     summary = json.loads((runs["whole"] / "summary.json").read_text())

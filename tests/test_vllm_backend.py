@@ -222,3 +222,22 @@ def test_greedy_completions_match_the_hf_backend(engine_and_model, tiny_tokenize
     same = sum(a == b for a, b in zip(ours.texts, theirs.texts, strict=True))
     assert same >= len(prompts) - 2
     assert torch.equal(ours.prompt_ids, theirs.prompt_ids)
+
+
+def test_build_backend_returns_vllm_rollouts_on_the_policy_device(engine_and_model, monkeypatch):
+    """vLLM hands back Python lists, made host tensors; `build_backend(..., device)` returns them
+    on the policy's device. `meta` stands for a GPU: the engine never makes tensors there. The
+    module's engine is reused (`build` would start a second one); everything else is the real
+    registry path."""
+    from tepo_cli.config.schema import RolloutConfig
+    from tepo_cli.rollout import build_backend, vllm_engine
+
+    backend, lm, _, _ = engine_and_model
+    monkeypatch.setattr(vllm_engine, "build", lambda cfg, lm, tokenizer, share: backend)
+    cfg = RolloutConfig(backend="vllm")
+    boundary = build_backend(cfg, lm, backend.tokenizer, False, torch.device("meta"))
+    rollout = boundary.generate(PROMPTS[:2], Sampling(n=2, max_new_tokens=3, seed=1))
+    tensors = [rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids]
+    tensors += [rollout.completion_mask, rollout.truncated, rollout.logprobs]
+    assert {t.device.type for t in tensors} == {"meta"}
+    assert len(rollout.texts) == 4

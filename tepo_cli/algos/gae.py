@@ -25,7 +25,9 @@ def token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     columns = torch.arange(mask.shape[1], device=mask.device)
     last = torch.where(mask, columns, -1).max(dim=1).values  # -1 for a row without tokens
     placed = (columns == last.unsqueeze(1)) & mask
-    return torch.where(placed, rewards.unsqueeze(1), torch.zeros((), dtype=rewards.dtype))
+    return torch.where(
+        placed, rewards.unsqueeze(1), torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    )
 
 
 def gae(

@@ -88,6 +88,7 @@ class MismatchTally:
                 self.masked_sequences,
             ],
             dtype=torch.float64,
+            device="cpu",
         )
 
     @staticmethod

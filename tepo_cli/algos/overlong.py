@@ -17,7 +17,6 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
             f"overlong punishment needs 1 <= cache_len < max_len, got cache_len={cache_len}, "
             f"max_len={max_len}"
         )
-    lengths = torch.as_tensor(lengths)
     dtype = lengths.dtype if lengths.is_floating_point() else torch.get_default_dtype()
     lengths = lengths.to(dtype)
     expected = max_len - cache_len

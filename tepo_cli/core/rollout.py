@@ -30,6 +30,18 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
 
+    def to(self, device: torch.device | str) -> Rollout:
+        """This rollout with every tensor on `device` (tensors already there are not copied)."""
+        return Rollout(
+            self.prompt_ids.to(device),
+            self.prompt_mask.to(device),
+            self.completion_ids.to(device),
+            self.completion_mask.to(device),
+            self.texts,
+            self.truncated.to(device),
+            None if self.logprobs is None else self.logprobs.to(device),
+        )
+
     def take(self, rows: torch.Tensor) -> Rollout:
         """The given rows (a LongTensor of indices), in that order."""
         return Rollout(

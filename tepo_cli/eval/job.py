@@ -102,7 +102,9 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         tokenizer = load_tokenizer(config.model)
         model = load_model(config.model, tokenizer, device)
-        backend = build_backend(config.rollout, model, tokenizer, config.model.share_prompts)
+        backend = build_backend(
+            config.rollout, model, tokenizer, config.model.share_prompts, device
+        )
         with contextlib.closing(backend):
             batches = sample_and_grade(backend, tokenizer, todo, benchmark, reward, sampling)
             for batch in batches:

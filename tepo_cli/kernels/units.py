@@ -139,7 +139,7 @@ def parse_block_weights(spec: str, k: int) -> tuple[Tensor, bool]:
         raise ValueError(f"block size k must be >= 1, got {k}")
     kind, _, arg = spec.partition(":")
     if kind == "uniform" and not arg:
-        return torch.ones(k, dtype=torch.float64), False
+        return torch.ones(k, dtype=torch.float64, device="cpu"), False
     try:
         values = [float(part) for part in arg.split(",")]
     except ValueError:
@@ -151,12 +151,13 @@ def parse_block_weights(spec: str, k: int) -> tuple[Tensor, bool]:
     value = values[0]
     if kind == "future" and 0.0 <= value <= 1.0:
         if k == 1:
-            return torch.ones(1, dtype=torch.float64), True
-        weights = torch.full((k,), value / (k - 1), dtype=torch.float64)
+            return torch.ones(1, dtype=torch.float64, device="cpu"), True
+        weights = torch.full((k,), value / (k - 1), dtype=torch.float64, device="cpu")
         weights[0] = 1.0 - value
         return weights, True
     if kind == "geometric" and value >= 0.0:
-        weights = torch.pow(torch.tensor(value, dtype=torch.float64), torch.arange(k))
+        exponents = torch.arange(k, device="cpu")
+        weights = torch.pow(torch.tensor(value, dtype=torch.float64, device="cpu"), exponents)
         return weights / weights.sum(), True
     raise ValueError(_weights_message(spec))
 
@@ -166,7 +167,8 @@ def decay_weights(beta2: float, decay: float, k: int) -> Tensor:
 
     Raises ValueError when β_1 ≤ 0: the current token must keep a positive share of the window.
     """
-    future = beta2 * torch.pow(torch.tensor(decay, dtype=torch.float64), torch.arange(k - 1))
+    base = torch.tensor(decay, dtype=torch.float64, device="cpu")
+    future = beta2 * torch.pow(base, torch.arange(k - 1, device="cpu"))
     first = 1.0 - float(future.sum())
     if first <= 0.0:
         raise ValueError(
@@ -175,7 +177,7 @@ def decay_weights(beta2: float, decay: float, k: int) -> Tensor:
             "current token must keep a positive share: lower beta_2 or lambda, or k (the paper "
             "keeps the future share below 0.3: k=5 with decay:0.06,0.8 gives 0.177)"
         )
-    return torch.cat([torch.tensor([first], dtype=torch.float64), future])
+    return torch.cat([torch.tensor([first], dtype=torch.float64, device="cpu"), future])
 
 
 def _weights_message(spec: str) -> str:

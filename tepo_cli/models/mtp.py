@@ -63,7 +63,7 @@ class MtpDepth(nn.Module):
         )
         with torch.no_grad():
             self.project.weight.zero_()
-            self.project.weight[:, :size].copy_(torch.eye(size))
+            self.project.weight[:, :size].copy_(torch.eye(size, device=self.project.weight.device))
         self.block = copy.deepcopy(backbone.layers[-1])
         self.block.self_attn.layer_idx = 0  # the only layer of its own KV cache (shared prompts)
         self.final_norm = copy.deepcopy(backbone.norm)

@@ -27,7 +27,8 @@ def mtp_present(mask: Tensor, depths: int) -> Tensor:
 
 def alpha_weights(depths: int, decay: float, dtype: torch.dtype = torch.float64) -> Tensor:
     """α_n ∝ decay^(n−2) for n = 2..K, summing to 1 ([our reading]: the paper's α_n decay)."""
-    weights = torch.pow(torch.tensor(decay, dtype=torch.float64), torch.arange(depths))
+    base = torch.tensor(decay, dtype=torch.float64, device="cpu")
+    weights = torch.pow(base, torch.arange(depths, device="cpu"))
     return (weights / weights.sum()).to(dtype)
 
 

@@ -14,13 +14,14 @@ import importlib
 import importlib.util
 import sys
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.core.discovery import ModuleRegistry
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
-from tepo_cli.rollout.base import RolloutBackend, Sampling
+from tepo_cli.rollout.base import OnPolicyDevice, RolloutBackend, Sampling
 
 __all__ = [
     "Rollout",
@@ -56,9 +57,15 @@ def check_backend(cfg: RolloutConfig) -> None:
 
 
 def build_backend(
-    cfg: RolloutConfig, lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prompts: bool
+    cfg: RolloutConfig,
+    lm: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    share_prompts: bool,
+    device: torch.device,
 ) -> RolloutBackend:
     """The back-end `cfg.backend`, generating with `lm`'s weights (in its own engine, or with
-    `lm` itself)."""
+    `lm` itself), its rollouts on `device`: the policy's compute device (named, not read off
+    `lm`'s parameters, which ZeRO-3 may partition or offload to the host)."""
     check_backend(cfg)
-    return backends()[cfg.backend].build(cfg, lm, tokenizer, share_prompts)
+    backend = backends()[cfg.backend].build(cfg, lm, tokenizer, share_prompts)
+    return OnPolicyDevice(backend, device)

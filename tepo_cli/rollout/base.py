@@ -30,6 +30,11 @@ class Sampling:
 class RolloutBackend(Protocol):
     """A generation engine, as train and eval see it (rollout/__init__.py names the back-ends).
 
+    Devices: the rollout crosses onto the policy's device once, here, at the back-end boundary.
+    `build_backend` wraps every back-end in `OnPolicyDevice`, so `generate` returns a `Rollout`
+    whose tensors are all on the policy's device, wherever the engine keeps its own (vLLM returns
+    Python lists, turned into host tensors); no later stage moves a rollout.
+
     `generate` samples `sampling.n` completions per prompt; an engine with kernels of its own
     also returns its log-probs of the sampled tokens (`Rollout.logprobs`, corrected for as in
     docs/objectives.md §0.8). `sync` makes the engine generate with the trainer's current weights;
@@ -42,6 +47,23 @@ class RolloutBackend(Protocol):
     def sync(self, lm: PreTrainedModel) -> None: ...
 
     def close(self) -> None: ...
+
+
+class OnPolicyDevice:
+    """A back-end whose rollouts come back on `device`, the policy's (the boundary above)."""
+
+    def __init__(self, backend: RolloutBackend, device: torch.device) -> None:
+        self.backend = backend
+        self.device = device
+
+    def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
+        return self.backend.generate(prompts, sampling).to(self.device)
+
+    def sync(self, lm: PreTrainedModel) -> None:
+        self.backend.sync(lm)
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -97,9 +97,9 @@ def _shared_prefill(
 ) -> dict[str, Any]:
     """A KV cache of rows start..stop-1's prompts but their last token, each distinct prompt run
     once; generate() then feeds only the last prompt token before sampling."""
-    prompt_of_row = torch.arange(start, stop) // n
+    prompt_of_row = torch.arange(start, stop, device="cpu") // n  # indexes the host encoding
     first_prompt = int(prompt_of_row[0])
-    prompt_index = torch.arange(first_prompt, int(prompt_of_row[-1]) + 1)
+    prompt_index = torch.arange(first_prompt, int(prompt_of_row[-1]) + 1, device="cpu")
     device = next(model.parameters()).device
     ids = encoded["input_ids"][prompt_index, :-1].to(device)
     mask = encoded["attention_mask"][prompt_index, :-1].to(device)

@@ -114,24 +114,28 @@ class VllmBackend:
         )
 
     def _rollout(self, ids: list[list[int]], completions: list[Any], sampling: Sampling) -> Rollout:
+        """The engine's lists as host tensors; the back-end boundary (`OnPolicyDevice`, built by
+        `build_backend`) moves them to the policy's device."""
         encoded = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")  # left, as hf's
         rows = [list(c.token_ids) for c in completions]
         width = max(1, *(len(r) for r in rows))
         pad_id = self.tokenizer.pad_token_id
-        completion_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        valid = torch.zeros((len(rows), width), dtype=torch.bool)
-        logprobs = torch.zeros((len(rows), width), dtype=torch.float32)
+        completion_ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device="cpu")
+        valid = torch.zeros((len(rows), width), dtype=torch.bool, device="cpu")
+        logprobs = torch.zeros((len(rows), width), dtype=torch.float32, device="cpu")
         for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
-            completion_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            completion_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
             valid[i, : len(row)] = True
             if completion.logprobs is not None:
                 values = [
                     step[token].logprob
                     for token, step in zip(row, completion.logprobs, strict=True)
                 ]
-                logprobs[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+                logprobs[i, : len(values)] = torch.tensor(values, dtype=torch.float32, device="cpu")
         texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
-        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
+        truncated = torch.tensor(
+            [c.finish_reason == "length" for c in completions], dtype=torch.bool, device="cpu"
+        )
         return Rollout(
             encoded["input_ids"].repeat_interleave(sampling.n, dim=0),
             encoded["attention_mask"].repeat_interleave(sampling.n, dim=0),

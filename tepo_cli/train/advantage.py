@@ -58,7 +58,7 @@ def critic_targets(
     width = batch.response_mask.shape[1]
     parts = [
         widen(critic(batch.select(rows)), width)
-        for rows in torch.arange(len(batch)).split(cfg.trainer.micro_batch_size)
+        for rows in torch.arange(len(batch), device="cpu").split(cfg.trainer.micro_batch_size)
     ]
     values = torch.cat(parts).to(torch.float32)
     mask = batch.response_mask

@@ -87,7 +87,7 @@ def _add_scores(
         "mtp_logp": [],
         "ref": [],
     }
-    for rows in torch.arange(len(batch)).split(cfg.trainer.micro_batch_size):
+    for rows in torch.arange(len(batch), device="cpu").split(cfg.trainer.micro_batch_size):
         part = batch.select(rows)
         if need_old:
             scores = policy(

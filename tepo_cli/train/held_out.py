@@ -38,7 +38,9 @@ def held_out_accuracy(
     )
     batches = sample_and_grade(backend, tokenizer, problems, cfg.benchmark, reward, sampling)
     result = evaluate(batches, len(problems))
-    totals = torch.tensor([result.accuracy * result.samples, result.samples], dtype=torch.float64)
+    totals = torch.tensor(
+        [result.accuracy * result.samples, result.samples], dtype=torch.float64, device="cpu"
+    )
     if dist.is_initialized() and topo.world_size > 1:
         totals = totals.to(topo.device)
         dist.all_reduce(totals)

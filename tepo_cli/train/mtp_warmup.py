@@ -108,7 +108,7 @@ def _batch(
         prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
         sampling = training_sampling(cfg)
         rollout = generate(policy.lm, tokenizer, prompts, sampling, policy.share_prompts)
-        return SequenceBatch.from_rollout(rollout.take(torch.arange(size)))
+        return SequenceBatch.from_rollout(rollout.take(torch.arange(size, device="cpu")))
     problems = [next(stream) for _ in range(size)]
     return SequenceBatch.from_rollout(_solutions_rollout(cfg, tokenizer, problems, policy))
 
@@ -142,10 +142,12 @@ def _solutions_rollout(
         for s in solutions
     ]
     width = max(len(r) for r in rows)
-    completion_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    completion_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    completion_ids = torch.full(
+        (len(rows), width), tokenizer.pad_token_id, dtype=torch.long, device="cpu"
+    )
+    completion_mask = torch.zeros((len(rows), width), dtype=torch.bool, device="cpu")
     for index, ids in enumerate(rows):
-        completion_ids[index, : len(ids)] = torch.tensor(ids)
+        completion_ids[index, : len(ids)] = torch.tensor(ids, dtype=torch.long, device="cpu")
         completion_mask[index, : len(ids)] = True
     return Rollout(
         encoded["input_ids"].to(device),

@@ -58,6 +58,7 @@ def _summed_over_ranks(
     groups, and the overlong penalty."""
     rewards, lengths = experience.rewards, experience.rollout.lengths.float()
     groups = rewards.view(-1, cfg.rollout.n)
+    here = rewards.device  # the step's device: the counts are stacked with its tensors
     stats = torch.stack(
         [
             rewards.sum(),
@@ -65,11 +66,11 @@ def _summed_over_ranks(
             experience.correct.float().sum(),
             lengths.sum(),
             experience.rollout.truncated.float().sum(),
-            torch.tensor(float(rewards.numel())),
+            torch.tensor(float(rewards.numel()), device=here),
             (groups.max(dim=1).values == groups.min(dim=1).values).float().sum(),
-            torch.tensor(float(groups.shape[0])),
-            torch.tensor(float(experience.sampled_groups)),
-            torch.tensor(experience.overlong_mean * rewards.numel()),
+            torch.tensor(float(groups.shape[0]), device=here),
+            torch.tensor(float(experience.sampled_groups), device=here),
+            torch.tensor(experience.overlong_mean * rewards.numel(), device=here),
         ]
     ).double()
     if dist.is_initialized() and dist.get_world_size() > 1:

@@ -26,6 +26,7 @@ from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.train import faults
 from tepo_cli.train.clock import StepClock
+from tepo_cli.train.distributed import collective_device
 from tepo_cli.train.grading import Graded, grade
 
 
@@ -70,7 +71,7 @@ def rollout_and_grade(
         with clock("reward"):
             graded = grade(cfg, rollout, batch_problems, reward)
         sampled += len(batch_problems)
-        keep = torch.ones(len(batch_problems), dtype=torch.bool)
+        keep = torch.ones(len(batch_problems), dtype=torch.bool, device="cpu")
         if cfg.algo.dynamic_sampling:
             keep = informative_groups(graded.correct, cfg.rollout.n).cpu()
             keep &= keep.cumsum(0) <= wanted - kept_groups
@@ -124,7 +125,9 @@ def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:
 
 def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:
     """Row indices of the kept groups (rows are laid out group by group)."""
-    return torch.arange(keep.numel() * group_size).view(-1, group_size)[keep].reshape(-1)
+    return (
+        torch.arange(keep.numel() * group_size, device="cpu").view(-1, group_size)[keep].reshape(-1)
+    )
 
 
 def _take_graded(graded: Graded, rows: torch.Tensor) -> Graded:
@@ -139,9 +142,7 @@ def _all_ranks_agree(ok: bool) -> bool:
     """Every rank learns whether any rank failed, so no rank waits forever in a collective."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return ok
-    flag = torch.tensor([0.0 if ok else 1.0])
-    if dist.get_backend() == "nccl":
-        flag = flag.cuda()
+    flag = torch.tensor([0.0 if ok else 1.0], device=collective_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item() == 0.0)
 

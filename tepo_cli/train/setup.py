@@ -87,7 +87,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     if resume_from is not None:
         state, rank_state = checkpoint.load(engine, resume_from, topo, critic_engine)
         _say_resumed(resume_from, state, topo)
-    backend = build_backend(cfg.rollout, engine.module.lm, tokenizer, model.share_prompts)
+    backend = build_backend(
+        cfg.rollout, engine.module.lm, tokenizer, model.share_prompts, topo.device
+    )
     prompts = open_prompts(cfg, task.train_stream, topo, state, rank_state)
     if rank_state.rng:
         restore_rng(rank_state.rng, generator)

@@ -76,7 +76,11 @@ def update(
     rows = len(experience.batch)
     tally = _Tally(mismatch=MismatchTally() if experience.rollout.logprobs is not None else None)
     for epoch in range(cfg.trainer.ppo_epochs):
-        order = torch.arange(rows) if on_policy(cfg) else torch.randperm(rows, generator=generator)
+        order = (  # host row indices; the generator is a CPU one
+            torch.arange(rows, device="cpu")
+            if on_policy(cfg)
+            else torch.randperm(rows, generator=generator, device="cpu")
+        )
         for minibatch in order.chunk(cfg.trainer.minibatches):
             _optimizer_step(cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0)
     result = tally.metrics(experience, engine.device)
@@ -140,7 +144,7 @@ def _keep_norm(norms: list[float], reported: float | None, own: float | None) ->
 def _mismatch_metrics(tally: MismatchTally, device: torch.device) -> dict[str, float]:
     """The step's mismatch metrics over every rank's rows."""
     sums = tally.as_tensor()
-    largest = torch.tensor([tally.abs_max], dtype=torch.float64)
+    largest = torch.tensor([tally.abs_max], dtype=torch.float64, device="cpu")
     if dist.is_initialized() and dist.get_world_size() > 1:
         sums, largest = sums.to(device), largest.to(device)
         dist.all_reduce(sums)
