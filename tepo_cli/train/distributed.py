@@ -46,7 +46,7 @@ def collective_device() -> torch.device:
     under NCCL (it refuses host tensors), the host otherwise (gloo)."""
     import torch.distributed as dist
 
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -200,13 +200,3 @@ def remove_shm_buffers(port: int, shm_dir: Path = Path("/dev/shm")) -> list[Path
     for path in removed:
         path.unlink(missing_ok=True)
     return removed
-
-
-def collective_device() -> torch.device:
-    """Where a tensor must live to enter a collective of the default group: the current CUDA
-    device under NCCL (which refuses host tensors), the host under gloo (or with no group)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
