@@ -50,11 +50,15 @@ def current_phase() -> str:
 
 
 def timed_out(error: BaseException) -> bool:
-    """Whether `error` is a collective that waited past the group's timeout (gloo: "Timed out
-    waiting Nms for recv/send operation"; NCCL with blocking wait: "... timed out ..." from a
-    DistBackendError)."""
+    """Whether `error` is a collective that waited past the group's timeout: gloo raises a
+    RuntimeError "[...gloo...] Timed out waiting Nms for recv operation to complete"; NCCL with
+    blocking wait a DistBackendError that says the work timed out."""
+    import torch.distributed as dist
+
     text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
+    if isinstance(error, dist.DistBackendError):
+        return "timed out" in text or "timeout" in text
+    return isinstance(error, RuntimeError) and "timed out waiting" in text
 
 
 def timeout_message(rank: int, world_size: int, seconds: float, step: int, error: object) -> str:

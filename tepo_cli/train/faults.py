@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 
@@ -61,6 +62,9 @@ def maybe_kill(point: str) -> None:
 def maybe_hang(stop_signal: Callable[[], int]) -> None:
     """The `hang` point: wait forever, in no collective, until a stop signal arrives
     (`stop_signal()` non-zero), which ends the process as a stuck rank's end would."""
+    if armed("hang"):
+        rank = os.environ.get("RANK", "0")
+        print(f"TEPO_FAULT: rank {rank} hangs at step {_current_step}", file=sys.stderr, flush=True)
     while armed("hang"):
         signum = stop_signal()
         if signum:

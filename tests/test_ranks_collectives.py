@@ -1,0 +1,217 @@
+"""Every rank enters every collective the same number of times, and no collective waits forever.
+
+Under ZeRO-3 each forward all-gathers the layers' parameters from every rank, so generation is a
+collective: ranks whose samples end early must keep stepping (synced_gpus), every rank must make
+as many generate() calls as the others (held-out shards padded, DAPO's refill rounds agreed),
+a rank that never comes ends the run after `trainer.collective_timeout_s`, and SIGTERM ends a run
+whose ranks are stuck in a collective, leaving no process and no /dev/shm buffer behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tepo_cli.core.records import Problem
+from tepo_cli.train.held_out import rank_shard
+
+# Rank 0's groups are always mixed (its calls alternate wrong, right); rank 1's first training
+# group (calls 3 and 4, after the held-out evaluation's problem and padding problem) is all wrong,
+# so under DAPO's dynamic sampling rank 1 alone needs a refill round in step 1.
+SKEWED_REWARD = """
+import os
+calls = 0
+
+def score(completion, problem):
+    global calls
+    calls += 1
+    if os.environ.get("RANK") == "1" and calls in (3, 4):
+        return False
+    return calls % 2 == 0
+"""
+
+
+def tepo(args: list[str], cwd: Path, fault: str = "") -> subprocess.Popen:
+    env = dict(os.environ, TEPO_FAULT=fault)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tepo_cli", "train", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def two_zero3_ranks(run_dir: Path) -> list[str]:
+    return [
+        "model=tiny",
+        "trainer.nproc=2",
+        "deepspeed=zero3",
+        "trainer.progress=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+
+
+def leftovers(run_dir: Path) -> list[str]:
+    """Processes of this run (its directory is on their command line) still alive."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(run_dir) in cmdline and "pytest" not in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def buffers() -> set[Path]:
+    return set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
+
+
+def test_rank_shards_are_padded_to_the_same_size():
+    problems = [Problem(id=str(i), question=str(i), answer=str(i)) for i in range(3)]
+    shards = [rank_shard(problems, rank, 2) for rank in range(2)]
+    assert [[p.id for p in shard] for shard, _ in shards] == [["0", "2"], ["1"]]
+    assert [len(shard) + len(padding) for shard, padding in shards] == [2, 2]
+    assert rank_shard(problems[:1], 1, 2) == ([], problems[:1])  # a rank with no problem at all
+    assert rank_shard(problems, 0, 1) == (problems, [])
+
+
+@pytest.mark.slow
+def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(tmp_path):
+    """Finding 4's command (batch_size 1, 3 held-out problems over 2 ranks) with DAPO's dynamic
+    sampling, where only rank 1 refills in step 1: it used to deadlock in the first evaluation."""
+    reward = tmp_path / "skewed.py"
+    reward.write_text(SKEWED_REWARD)
+    run_dir = tmp_path / "run"
+    args = [
+        *two_zero3_ranks(run_dir),
+        "algo=dapo",
+        "rollout.n=2",
+        "rollout.batch_size=1",
+        "benchmark.eval_size=3",
+        "trainer.max_steps=2",
+        "reward=custom",
+        f"reward.path={reward}",
+    ]
+    before = buffers()
+    process = tepo(args, cwd=tmp_path)
+    try:
+        output, _ = process.communicate(timeout=400)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output[-3000:]
+    evaluations = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [(e["when"], e["problems"]) for e in evaluations] == [("before", 3), ("after", 3)]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # step 1: 2 groups kept of 3 sampled (rank 1 refilled once, rank 0 generated alongside it)
+    assert [round(s["dropped_group_frac"], 6) for s in steps] == [round(1 / 3, 6), 0.0]
+    assert steps[0]["refill_rounds"] == 0  # rank 0's own count: it drew no refill
+    assert buffers() <= before and not leftovers(run_dir)
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_comes_ends_the_run_after_the_collective_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        *two_zero3_ranks(run_dir),
+        "trainer.max_steps=1",
+        "trainer.eval_before=false",
+        "trainer.eval_after=false",
+        "trainer.collective_timeout_s=10",
+    ]
+    before = buffers()
+    process = tepo(args, cwd=tmp_path, fault="hang:1@1")
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 1, output[-3000:]
+    assert (
+        "rank 0 of 2 waited more than trainer.collective_timeout_s=10 s for the other ranks in a "
+        "collective during the rollout phase (at step 1)"
+    ) in output, output[-3000:]
+    assert "TEPO_FAULT: rank 1 hangs at step 1" in output
+    assert "Traceback" not in output
+    assert buffers() <= before and not leftovers(run_dir)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_parent_ends_ranks_stuck_in_a_collective_and_removes_shm(tmp_path):
+    """Rank 1 never comes; rank 0 waits in ZeRO-3's all-gather (the timeout far away). SIGTERM to
+    `tepo train` reaches the ranks, which end; nothing of the run outlives it."""
+    run_dir = tmp_path / "run"
+    args = [
+        *two_zero3_ranks(run_dir),
+        "trainer.max_steps=1",
+        "trainer.eval_before=false",
+        "trainer.eval_after=false",
+        "trainer.collective_timeout_s=600",
+    ]
+    before = buffers()
+    process = tepo(args, cwd=tmp_path, fault="hang:1@1")
+    lines = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "TEPO_FAULT: rank 1 hangs at step 1" in line:
+                break
+        time.sleep(5)  # rank 0 is in step 1's generate(), waiting for rank 1's parameters
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)
+        took = time.monotonic() - signalled
+    finally:
+        process.kill()
+    output = "".join(lines) + output
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert took < 60, output[-3000:]
+    assert buffers() <= before and not leftovers(run_dir), output[-3000:]
+
+
+# A stand-in for `deepspeed` → `deepspeed.launcher.launch` → rank: each level waits for the one
+# below and passes its exit code up; the rank notes the signal it gets and exits 128 + it.
+LEVEL = """
+import signal, subprocess, sys, time
+depth, note = int(sys.argv[1]), sys.argv[2]
+if depth == 2:
+    def stop(signum, frame):
+        open(note, "a").write(f"{signum}\\n")
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    open(note + ".ready", "w").close()
+    while True:
+        time.sleep(0.05)
+sys.exit(subprocess.call([sys.executable, __file__, str(depth + 1), note]))
+"""
+
+
+def test_relaunch_forwards_sigterm_to_the_ranks_and_returns_128_plus_it(tmp_path):
+    from tepo_cli.train.distributed import run_forwarding_signals
+
+    script, note = tmp_path / "level.py", tmp_path / "rank_signals"
+    script.write_text(LEVEL)
+
+    def signal_when_ready() -> None:
+        while not Path(f"{note}.ready").exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill <tepo train's pid>` would
+
+    previous = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=signal_when_ready, daemon=True).start()
+    code = run_forwarding_signals([sys.executable, str(script), "0", str(note)], dict(os.environ))
+    assert code == 128 + signal.SIGTERM
+    assert note.read_text() == f"{int(signal.SIGTERM)}\n"  # the rank got it, once
+    assert signal.getsignal(signal.SIGTERM) == previous  # this process's own handling is back
+    assert not leftovers(tmp_path)
