@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,8 +75,11 @@ def leftovers(run_dir: Path) -> list[str]:
     return found
 
 
-def buffers() -> set[Path]:
-    return set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
+def buffers(output: str) -> list[Path]:
+    """DeepSpeed's /dev/shm all-reduce buffers of the run that printed `output` (its port)."""
+    port = re.search(r"--master_port[= ](\d+)", output)
+    assert port, output[-3000:]
+    return sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port[1]}_*"))
 
 
 def test_rank_shards_are_padded_to_the_same_size():
@@ -85,6 +89,24 @@ def test_rank_shards_are_padded_to_the_same_size():
     assert [len(shard) + len(padding) for shard, padding in shards] == [2, 2]
     assert rank_shard(problems[:1], 1, 2) == ([], problems[:1])  # a rank with no problem at all
     assert rank_shard(problems, 0, 1) == (problems, [])
+
+
+def test_a_timed_out_collective_is_reported_with_the_phase_it_happened_in():
+    from tepo_cli.train import collectives
+    from tepo_cli.train.clock import StepClock
+
+    gloo = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation"
+    evaluation, clock = collectives.phase("held-out evaluation (after)"), StepClock()
+    with pytest.raises(RuntimeError) as caught, evaluation, clock("rollout"):
+        raise RuntimeError(gloo)
+    assert collectives.timed_out(caught.value)
+    assert not collectives.timed_out(RuntimeError("CUDA out of memory"))
+    message = collectives.timeout_message(1, 2, 10, 3, caught.value)
+    assert message.startswith(
+        "rank 1 of 2 waited more than trainer.collective_timeout_s=10 s for the other ranks in a "
+        "collective during the rollout phase (at step 3)"
+    )
+    assert collectives.current_phase() == "start-up"  # the phases ended with the error
 
 
 @pytest.mark.slow
@@ -104,7 +126,6 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
         "reward=custom",
         f"reward.path={reward}",
     ]
-    before = buffers()
     process = tepo(args, cwd=tmp_path)
     try:
         output, _ = process.communicate(timeout=400)
@@ -117,7 +138,7 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
     # step 1: 2 groups kept of 3 sampled (rank 1 refilled once, rank 0 generated alongside it)
     assert [round(s["dropped_group_frac"], 6) for s in steps] == [round(1 / 3, 6), 0.0]
     assert steps[0]["refill_rounds"] == 0  # rank 0's own count: it drew no refill
-    assert buffers() <= before and not leftovers(run_dir)
+    assert not buffers(output) and not leftovers(run_dir)
 
 
 @pytest.mark.slow
@@ -130,7 +151,6 @@ def test_a_rank_that_never_comes_ends_the_run_after_the_collective_timeout(tmp_p
         "trainer.eval_after=false",
         "trainer.collective_timeout_s=10",
     ]
-    before = buffers()
     process = tepo(args, cwd=tmp_path, fault="hang:1@1")
     try:
         output, _ = process.communicate(timeout=300)
@@ -143,7 +163,7 @@ def test_a_rank_that_never_comes_ends_the_run_after_the_collective_timeout(tmp_p
     ) in output, output[-3000:]
     assert "TEPO_FAULT: rank 1 hangs at step 1" in output
     assert "Traceback" not in output
-    assert buffers() <= before and not leftovers(run_dir)
+    assert not buffers(output) and not leftovers(run_dir)
 
 
 @pytest.mark.slow
@@ -158,7 +178,6 @@ def test_sigterm_to_the_parent_ends_ranks_stuck_in_a_collective_and_removes_shm(
         "trainer.eval_after=false",
         "trainer.collective_timeout_s=600",
     ]
-    before = buffers()
     process = tepo(args, cwd=tmp_path, fault="hang:1@1")
     lines = []
     try:
@@ -177,7 +196,7 @@ def test_sigterm_to_the_parent_ends_ranks_stuck_in_a_collective_and_removes_shm(
     output = "".join(lines) + output
     assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert took < 60, output[-3000:]
-    assert buffers() <= before and not leftovers(run_dir), output[-3000:]
+    assert not buffers(output) and not leftovers(run_dir), output[-3000:]
 
 
 # A stand-in for `deepspeed` → `deepspeed.launcher.launch` → rank: each level waits for the one

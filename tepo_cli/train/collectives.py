@@ -32,10 +32,17 @@ def nccl_environment() -> None:
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Name what this rank is doing, for the message of a collective that times out in it."""
+    """Name what this rank is doing, for the message of a collective that times out in it. An
+    error leaving the phase carries the innermost phase's name (`phase_of`): by the time it is
+    reported, the phases it passed through have ended."""
     _phase.append(name)
     try:
         yield
+    except Exception as error:
+        if not hasattr(error, "tepo_phase"):
+            with contextlib.suppress(AttributeError):
+                error.tepo_phase = name  # type: ignore[attr-defined]
+        raise
     finally:
         _phase.pop()
 
@@ -47,6 +54,11 @@ def begin(name: str) -> None:
 
 def current_phase() -> str:
     return _phase[-1]
+
+
+def phase_of(error: BaseException) -> str:
+    """The phase `error` was raised in (the current one if it left none)."""
+    return getattr(error, "tepo_phase", None) or current_phase()
 
 
 def timed_out(error: BaseException) -> bool:
@@ -61,12 +73,14 @@ def timed_out(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "timed out waiting" in text
 
 
-def timeout_message(rank: int, world_size: int, seconds: float, step: int, error: object) -> str:
+def timeout_message(
+    rank: int, world_size: int, seconds: float, step: int, error: BaseException
+) -> str:
     where = f"at step {step}" if step else "before the first step"
     detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return (
         f"rank {rank} of {world_size} waited more than trainer.collective_timeout_s={seconds:g} s "
-        f"for the other ranks in a collective during the {current_phase()} phase ({where}), and "
+        f"for the other ranks in a collective during the {phase_of(error)} phase ({where}), and "
         f"stopped the run. Another rank is stuck or has taken a different path (its own log "
         f"shows where), or is only slow: a phase that legitimately keeps some ranks waiting "
         f"longer (a long generation, a checkpoint on a slow disk) needs a larger "
