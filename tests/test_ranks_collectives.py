@@ -234,3 +234,52 @@ def test_relaunch_forwards_sigterm_to_the_ranks_and_returns_128_plus_it(tmp_path
     assert note.read_text() == f"{int(signal.SIGTERM)}\n"  # the rank got it, once
     assert signal.getsignal(signal.SIGTERM) == previous  # this process's own handling is back
     assert not leftovers(tmp_path)
+
+
+# Two gloo ranks: rank 1 never comes to the all-reduce rank 0 waits in, under tepo's stop signals.
+STUCK_RANK = """
+import datetime, sys, time
+import torch, torch.distributed as dist
+from tepo_cli.train.stop import StopSignals
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group(
+    "gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+    timeout=datetime.timedelta(seconds=120),
+)
+if rank == 1:
+    time.sleep(120)
+with StopSignals(stuck_grace_s=1.0):
+    print("in the collective", flush=True)
+    dist.all_reduce(torch.zeros(1))
+"""
+
+
+def test_sigterm_ends_a_rank_blocked_in_a_collective(tmp_path):
+    """Python cannot run the stop handler while the main thread waits in gloo's C++: the watcher
+    thread ends the process 1 s later (before: the SIGTERM went unnoticed until the timeout)."""
+    script, store = tmp_path / "stuck.py", tmp_path / "store"
+    script.write_text(STUCK_RANK)
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), str(store)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        assert ranks[0].stdout is not None
+        assert ranks[0].stdout.readline() == "in the collective\n"
+        time.sleep(0.5)  # inside all_reduce by now
+        signalled = time.monotonic()
+        ranks[0].send_signal(signal.SIGTERM)
+        _, stderr = ranks[0].communicate(timeout=30)
+        took = time.monotonic() - signalled
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    assert ranks[0].returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert took < 10
+    assert "rank 0 ends at once on SIGTERM (its handler could not run for 1 s" in stderr
