@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
@@ -59,12 +60,16 @@ def generate(
     pad_id = tokenizer.pad_token_id
     was_training = model.training
     model.eval()
+    synced = partitioned_across_ranks(model)
+    # Every rank must take the same branch below: under ZeRO-3 the prefill's forward gathers
+    # parameters from all ranks, so the shortest prompt width decides for all of them.
+    width = _smallest_across_ranks(prompt_ids.shape[1]) if synced else prompt_ids.shape[1]
     chunks = []
     for start in range(0, prompt_ids.shape[0], sampling.batch_size):
         stop = start + sampling.batch_size
         shared = (
             _shared_prefill(model, encoded, start, min(stop, len(prompt_ids)), sampling.n)
-            if share_prompts and sampling.n > 1 and prompt_ids.shape[1] > 1
+            if share_prompts and sampling.n > 1 and width > 1
             else {}
         )
         output = model.generate(
@@ -77,6 +82,7 @@ def generate(
             top_k=None if sampling.greedy else sampling.top_k,
             eos_token_id=eos,
             pad_token_id=pad_id,
+            synced_gpus=synced,
             **shared,
         )
         chunks.append(output[:, prompt_ids.shape[1] :])
@@ -90,6 +96,29 @@ def generate(
         skip_special_tokens=True,
     )
     return Rollout(prompt_ids, prompt_mask, completion_ids, valid, texts, torch.cat(truncated))
+
+
+def partitioned_across_ranks(model: PreTrainedModel) -> bool:
+    """Whether the model's parameters are ZeRO-3 partitions (DeepSpeed tags them with `ds_id`)
+    in a group of several ranks. Every forward then all-gathers each layer's parameters from all
+    ranks, so generate() must run with `synced_gpus`: a rank whose samples have all ended keeps
+    stepping the model until every rank's have, or the ranks' gathers fall out of step (a
+    deadlock). transformers only turns it on by itself under its own DeepSpeed integration."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    return any(hasattr(param, "ds_id") for param in model.parameters())
+
+
+def _smallest_across_ranks(value: int) -> int:
+    """The smallest `value` over the ranks, through a tensor on the default group's device."""
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    flag = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return int(flag.item())
 
 
 def _shared_prefill(

@@ -8,11 +8,14 @@ hostfile (see the README).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,10 +68,11 @@ def check_launched_world(nproc: int) -> None:
         )
 
 
-def setup_topology(num_threads: int | None) -> Topology:
+def setup_topology(num_threads: int | None, collective_timeout_s: float = 1800.0) -> Topology:
     """Read (or, for a single process, set) the rendezvous variables DeepSpeed expects.
 
-    Without them DeepSpeed falls back to MPI discovery and asks for mpi4py.
+    Without them DeepSpeed falls back to MPI discovery and asks for mpi4py. Launched ranks'
+    collectives wait at most `collective_timeout_s` (train/collectives.py).
     """
     if not launched_by_launcher():
         # DeepSpeed reads these; the group itself needs no port (see below).
@@ -96,7 +100,7 @@ def setup_topology(num_threads: int | None) -> Topology:
         _init_single_process_group(device)
         _OWN_GROUP.append(True)
     elif not _SET_BY_US:
-        _join_launched_group()
+        _join_launched_group(collective_timeout_s)
     cores = (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
@@ -116,13 +120,17 @@ def _init_single_process_group(device: torch.device) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
-def _join_launched_group() -> None:
+def _join_launched_group(collective_timeout_s: float) -> None:
     """Ranks started by a launcher join their group now, not inside deepspeed.initialize: the
     loop agrees on a checkpoint and broadcasts the warmed-up MTP modules before the engine exists.
-    The back-end is the one deepspeed.initialize would pick (gloo on CPU, NCCL on CUDA)."""
+    The back-end is the one deepspeed.initialize would pick (gloo on CPU, NCCL on CUDA); every
+    collective of the group waits at most `collective_timeout_s`."""
     import deepspeed
 
-    deepspeed.init_distributed()
+    from tepo_cli.train import collectives
+
+    collectives.nccl_environment()
+    deepspeed.init_distributed(timeout=collectives.timeout(collective_timeout_s))
 
 
 def teardown() -> None:
@@ -186,9 +194,66 @@ def relaunch(nproc: int, overrides: list[str], run_dir: Path, job_cores: int | N
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
     try:
-        return subprocess.call(command, env=env)
+        return run_forwarding_signals(command, env)
     finally:
         remove_shm_buffers(port)
+
+
+def run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
+    """Run the launcher in its own process group and wait for it; SIGINT/SIGTERM to this process
+    reach the ranks. The first goes to the ranks alone (each finishes its step, checkpoints and
+    exits; the launcher then ends); the second to the whole group (the ranks end at once); a third
+    kills the group. Whatever ends this process, no launcher or rank outlives it.
+
+    Without this a SIGTERM killed this process alone: the deepspeed runner and its ranks went on
+    (a rank hung in a collective forever), and DeepSpeed's /dev/shm buffers were never removed."""
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            targets = _ranks(process.pid)
+            for pid in targets:
+                _signal(pid, signum)
+            if targets:
+                return
+        _signal_group(process.pid, signum if len(received) <= 2 else signal.SIGKILL)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if process.poll() is None:  # this process is ending some other way
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+        _signal_group(process.pid, signal.SIGKILL)  # a rank the launcher left behind
+    return 128 + received[0] if received and code else code
+
+
+def _ranks(launcher_pid: int) -> list[int]:
+    """The ranks: the processes two levels under the deepspeed runner (runner → launch → rank)."""
+    import psutil
+
+    try:
+        launchers = psutil.Process(launcher_pid).children()
+        return [rank.pid for launch in launchers for rank in launch.children()]
+    except psutil.Error:
+        return []
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _signal_group(leader: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signum)
 
 
 def remove_shm_buffers(port: int, shm_dir: Path = Path("/dev/shm")) -> list[Path]:

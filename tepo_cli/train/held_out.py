@@ -3,6 +3,7 @@ shard, logged as an evaluation record."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,6 +18,30 @@ from tepo_cli.train.distributed import Topology
 from tepo_cli.train.metrics import RunLog
 
 
+def rank_shard(
+    problems: list[Problem], rank: int, world_size: int
+) -> tuple[list[Problem], list[Problem]]:
+    """This rank's share of the problems, and the padding that brings every rank's share to the
+    same size. Under ZeRO-3 every generate() is a collective (each forward gathers the layers'
+    parameters from all ranks), so every rank must make as many of them as the others: 3
+    problems over 2 ranks are 2 + 1, and the second rank generates one padding problem too, whose
+    samples are not counted."""
+    shard = problems[rank::world_size]
+    size = -(-len(problems) // world_size)
+    return shard, [problems[0]] * (size - len(shard)) if problems else []
+
+
+def _first_records(
+    batches: Iterator[list[dict[str, Any]]], count: int
+) -> Iterator[list[dict[str, Any]]]:
+    """The records of the first `count` problems (one sample each): the padding's dropped."""
+    for batch in batches:
+        kept = batch[:count]
+        count -= len(kept)
+        if kept:
+            yield kept
+
+
 def held_out_accuracy(
     cfg: TrainConfig,
     backend: RolloutBackend,
@@ -29,15 +54,17 @@ def held_out_accuracy(
     when: str,
 ) -> float:
     """Greedy accuracy on the held-out split; ranks evaluate disjoint shards and add up."""
-    problems: list[Problem] = task.eval_problems()[topo.rank :: topo.world_size]
+    problems, padding = rank_shard(task.eval_problems(), topo.rank, topo.world_size)
     sampling = Sampling(
         n=1,
         greedy=True,
         max_new_tokens=cfg.rollout.max_new_tokens,
         batch_size=cfg.rollout.batch_size,
     )
-    batches = sample_and_grade(backend, tokenizer, problems, cfg.benchmark, reward, sampling)
-    result = evaluate(batches, len(problems))
+    batches = sample_and_grade(
+        backend, tokenizer, problems + padding, cfg.benchmark, reward, sampling
+    )
+    result = evaluate(_first_records(batches, len(problems)), len(problems))
     totals = torch.tensor(
         [result.accuracy * result.samples, result.samples], dtype=torch.float64, device="cpu"
     )

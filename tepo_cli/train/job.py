@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ def train_job(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     status_owner = False
+    config: TrainConfig | None = None
     from tepo_cli.core.run_status import write_status
 
     try:
@@ -45,7 +47,12 @@ def train_job(cfg: DictConfig) -> None:
         if problem is not None:
             raise ConfigError(mtp_unsupported_message(config, problem))
         distributed.check_launched_world(config.trainer.nproc)
-        topo = distributed.setup_topology(config.trainer.num_threads)
+        from tepo_cli.train import collectives
+
+        collectives.begin("start-up")
+        topo = distributed.setup_topology(
+            config.trainer.num_threads, config.trainer.collective_timeout_s
+        )
         if topo.is_main:
             _prepare_run_dir(config, run_dir)
             write_status(run_dir, "running")
@@ -62,6 +69,8 @@ def train_job(cfg: DictConfig) -> None:
     except StopRequested as error:
         _fail(run_dir, status_owner, "interrupted", f"tepo train: {error}", 128 + error.signum)
     except Exception as error:
+        if config is not None and config.trainer.nproc > 1:
+            _fail_if_timed_out(run_dir, status_owner, config, error)
         if status_owner:
             write_status(run_dir, "failed", error=repr(error))
         raise
@@ -107,6 +116,23 @@ def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:
 def _has_steps(run_dir: Path) -> bool:
     metrics = run_dir / METRICS
     return metrics.is_file() and metrics.stat().st_size > 0
+
+
+def _fail_if_timed_out(run_dir: Path, owner: bool, config: TrainConfig, error: Exception) -> None:
+    """A collective that waited past `trainer.collective_timeout_s` ends this rank with one
+    paragraph (which rank, which phase) instead of a traceback from inside torch.distributed."""
+    from tepo_cli.train import collectives, faults
+
+    if not collectives.timed_out(error):
+        return
+    message = collectives.timeout_message(
+        int(os.environ.get("RANK", "0")),
+        config.trainer.nproc,
+        config.trainer.collective_timeout_s,
+        faults.current_step(),
+        error,
+    )
+    _fail(run_dir, owner, "failed", f"tepo train: {message}", 1)
 
 
 def _fail(run_dir: Path, owner: bool, state: str, message: str, code: int) -> None:

@@ -30,6 +30,7 @@ HARMLESS = (
     "trainer.save_every",
     "trainer.keep_checkpoints",
     "trainer.max_bad_steps",
+    "trainer.collective_timeout_s",
     "trainer.eval_every",
     "trainer.eval_before",
     "trainer.eval_after",

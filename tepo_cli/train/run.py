@@ -22,7 +22,7 @@ from tepo_cli.models.critic import Critic
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend
 from tepo_cli.trackers import Trackers
-from tepo_cli.train import checkpoint, faults, finish
+from tepo_cli.train import checkpoint, collectives, faults, finish
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.held_out import held_out_accuracy
 from tepo_cli.train.metrics import RunLog
@@ -83,8 +83,10 @@ class Run:
 
     def remaining_steps(self) -> Iterator[int]:
         """The steps left to take (all of them, or those after the resumed checkpoint's)."""
+        collectives.begin("training step")
         for step in range(self.state.step + 1, self.cfg.trainer.max_steps + 1):
             faults.enter_step(step)
+            faults.maybe_hang(lambda: self.signals.signum)
             yield step
 
     def evaluate(self, when: str) -> None:
@@ -118,7 +120,8 @@ class Run:
 
     def checkpoint(self, step: int) -> None:
         """A checkpoint every `trainer.save_every` steps, and after a stop signal (then exit)."""
-        signum = self.signals.requested(self.topo.device)
+        with collectives.phase("stop-signal agreement"):
+            signum = self.signals.requested(self.topo.device)
         every = self.cfg.trainer.save_every
         if not (signum or (every and step % every == 0)):
             return
@@ -127,20 +130,22 @@ class Run:
         refill = self.prompts.refill
         rank = RankState(capture_rng(self.generator), refill.drawn if refill is not None else 0)
         models = self.models
-        saved = checkpoint.save(
-            models.engine,
-            self.run_dir,
-            self.state,
-            rank,
-            self.topo,
-            self.cfg.trainer.keep_checkpoints,
-            models.critic_engine,
-        )
+        with collectives.phase("checkpoint"):
+            saved = checkpoint.save(
+                models.engine,
+                self.run_dir,
+                self.state,
+                rank,
+                self.topo,
+                self.cfg.trainer.keep_checkpoints,
+                models.critic_engine,
+            )
         if signum:
             raise StopRequested(signum, _stopped(signum, step, saved, self.run_dir))
 
     def finish(self) -> None:
         """Optimizer state dropped, held-out accuracy after, the final model and summary."""
+        collectives.begin("final save")
         for engine in self.models.engines():
             finish.drop_optimizer_state(engine)
         self.evaluate("after")
@@ -165,17 +170,18 @@ class Run:
 
     def _held_out(self, step: int, when: str) -> float:
         """Held-out accuracy into eval.jsonl and the trackers, at the step it follows."""
-        accuracy = held_out_accuracy(
-            self.cfg,
-            self.backend,
-            self.tokenizer,
-            self.task,
-            self.reward,
-            self.topo,
-            self.log,
-            step,
-            when,
-        )
+        with collectives.phase(f"held-out evaluation ({when})"):
+            accuracy = held_out_accuracy(
+                self.cfg,
+                self.backend,
+                self.tokenizer,
+                self.task,
+                self.reward,
+                self.topo,
+                self.log,
+                step,
+                when,
+            )
         self.trackers.log_held_out(step, accuracy)
         return accuracy
 

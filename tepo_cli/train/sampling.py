@@ -7,7 +7,9 @@ Groups never straddle ranks (each rank owns whole prompts), so group statistics 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -63,27 +65,35 @@ def rollout_and_grade(
     kept: list[tuple[Rollout, Graded, list[Problem]]] = []
     kept_groups, sampled, rounds = 0, 0, 0
     batch_problems = problems
-    while True:
-        with clock("rollout"):
-            round_seed = None if seed is None else seed + sampled * cfg.rollout.n
-            rollout = _sample(cfg, backend, tokenizer, batch_problems, round_seed)
-        faults.maybe_kill("rollout")
-        with clock("reward"):
-            graded = grade(cfg, rollout, batch_problems, reward)
-        sampled += len(batch_problems)
-        keep = torch.ones(len(batch_problems), dtype=torch.bool, device="cpu")
-        if cfg.algo.dynamic_sampling:
-            keep = informative_groups(graded.correct, cfg.rollout.n).cpu()
-            keep &= keep.cumsum(0) <= wanted - kept_groups
-        if keep.any():
-            rows = _group_rows(keep, cfg.rollout.n)
-            part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
-            kept.append((rollout.take(rows), _take_graded(graded, rows), part))
-            kept_groups += len(part)
-        if kept_groups >= wanted or not _can_refill(cfg, rounds, refill):
+    for round_index in itertools.count():
+        if batch_problems:
+            with clock("rollout"):
+                round_seed = None if seed is None else seed + sampled * cfg.rollout.n
+                rollout = _sample(cfg, backend, tokenizer, batch_problems, round_seed)
+            faults.maybe_kill("rollout")
+            with clock("reward"):
+                graded = grade(cfg, rollout, batch_problems, reward)
+            sampled += len(batch_problems)
+            keep = torch.ones(len(batch_problems), dtype=torch.bool, device="cpu")
+            if cfg.algo.dynamic_sampling:
+                keep = informative_groups(graded.correct, cfg.rollout.n).cpu()
+                keep &= keep.cumsum(0) <= wanted - kept_groups
+            if keep.any():
+                rows = _group_rows(keep, cfg.rollout.n)
+                part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
+                kept.append((rollout.take(rows), _take_graded(graded, rows), part))
+                kept_groups += len(part)
+        else:
+            with clock("rollout"):
+                _idle_round(cfg, backend, tokenizer, problems)
+        # The ranks decide together: another round while any rank still needs groups.
+        if not _can_refill(cfg, round_index, refill) or _all_ranks_agree(kept_groups >= wanted):
             break
-        rounds += 1
-        batch_problems = [next(refill) for _ in range(wanted)]  # type: ignore[arg-type]
+        if kept_groups < wanted:
+            rounds += 1
+            batch_problems = [next(refill) for _ in range(wanted)]  # type: ignore[arg-type]
+        else:
+            batch_problems = []
     if not _all_ranks_agree(kept_groups >= wanted):
         raise RunError(_refill_failure(cfg, wanted, kept_groups, sampled, rounds))
     rollout = Rollout.concat([r for r, _, _ in kept], tokenizer.pad_token_id)
@@ -97,6 +107,21 @@ def rollout_and_grade(
         sampled_groups=sampled,
         refill_rounds=rounds,
     )
+
+
+def _idle_round(
+    cfg: TrainConfig,
+    backend: RolloutBackend,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+) -> None:
+    """A refill round of a rank that already holds its groups while another rank refills: under
+    ZeRO-3 every generate() is a collective, so it generates as many rows as the others, in as
+    many calls, and keeps nothing. Greedy, so it draws no random numbers, and its refill stream
+    stays where it is: what a rank samples does not depend on the other ranks' luck."""
+    sampling = dataclasses.replace(training_sampling(cfg), greedy=True)
+    prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
+    backend.generate(prompts, sampling)
 
 
 def rollout_seed(run_seed: int, step: int, rank: int) -> int:
