@@ -129,7 +129,6 @@ def _join_launched_group(collective_timeout_s: float) -> None:
 
     from tepo_cli.train import collectives
 
-    collectives.nccl_environment()
     deepspeed.init_distributed(timeout=collectives.timeout(collective_timeout_s))
 
 
