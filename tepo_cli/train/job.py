@@ -27,12 +27,12 @@ def train_job(cfg: DictConfig) -> None:
 
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
-        _check_registered_names(config)
-        from tepo_cli.train import distributed
         from tepo_cli.train.device_choice import apply_device_choice, choose_device
 
         device = choose_device(config.trainer.device)
-        apply_device_choice(device)
+        apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
+        _check_registered_names(config)
+        from tepo_cli.train import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
             from tepo_cli.config.launcher import parallel_job_threads
