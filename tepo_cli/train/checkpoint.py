@@ -34,6 +34,7 @@ TRAINER_STATE = "trainer_state.json"
 ENGINE_TAG = "engine"
 CRITIC_TAG = "critic"
 _NAME = re.compile(r"^step_(\d{8})$")
+_RANK_IN_NAME = re.compile(r"(?:^|_)pp_rank_(\d+)_|^rank_(\d+)\.pt$")
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -71,7 +72,14 @@ def save(
     error = _attempt(lambda: _write_rank_parts(engine, critic_engine, staging, rank_state, topo))
     faults.maybe_kill("checkpoint")
     if error is None and topo.is_main:
-        error = _attempt(lambda: _seal(staging, final, trainer_state))
+        error = _attempt(lambda: _write_trainer_state(staging, trainer_state))
+    error = _first_error(error, topo)  # also: every rank's files are written now
+    digests: dict[str, dict[str, Any]] = {}
+    if error is None:
+        error = _attempt(lambda: digests.update(_digest_own(staging, topo)))
+    digests, error = _gather_digests(digests, error, topo)
+    if error is None and topo.is_main:
+        error = _attempt(lambda: _seal(staging, final, trainer_state.step, digests))
     error = _first_error(error, topo)
     if error is not None:
         if topo.is_main:
@@ -103,13 +111,50 @@ def _write_rank_parts(
     torch.save(rank_state.to_dict(), staging / f"rank_{topo.rank:05d}.pt")
 
 
-def _seal(staging: Path, final: Path, trainer_state: TrainerState) -> None:
+def owner_rank(name: str, world_size: int) -> int:
+    """The rank that hashes a checkpoint file when it is sealed and verifies it on resume: the
+    one that wrote it, read from DeepSpeed's and tepo's per-rank names (`..zero_pp_rank_<r>_..`,
+    `rank_<r>.pt`); rank 0 for the rest (ZeRO 0-2's model states, the trainer state). Each rank
+    reads back only what it wrote, instead of rank 0 reading every rank's shards while the
+    others wait."""
+    match = _RANK_IN_NAME.search(Path(name).name)
+    rank = int(match.group(1) or match.group(2)) if match else 0
+    return rank if rank < world_size else 0
+
+
+def _write_trainer_state(staging: Path, trainer_state: TrainerState) -> None:
     (staging / TRAINER_STATE).write_text(json.dumps(trainer_state.to_json()))
-    files = sorted(p for p in staging.rglob("*") if p.is_file())
-    manifest = {
-        "files": {str(p.relative_to(staging)): _digest(p) for p in files},
-        "step": trainer_state.step,
+
+
+def _digest_own(staging: Path, topo: Topology) -> dict[str, dict[str, Any]]:
+    """Size and sha256 (fsyncing each file) of the staged files this rank owns."""
+    names = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+    return {
+        name: _digest(staging / name)
+        for name in names
+        if owner_rank(name, topo.world_size) == topo.rank
     }
+
+
+def _gather_digests(
+    own: dict[str, dict[str, Any]], error: str | None, topo: Topology
+) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Every rank's digests (and the first error of any rank), on every rank."""
+    if not (dist.is_initialized() and topo.world_size > 1):
+        return own, error
+    parts: list[tuple[dict[str, dict[str, Any]], str | None]] = [({}, None)] * topo.world_size
+    dist.all_gather_object(parts, (own, error))
+    merged = {name: entry for digests, _ in parts for name, entry in digests.items()}
+    return merged, next((e for _, e in parts if e is not None), None)
+
+
+def _seal(staging: Path, final: Path, step: int, digests: dict[str, dict[str, Any]]) -> None:
+    """Rank 0: the manifest of every rank's digests, then the atomic rename."""
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    entries = dict(digests)
+    for path in files:  # nothing a rank did not own escapes the manifest
+        entries.setdefault(str(path.relative_to(staging)), _digest(path))
+    manifest = {"files": dict(sorted(entries.items())), "step": step}
     manifest_file = staging / MANIFEST
     manifest_file.write_text(json.dumps(manifest, indent=1))
     _fsync(manifest_file)
@@ -121,14 +166,17 @@ def _seal(staging: Path, final: Path, trainer_state: TrainerState) -> None:
     _fsync(final.parent)
 
 
-def verify(checkpoint: Path) -> str | None:
-    """Why the checkpoint cannot be used, or None when every file matches its manifest."""
+def verify(checkpoint: Path, topo: Topology | None = None) -> str | None:
+    """Why the checkpoint cannot be used, or None when every file matches its manifest. With
+    `topo`, only the files that rank owns (`owner_rank`) are read back."""
     try:
         manifest = json.loads((checkpoint / MANIFEST).read_text())
         files: dict[str, dict[str, Any]] = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "its manifest is missing or unreadable"
     for name, expected in files.items():
+        if topo is not None and owner_rank(name, topo.world_size) != topo.rank:
+            continue
         path = checkpoint / name
         if not path.is_file():
             return f"{name} is missing"
@@ -139,13 +187,22 @@ def verify(checkpoint: Path) -> str | None:
     return None
 
 
-def latest_good(run_dir: Path, warn: Callable[[str], None]) -> Path | None:
-    """The newest checkpoint that verifies; each unusable newer one is reported through `warn`."""
-    for checkpoint in sealed_checkpoints(run_dir):
-        problem = verify(checkpoint)
+def latest_good(run_dir: Path, warn: Callable[[str], None], topo: Topology) -> Path | None:
+    """Collective: the newest checkpoint every rank verifies (each its own files), the same on
+    all ranks; each unusable newer one is reported through `warn` on rank 0."""
+    candidates = [str(p) for p in sealed_checkpoints(run_dir)] if topo.is_main else []
+    shared = dist.is_initialized() and topo.world_size > 1
+    if shared:
+        box: list[list[str]] = [candidates]
+        dist.broadcast_object_list(box, src=0)
+        candidates = box[0]
+    for name in candidates:
+        checkpoint = Path(name)
+        problem = _first_error(verify(checkpoint, topo), topo)
         if problem is None:
             return checkpoint
-        warn(f"checkpoint {checkpoint} is unusable ({problem}); falling back to the one before")
+        if topo.is_main:
+            warn(f"checkpoint {checkpoint} is unusable ({problem}); falling back to the one before")
     return None
 
 

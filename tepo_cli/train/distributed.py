@@ -2,6 +2,7 @@
 
 `tepo train trainer.nproc=N` re-launches itself as
 `deepspeed --num_gpus N --no_local_rank --master_port P --module tepo_cli train <overrides>`
+(`--include localhost:<ids>` instead of `--num_gpus` on CUDA with CUDA_VISIBLE_DEVICES set)
 with the parent's run directory, and waits for it. Multi-node runs use the same launcher with a
 hostfile (see the README).
 """
@@ -23,6 +24,7 @@ import torch
 
 from tepo_cli.core.errors import ConfigError
 
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 _SET_BY_US: dict[str, str] = {}  # rendezvous variables this job set (a single process)
 _OWN_GROUP: list[bool] = []  # non-empty once this process made its own one-rank group
 
@@ -68,11 +70,14 @@ def check_launched_world(nproc: int) -> None:
         )
 
 
-def setup_topology(num_threads: int | None, collective_timeout_s: float = 1800.0) -> Topology:
+def setup_topology(
+    num_threads: int | None, device_type: str | None = None, collective_timeout_s: float = 1800.0
+) -> Topology:
     """Read (or, for a single process, set) the rendezvous variables DeepSpeed expects.
 
-    Without them DeepSpeed falls back to MPI discovery and asks for mpi4py. Launched ranks'
-    collectives wait at most `collective_timeout_s` (train/collectives.py).
+    Without them DeepSpeed falls back to MPI discovery and asks for mpi4py. `device_type`:
+    `trainer.device` as resolved at start-up ("cpu" or "cuda"); None: CUDA whenever available.
+    Launched ranks' collectives wait at most `collective_timeout_s` (train/collectives.py).
     """
     if not launched_by_launcher():
         # DeepSpeed reads these; the group itself needs no port (see below).
@@ -91,7 +96,8 @@ def setup_topology(num_threads: int | None, collective_timeout_s: float = 1800.0
     local_world = (
         int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 0) or world
     )
-    if torch.cuda.is_available():
+    use_cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
+    if use_cuda:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
@@ -153,11 +159,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def relaunch(nproc: int, overrides: list[str], run_dir: Path, job_cores: int | None = None) -> int:
+def relaunch(
+    nproc: int,
+    overrides: list[str],
+    run_dir: Path,
+    job_cores: int | None = None,
+    device_type: str = "cpu",
+) -> int:
     """Run this training job as `nproc` ranks under the deepspeed launcher; return its exit code.
 
     `job_cores`: the cores this job may use when a parallel sweep shares the machine; its ranks
     split them (an explicit `trainer.num_threads` in `overrides` is per rank and kept as given).
+    `device_type`: `trainer.device` as resolved ("cpu" or "cuda").
     """
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
@@ -174,22 +187,9 @@ def relaunch(nproc: int, overrides: list[str], run_dir: Path, job_cores: int | N
     if job_cores is not None:
         kept.append(f"trainer.num_threads={max(1, job_cores // nproc)}")
     port = free_port()
-    command = [
-        launcher,
-        "--num_gpus",
-        str(nproc),
-        "--no_local_rank",
-        "--master_port",
-        str(port),
-        "--module",
-        "tepo_cli",
-        "train",
-        *kept,
-        f"trainer.nproc={nproc}",
-        f"hydra.run.dir={run_dir}",
-        "hydra.output_subdir=null",  # the parent already wrote .hydra/
-        "hydra/job_logging=stdout",
-    ]
+    command = launcher_command(
+        launcher, nproc, port, kept, run_dir, device_type, os.environ.get(VISIBLE_DEVICES)
+    )
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
     try:
@@ -253,6 +253,60 @@ def _signal(pid: int, signum: int) -> None:
 def _signal_group(leader: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(leader, signum)
+
+
+def launcher_command(
+    launcher: str,
+    nproc: int,
+    port: int,
+    overrides: list[str],
+    run_dir: Path,
+    device_type: str,
+    visible_devices: str | None,
+) -> list[str]:
+    """The deepspeed launcher command that runs this job as `nproc` local ranks.
+
+    DeepSpeed's runner drops CUDA_VISIBLE_DEVICES as soon as `--num_gpus` is given and then
+    uses GPUs 0..N-1 (`CUDA_VISIBLE_DEVICES=4,5,6,7` would land on 0-3); only without any
+    resource argument does it turn the variable into `--include localhost:<ids>` itself. So on
+    CUDA with the variable set, the first `nproc` visible GPUs are named with `--include`.
+    On the CPU there are no devices to pick: `--num_gpus` is the number of ranks.
+    """
+    resources = ["--num_gpus", str(nproc)]
+    if device_type == "cuda" and visible_devices is not None and visible_devices.strip():
+        resources = ["--include", f"localhost:{','.join(_visible_ids(visible_devices, nproc))}"]
+    return [
+        launcher,
+        *resources,
+        "--no_local_rank",
+        "--master_port",
+        str(port),
+        "--module",
+        "tepo_cli",
+        "train",
+        *overrides,
+        f"trainer.nproc={nproc}",
+        f"hydra.run.dir={run_dir}",
+        "hydra.output_subdir=null",  # the parent already wrote .hydra/
+        "hydra/job_logging=stdout",
+    ]
+
+
+def _visible_ids(visible_devices: str, nproc: int) -> list[str]:
+    ids = [part.strip() for part in visible_devices.split(",") if part.strip()]
+    if not all(part.isdigit() for part in ids):
+        raise ConfigError(
+            f"{VISIBLE_DEVICES}={visible_devices!r} names GPUs by UUID or another form; with "
+            f"trainer.nproc={nproc} the deepspeed launcher needs their indices "
+            f"(e.g. {VISIBLE_DEVICES}=4,5,6,7; `nvidia-smi -L` lists them)."
+        )
+    if nproc > len(ids):
+        raise ConfigError(
+            f"trainer.nproc={nproc}, but {VISIBLE_DEVICES}={visible_devices!r} makes only "
+            f"{len(ids)} GPU(s) visible: one rank per GPU. Lower trainer.nproc or make more "
+            f"GPUs visible."
+        )
+    return ids[:nproc]
 
 
 def remove_shm_buffers(port: int, shm_dir: Path = Path("/dev/shm")) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -13,6 +14,9 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS
+
+if TYPE_CHECKING:
+    from tepo_cli.train.distributed import Topology
 
 
 def train_job(cfg: DictConfig) -> None:
@@ -24,6 +28,10 @@ def train_job(cfg: DictConfig) -> None:
 
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
+        from tepo_cli.train.device_choice import apply_device_choice, choose_device
+
+        device = choose_device(config.trainer.device)
+        apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         _check_registered_names(config)
         from tepo_cli.train import distributed
 
@@ -37,6 +45,7 @@ def train_job(cfg: DictConfig) -> None:
                 overrides,
                 run_dir,
                 None if explicit else parallel_job_threads(),
+                device.type,
             )
             if code:
                 sys.exit(code)
@@ -50,11 +59,13 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.train import collectives
 
         collectives.begin("start-up")
+        if os.environ.get("RANK", "0") == "0":
+            print(f"tepo train: {device.reason}", file=sys.stderr)
         topo = distributed.setup_topology(
-            config.trainer.num_threads, config.trainer.collective_timeout_s
+            config.trainer.num_threads, device.type, config.trainer.collective_timeout_s
         )
+        _prepare_on_rank0(config, run_dir, topo)
         if topo.is_main:
-            _prepare_run_dir(config, run_dir)
             write_status(run_dir, "running")
             status_owner = True
         from tepo_cli.train.recipe import train
@@ -93,6 +104,28 @@ def _check_registered_names(config: TrainConfig) -> None:
     check_backend(config.rollout)
     check_benchmark(config.benchmark, config.reward)
     check_trackers(config.logger)
+
+
+def _prepare_on_rank0(config: TrainConfig, run_dir: Path, topo: Topology) -> None:
+    """Rank 0 checks and prepares the run directory, then tells every rank how it went: a
+    refusal there (an earlier run in the directory, a resume with another config) stops all
+    ranks at once with the same paragraph, instead of leaving the others, possibly on other
+    nodes, waiting in their first collective until its timeout."""
+    outcome: list[tuple[str, str] | None] = [None]
+    if topo.is_main:
+        try:
+            _prepare_run_dir(config, run_dir)
+        except (ConfigError, RunError) as error:
+            outcome = [(type(error).__name__, str(error))]
+        except OSError as error:
+            outcome = [("RunError", f"could not prepare the run directory {run_dir}: {error}")]
+    if topo.world_size > 1:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        kind, message = outcome[0]
+        raise (ConfigError if kind == "ConfigError" else RunError)(message)
 
 
 def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:

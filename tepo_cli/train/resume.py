@@ -36,6 +36,7 @@ HARMLESS = (
     "trainer.eval_after",
     "trainer.save_final",
     "trainer.num_threads",
+    "trainer.device",
     "trainer.mmap_threshold_kb",
     "kernel.backend",
     "kernel.chunk_size",

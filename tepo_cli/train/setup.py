@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
@@ -174,20 +173,15 @@ def choose_checkpoint(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Path |
     it; None to start at step 0."""
     if not cfg.resume:
         return None
-    chosen: list[str | None] = [None]
     if topo.is_main:
         for leftover in checkpoint.remove_staging(run_dir):
             _warn(f"removed {leftover}, a checkpoint the run was killed while writing")
-        good = checkpoint.latest_good(run_dir, _warn)
-        chosen = [str(good) if good is not None else None]
-    if dist.is_initialized() and topo.world_size > 1:
-        dist.broadcast_object_list(chosen, src=0)
-    if chosen[0] is None:
+    found = checkpoint.latest_good(run_dir, _warn, topo)  # collective: each rank checks its files
+    if found is None:
         if topo.is_main:
             truncate_logs(run_dir, {})
             _warn(f"{run_dir} has no usable checkpoint: the run starts over from step 0")
         return None
-    found = Path(chosen[0])
     if topo.is_main:
         truncate_logs(run_dir, checkpoint.read_trainer_state(found).logs)
     return found
