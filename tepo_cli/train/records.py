@@ -45,6 +45,10 @@ def step_record(
         # ru_maxrss is in KiB on Linux: this process's high-water mark so far.
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if engine.device.type == "cuda":
+        # This rank's high-water mark of tensors allocated on its GPU (torch's caching
+        # allocator reserves more: `torch.cuda.memory_summary` has both).
+        record["peak_gpu_mb"] = torch.cuda.max_memory_allocated(engine.device) / 2**20
     record.update({f"{phase}_seconds": v for phase, v in clock.seconds.items()})
     record.update(update_metrics)
     return record
