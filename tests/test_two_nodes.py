@@ -4,9 +4,11 @@
         --master_addr 127.0.0.1 --master_port P --no_local_rank --module tepo_cli train \\
         trainer.nproc=2 ... hydra.run.dir=<shared run dir>
 
-started twice (R=0 and R=1), one rank each. A rank-0 refusal stops the other node at once with
-the same paragraph; a run killed with SIGKILL on node 1 and resumed on both nodes ends byte for
-byte as the uninterrupted two-node run."""
+started twice (R=0 and R=1), one rank each. The run carries MPO's MTP modules and PPO's critic
+(GAE) under ZeRO-2, so every kind of per-rank state crosses the nodes: the warmed-up modules are
+broadcast, GAE's whitening statistics all-reduced, the optimizer states partitioned. A rank-0
+refusal stops the other node at once with the same paragraph; a run killed with SIGKILL on node 1
+and resumed on both nodes ends byte for byte as the uninterrupted two-node run."""
 
 from __future__ import annotations
 
@@ -27,6 +29,12 @@ pytestmark = pytest.mark.slow
 
 STEPS = 2
 TIMING_KEYS = {"tokens_per_second", "peak_rss_mb"}
+WEIGHTS_FILES = (
+    "final/model.safetensors",
+    "mtp_modules.safetensors",
+    "critic/model.safetensors",
+    "critic/value_head.safetensors",
+)
 
 
 def _launcher() -> str:
@@ -40,6 +48,15 @@ def _args(tmp: Path, run_dir: Path) -> list[str]:
         "trainer.nproc=2",
         "model=tiny",
         "deepspeed=zero2",  # each rank writes its own optimizer partition
+        "algo=mpo",
+        "k=3",
+        "trainer.ppo_epochs=2",  # off-policy: the old MTP scores are checkpointed state too
+        "algo.mtp.warmup.steps=1",
+        "algo.mtp.warmup.batch_size=8",
+        "advantage=gae",
+        "rollout.n=1",
+        "trainer.prompts_per_step=4",
+        "advantage.save_critic=true",
         f"trainer.max_steps={STEPS}",
         "trainer.save_every=1",
         "trainer.keep_checkpoints=3",
@@ -54,10 +71,16 @@ def _args(tmp: Path, run_dir: Path) -> list[str]:
 
 
 def two_nodes(
-    tmp: Path, args: list[str], fault_on_node1: str = "", timeout: float = 240
+    tmp: Path,
+    args: list[str],
+    fault_on_node1: str = "",
+    timeout: float = 240,
+    devices_checked: bool = False,
 ) -> list[subprocess.CompletedProcess]:
     """Start node 1's and node 0's launchers (each its own session), wait for both; a launch
-    that outlives `timeout` is SIGKILLed (both nodes) and fails the test."""
+    that outlives `timeout` is SIGKILLed (both nodes) and fails the test. `devices_checked`:
+    under TEPO_CHECK_DEVICES=1 (tests/test_device_discipline.py), so a rank fails if its tepo code
+    made a tensor without naming its device."""
     hostfile = tmp / "hostfile"
     hostfile.write_text("node0 slots=1\nnode1 slots=1\n")
     port = str(free_port())
@@ -84,7 +107,11 @@ def two_nodes(
             "train",
             *args,
         ]
-        env = dict(os.environ, TEPO_FAULT=fault_on_node1 if node == 1 else "")
+        env = dict(
+            os.environ,
+            TEPO_FAULT=fault_on_node1 if node == 1 else "",
+            TEPO_CHECK_DEVICES="1" if devices_checked else "0",
+        )
         processes.append(
             subprocess.Popen(
                 command,
@@ -124,9 +151,15 @@ def test_two_nodes_refuse_together_then_killed_on_one_node_and_resumed_match_the
     tmp_path,
 ) -> None:
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    node0, node1 = two_nodes(tmp_path, _args(tmp_path, whole))
+    node0, node1 = two_nodes(tmp_path, _args(tmp_path, whole), devices_checked=True)
     assert node0.returncode == 0, node0.stdout[-3000:]
     assert node1.returncode == 0, node1.stdout[-3000:]
+    assert "without device" not in node0.stdout + node1.stdout
+    summary = json.loads((whole / "summary.json").read_text())
+    first, second = summary["rank_param_checksums"]  # both nodes end with the same policy
+    critic_first, critic_second = summary["critic_rank_param_checksums"]
+    assert first == second and critic_first == critic_second
+    assert summary["mtp_parameters"] > 0 and summary["critic_parameters"] > 0
     manifest = json.loads((whole / "checkpoints/step_00000002/manifest.json").read_text())
     assert "rank_00001.pt" in manifest["files"]
     assert any("zero_pp_rank_1_" in name for name in manifest["files"])  # node 1's partition
@@ -151,7 +184,8 @@ def test_two_nodes_refuse_together_then_killed_on_one_node_and_resumed_match_the
     assert node1.returncode == 0, node1.stdout[-3000:]
     assert f"resuming {killed} after step 1" in node0.stdout
     assert comparable_metrics(killed) == comparable_metrics(whole)
-    assert [m["step"] for m in comparable_metrics(killed)] == list(range(1, STEPS + 1))
-    weights = "final/model.safetensors"
-    assert (killed / weights).read_bytes() == (whole / weights).read_bytes()
+    steps = [m["step"] for m in comparable_metrics(killed) if "step" in m]  # not the warm-up's
+    assert steps == list(range(1, STEPS + 1))
+    for weights in WEIGHTS_FILES:  # the policy, the MTP modules, the critic
+        assert (killed / weights).read_bytes() == (whole / weights).read_bytes(), weights
     assert json.loads((killed / "status.json").read_text())["state"] == "finished"
