@@ -14,21 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from run_files import WEIGHTS_FILES, comparable_metrics
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4
-# Keys that measure the machine, not the run: they differ between any two runs.
-TIMING_KEYS = {"tokens_per_second", "peak_rss_mb"}
-# What a run saves beside its metrics (the last three with MPO's MTP modules / a GAE critic).
-WEIGHTS_FILES = (
-    "final/model.safetensors",
-    "mtp_modules.safetensors",
-    "critic/model.safetensors",
-    "critic/value_head.safetensors",
-    "final/adapter_model.safetensors",  # LoRA: the adapter and the model with it merged in
-    "final/merged/model.safetensors",
-)
 
 
 def base_args(tmp: Path, run_dir: Path) -> list[str]:
@@ -80,14 +70,6 @@ def wait_for_steps(run_dir: Path, steps: int, process: subprocess.Popen) -> None
             return
         time.sleep(0.05)
     raise AssertionError(f"the run did not reach step {steps}: {process.poll()}")
-
-
-def comparable_metrics(run_dir: Path) -> list[dict]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [
-        {k: v for k, v in r.items() if k not in TIMING_KEYS and not k.endswith("seconds")}
-        for r in records
-    ]
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
