@@ -17,9 +17,10 @@ from deepspeed.utils import (
 from torch import nn
 
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.core.collective import collective_device
 from tepo_cli.core.errors import RunError
 from tepo_cli.train import guards
-from tepo_cli.train.distributed import collective_device, setup_topology, teardown
+from tepo_cli.train.distributed import setup_topology, teardown
 from tepo_cli.train.engine import build_engine
 from tepo_cli.train.guards import FiniteAdamW, skipped_optimizer_steps
 from tepo_cli.train.master_weights import MasterAdamW

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
+from tepo_cli.core.collective import collective_device
 from tepo_cli.core.rollout import Rollout, left_padded_positions, pad_right
 from tepo_cli.models.shared_prompts import prefill
 from tepo_cli.rollout.base import Sampling, completion_mask, eos_ids
@@ -110,13 +111,8 @@ def partitioned_across_ranks(model: PreTrainedModel) -> bool:
 
 
 def _smallest_across_ranks(value: int) -> int:
-    """The smallest `value` over the ranks, through a tensor on the default group's device."""
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend() == "nccl"
-        else torch.device("cpu")
-    )
-    flag = torch.tensor([value], dtype=torch.int64, device=device)
+    """The smallest `value` over the ranks."""
+    flag = torch.tensor([value], dtype=torch.int64, device=collective_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return int(flag.item())
 

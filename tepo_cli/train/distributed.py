@@ -46,16 +46,6 @@ def launched_by_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ and not _SET_BY_US
 
 
-def collective_device() -> torch.device:
-    """Where a tensor for a collective of the default group must live: the current CUDA device
-    under NCCL (it refuses host tensors), the host otherwise (gloo)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def check_launched_world(nproc: int) -> None:
     """A launcher-started rank refuses a `trainer.nproc` other than the launcher's world size,
     before any process group starts."""

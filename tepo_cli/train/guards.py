@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
-from tepo_cli.train.distributed import collective_device
+from tepo_cli.core.collective import collective_device
 
 
 class FiniteAdamW(torch.optim.AdamW):

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.algos import informative_groups
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.collective import collective_device
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout import Rollout
@@ -28,7 +29,6 @@ from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.train import faults
 from tepo_cli.train.clock import StepClock
-from tepo_cli.train.distributed import collective_device
 from tepo_cli.train.grading import Graded, grade
 
 
