@@ -74,10 +74,7 @@ def rollout_and_grade(
             with clock("reward"):
                 graded = grade(cfg, rollout, batch_problems, reward)
             sampled += len(batch_problems)
-            keep = torch.ones(len(batch_problems), dtype=torch.bool, device="cpu")
-            if cfg.algo.dynamic_sampling:
-                keep = informative_groups(graded.correct, cfg.rollout.n).cpu()
-                keep &= keep.cumsum(0) <= wanted - kept_groups
+            keep = _keep(cfg, graded, len(batch_problems), wanted - kept_groups)
             if keep.any():
                 rows = _group_rows(keep, cfg.rollout.n)
                 part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
@@ -86,15 +83,15 @@ def rollout_and_grade(
         else:
             with clock("rollout"):
                 _idle_round(cfg, backend, tokenizer, problems)
-        # The ranks decide together: another round while any rank still needs groups.
-        if not _can_refill(cfg, round_index, refill) or _all_ranks_agree(kept_groups >= wanted):
+        # The ranks decide together (one collective a round): another round while any rank
+        # still needs groups and refills are left; a rank already full generates alongside.
+        everyone_full = _all_ranks_agree(kept_groups >= wanted)
+        if everyone_full or not _can_refill(cfg, round_index, refill):
             break
-        if kept_groups < wanted:
-            rounds += 1
-            batch_problems = [next(refill) for _ in range(wanted)]  # type: ignore[arg-type]
-        else:
-            batch_problems = []
-    if not _all_ranks_agree(kept_groups >= wanted):
+        refilling = kept_groups < wanted
+        rounds += refilling
+        batch_problems = [next(refill) for _ in range(wanted)] if refilling else []  # type: ignore[arg-type]
+    if not everyone_full:
         raise RunError(_refill_failure(cfg, wanted, kept_groups, sampled, rounds))
     rollout = Rollout.concat([r for r, _, _ in kept], tokenizer.pad_token_id)
     return Groups(
@@ -107,6 +104,15 @@ def rollout_and_grade(
         sampled_groups=sampled,
         refill_rounds=rounds,
     )
+
+
+def _keep(cfg: TrainConfig, graded: Graded, groups: int, room: int) -> torch.Tensor:
+    """Which of a round's groups are kept: all, or under dynamic sampling the informative ones
+    (mixed correctness), at most `room` of them."""
+    if not cfg.algo.dynamic_sampling:
+        return torch.ones(groups, dtype=torch.bool, device="cpu")
+    keep = informative_groups(graded.correct, cfg.rollout.n).cpu()
+    return keep & (keep.cumsum(0) <= room)
 
 
 def _idle_round(
