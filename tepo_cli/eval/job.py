@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,8 @@ def refuse_training_sampling_keys(overrides: list[str]) -> None:
 
 def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     from tepo_cli.benchmarks import build_reward, build_task
-    from tepo_cli.eval.accuracy import sample_and_grade
     from tepo_cli.eval.summary import summarize
-    from tepo_cli.models.loading import load_model, load_tokenizer
-    from tepo_cli.rollout import Sampling, build_backend
+    from tepo_cli.rollout import Sampling
 
     options, benchmark = config.eval, config.benchmark
     problems = build_task(benchmark).eval_problems(options.limit)
@@ -96,19 +95,8 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         batch, replay_note = _offline_records(config, todo, reward, options.n)
         _append(run_dir / SAMPLES, batch, done)
     elif todo:
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        torch.manual_seed(config.seed)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        tokenizer = load_tokenizer(config.model)
-        model = load_model(config.model, tokenizer, device)
-        backend = build_backend(
-            config.rollout, model, tokenizer, config.model.share_prompts, device
-        )
-        with contextlib.closing(backend):
-            batches = sample_and_grade(backend, tokenizer, todo, benchmark, reward, sampling)
-            for batch in batches:
-                _append(run_dir / SAMPLES, batch, done)
+        for batch in _model_records(config, todo, reward, sampling):
+            _append(run_dir / SAMPLES, batch, done)
     seconds = time.perf_counter() - start
     records = [r for p in problems for r in done[p.id]]
     summary = {
@@ -128,6 +116,25 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     }
     _write_json(run_dir / SUMMARY, summary)
     return summary
+
+
+def _model_records(
+    config: EvalConfig, todo: list[Any], reward: Any, sampling: Any
+) -> Iterator[list[dict[str, Any]]]:
+    """The graded samples of the model itself, batch by batch, from the rollout back-end."""
+    from tepo_cli.eval.accuracy import sample_and_grade
+    from tepo_cli.models.loading import load_model, load_tokenizer
+    from tepo_cli.rollout import build_backend
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model, tokenizer, device)
+    backend = build_backend(config.rollout, model, tokenizer, config.model.share_prompts, device)
+    with contextlib.closing(backend):
+        yield from sample_and_grade(backend, tokenizer, todo, config.benchmark, reward, sampling)
 
 
 def _append(path: Path, batch: list[dict[str, Any]], done: dict[str, list[dict[str, Any]]]) -> None:

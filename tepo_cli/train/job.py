@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -16,6 +16,7 @@ from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS
 
 if TYPE_CHECKING:
+    from tepo_cli.train.device_choice import DeviceChoice
     from tepo_cli.train.distributed import Topology
 
 
@@ -36,34 +37,9 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.train import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
-            from tepo_cli.config.launcher import parallel_job_threads
-
-            overrides = list(hydra_cfg.overrides.task)
-            explicit = any(o.lstrip("+~").startswith("trainer.num_threads=") for o in overrides)
-            code = distributed.relaunch(
-                config.trainer.nproc,
-                overrides,
-                run_dir,
-                None if explicit else parallel_job_threads(),
-                device.type,
-            )
-            if code:
-                sys.exit(code)
+            _relaunch(config, hydra_cfg, run_dir, device.type)
             return
-        from tepo_cli.train.mtp_files import early_mtp_problem, mtp_unsupported_message
-
-        problem = early_mtp_problem(config)
-        if problem is not None:
-            raise ConfigError(mtp_unsupported_message(config, problem))
-        distributed.check_launched_world(config.trainer.nproc)
-        from tepo_cli.train import collectives
-
-        collectives.begin("start-up")
-        if os.environ.get("RANK", "0") == "0":
-            print(f"tepo train: {device.reason}", file=sys.stderr)
-        topo = distributed.setup_topology(
-            config.trainer.num_threads, device.type, config.trainer.collective_timeout_s
-        )
+        topo = _join_ranks(config, device)
         _prepare_on_rank0(config, run_dir, topo)
         if topo.is_main:
             write_status(run_dir, "running")
@@ -89,6 +65,43 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.train.distributed import teardown
 
         teardown()
+
+
+def _relaunch(config: TrainConfig, hydra_cfg: Any, run_dir: Path, device_type: str) -> None:
+    """`trainer.nproc=N` without a launcher: run this job again as N ranks under the deepspeed
+    launcher, and exit with its code when it failed."""
+    from tepo_cli.config.launcher import parallel_job_threads
+    from tepo_cli.train import distributed
+
+    overrides = list(hydra_cfg.overrides.task)
+    explicit = any(o.lstrip("+~").startswith("trainer.num_threads=") for o in overrides)
+    code = distributed.relaunch(
+        config.trainer.nproc,
+        overrides,
+        run_dir,
+        None if explicit else parallel_job_threads(),
+        device_type,
+    )
+    if code:
+        sys.exit(code)
+
+
+def _join_ranks(config: TrainConfig, device: DeviceChoice) -> Topology:
+    """This process as a rank: the checks that need no group, then its place in the group (one
+    rank, or the launcher's), on the device `trainer.device` chose."""
+    from tepo_cli.train import collectives, distributed
+    from tepo_cli.train.mtp_files import early_mtp_problem, mtp_unsupported_message
+
+    problem = early_mtp_problem(config)
+    if problem is not None:
+        raise ConfigError(mtp_unsupported_message(config, problem))
+    distributed.check_launched_world(config.trainer.nproc)
+    collectives.begin("start-up")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"tepo train: {device.reason}", file=sys.stderr)
+    return distributed.setup_topology(
+        config.trainer.num_threads, device.type, config.trainer.collective_timeout_s
+    )
 
 
 def _check_registered_names(config: TrainConfig) -> None:
