@@ -109,19 +109,17 @@ def _data_command(arguments: list[str]) -> int:
     return prepare_command(arguments[1:])
 
 
-# Hydra's per-run outputs (.hydra/ and the train.log file handler): rank 0's alone.
-_RANK_OUTPUT_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=stdout")
-
-
 def rank_outputs(overrides: list[str], environ: Mapping[str, str]) -> list[str]:
     """On a launcher-started rank other than 0, the overrides that keep Hydra from writing
     .hydra/ and train.log into the shared run directory, whatever the command line says (a
     multi-node `deepspeed --hostfile ...` command names none; every rank would write both)."""
+    from tepo_cli.core.run_dir import NO_HYDRA_OUTPUTS
+
     if environ.get("RANK", "0") == "0":
         return overrides
-    keys = tuple(o.split("=", 1)[0] for o in _RANK_OUTPUT_OVERRIDES)
+    keys = tuple(o.split("=", 1)[0] for o in NO_HYDRA_OUTPUTS)
     kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in keys]
-    return [*kept, *_RANK_OUTPUT_OVERRIDES]
+    return [*kept, *NO_HYDRA_OUTPUTS]
 
 
 def _strip_local_rank(args: list[str]) -> list[str]:

@@ -30,3 +30,8 @@ HYDRA = ".hydra"
 
 # The training run's append-only logs, in the order RunLog opens them (resume cuts them back).
 LOG_FILES = (METRICS, SAMPLES, EVALS)
+
+# Hydra overrides that keep a process from writing .hydra/ and train.log: every rank but the one
+# that writes the run's outputs (the trainer.nproc relaunch passes them; cli.py adds them on ranks
+# other than 0 whatever the launch command says).
+NO_HYDRA_OUTPUTS = ("hydra.output_subdir=null", "hydra/job_logging=stdout")

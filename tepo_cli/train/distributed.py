@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.run_dir import NO_HYDRA_OUTPUTS
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 _SET_BY_US: dict[str, str] = {}  # rendezvous variables this job set (a single process)
@@ -277,8 +278,7 @@ def launcher_command(
         *overrides,
         f"trainer.nproc={nproc}",
         f"hydra.run.dir={run_dir}",
-        "hydra.output_subdir=null",  # the parent already wrote .hydra/
-        "hydra/job_logging=stdout",
+        *NO_HYDRA_OUTPUTS,  # the parent already wrote .hydra/ and logs train.log
     ]
 
 
