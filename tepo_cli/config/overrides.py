@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tepo_cli.config.schema import EvalConfig, TrainConfig
+from tepo_cli.config.eval_schema import EvalConfig
+from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import ConfigError
 
 SCHEMAS: dict[str, type[BaseModel]] = {"train": TrainConfig, "eval": EvalConfig}

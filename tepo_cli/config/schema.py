@@ -1,4 +1,5 @@
-"""Typed schema of `tepo train` and `tepo eval` configs.
+"""Typed schema of `tepo train` configs, and of the groups `tepo eval` shares with it
+(config/eval_schema.py holds eval's own).
 
 Hydra composes the YAML tree in conf/; these models check the result once, at start-up, before any
 model loads. The YAML files document each knob (a comment per key); the models hold only types and
@@ -395,31 +396,3 @@ class TrainConfig(Strict):
                 f"(prompts_per_step / nproc x rollout.n = {sequences})"
             )
         return self
-
-
-class EvalOptions(Strict):
-    limit: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1)
-    greedy: bool = True
-    temperature: float = Field(default=0.7, gt=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_new_tokens: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=64, ge=1)
-    pass_k: list[int] = Field(default_factory=lambda: [1, 5, 10])
-
-    @model_validator(mode="after")
-    def _check_greedy(self) -> EvalOptions:
-        if self.greedy and self.n > 1:
-            raise ValueError("eval.n > 1 needs sampling: set eval.greedy=false")
-        return self
-
-
-class EvalConfig(Strict):
-    seed: int = 0
-    model: ModelConfig
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # the back-end; eval.* samples
-    benchmark: BenchmarkConfig
-    reward: RewardConfig
-    eval: EvalOptions = Field(default_factory=EvalOptions)
-    num_threads: int | None = Field(default=None, ge=1)
-    plugins: list[str] = Field(default_factory=list)

@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ValidationError
 
+from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.config.launcher import parallel_job_threads
-from tepo_cli.config.schema import EvalConfig, TrainConfig
+from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import ConfigError, describe_value
 
 Model = TypeVar("Model", bound=BaseModel)

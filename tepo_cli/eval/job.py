@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from tepo_cli.config.schema import EvalConfig
+from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
