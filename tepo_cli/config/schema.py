@@ -204,14 +204,16 @@ _GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path"
 
 
 class EngineConfig(Strict):
-    """A rollout engine's own knobs (rollout=vllm; conf/rollout/vllm.yaml says what each does)."""
+    """A rollout engine's knobs (rollout=vllm: conf/rollout/vllm.yaml; autos: vllm_modes.py)."""
 
     max_model_len: int = Field(default=2048, ge=16)
     kv_cache_gib: int = Field(default=2, ge=1)
     gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
     max_num_seqs: int = Field(default=256, ge=1)
-    enforce_eager: bool = True
+    enforce_eager: Literal["auto"] | bool = "auto"  # auto: CUDA graphs on CUDA, eager on CPU
     prefix_caching: bool = True
+    sleep: Literal["auto"] | bool = "auto"  # auto: on CUDA (vLLM's sleep mode is CUDA-only)
+    per_request_seeds: bool = False
 
 
 class RolloutConfig(Strict):
@@ -266,6 +268,7 @@ class KernelConfig(Strict):
     backend: Literal["auto", "torch", "triton", "naive"] = "auto"
     chunk_size: int | None = Field(default=None, ge=1)
     lean_layers: bool = True
+    tf32: Literal["auto"] | bool = "auto"  # auto: on for a float32 policy on CUDA (kernels/tf32.py)
 
 
 class TrainerConfig(Strict):

@@ -38,13 +38,17 @@ class RolloutBackend(Protocol):
     `generate` samples `sampling.n` completions per prompt; an engine with kernels of its own
     also returns its log-probs of the sampled tokens (`Rollout.logprobs`, corrected for as in
     docs/objectives.md §0.8). `sync` makes the engine generate with the trainer's current weights;
-    the trainer calls it after every optimizer step (and times it: `sync_seconds`). `close`
-    releases the engine at the end of a job.
+    the trainer calls it after every optimizer step (and times it: `sync_seconds`). `sleep`,
+    called after each step's rollout, lets an engine with device memory of its own give it to the
+    update until the next `sync` or `generate` (vLLM's sleep mode); it is optional (`OnPolicyDevice`
+    skips a back-end without it). `close` releases the engine at the end of a job.
     """
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout: ...
 
     def sync(self, lm: PreTrainedModel) -> None: ...
+
+    def sleep(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -61,6 +65,17 @@ class OnPolicyDevice:
 
     def sync(self, lm: PreTrainedModel) -> None:
         self.backend.sync(lm)
+
+    def sleep(self) -> None:
+        sleep = getattr(self.backend, "sleep", None)
+        if sleep is not None:
+            sleep()
+
+    def settings(self) -> dict[str, bool]:
+        """The engine's resolved speed modes (vllm: CUDA graphs, sleep, per-request seeds); {}
+        for a back-end without any."""
+        settings = getattr(self.backend, "settings", None)
+        return {} if settings is None else settings()
 
     def close(self) -> None:
         self.backend.close()

@@ -35,6 +35,9 @@ class HfBackend:
     def sync(self, lm: PreTrainedModel) -> None:
         """Nothing to do: generate() reads the trainer's parameters themselves."""
 
+    def sleep(self) -> None:
+        """Nothing to free: the engine is the trainer's model."""
+
     def close(self) -> None:
         """Nothing to release: the model is the trainer's."""
 

@@ -5,8 +5,9 @@ and `sync` streams the trainer's parameters into it (`reload_weights`, which ser
 and GPU workers alike), at start and after every optimizer step. Under ZeRO-3 each parameter is
 gathered on every rank just before it is sent, so a sync never holds a second full copy.
 
-Prompts go in as the token ids the trainer uses (the tokenizer is not loaded by vLLM), and each
-prompt's requests carry their own seeds: a run samples the same completions again after resume.
+Prompts go in as the token ids the trainer uses (the tokenizer is not loaded by vLLM); with
+`rollout.engine.per_request_seeds` each prompt's requests carry their own seeds. CUDA graphs, the
+engine's sleep during the update and the seeds are chosen in `vllm_modes.py`.
 The log-probs returned are the sampled tokens' after temperature (`processed_logprobs`), what the
 trainer's ℓ^old means; the mismatch between the two is corrected as docs/objectives.md §0.8 says.
 
@@ -39,6 +40,7 @@ from tepo_cli.core.errors import RunError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.models.lora import merged_weights
 from tepo_cli.rollout.base import Sampling, eos_ids
+from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes
 
 NAME = "vllm"  # rollout.backend (conf/rollout/vllm.yaml)
 REQUIRES = "vllm"
@@ -61,15 +63,18 @@ class VllmBackend:
         self.tokenizer = tokenizer
         self.eos = eos_ids(lm, tokenizer)
         self.max_model_len = cfg.max_model_len
+        self.modes = resolve_modes(cfg, _engine_on_cuda())
+        self._cycle = SleepCycle(self.modes.sleep)
         self._config_dir = tempfile.TemporaryDirectory(prefix="tepo-vllm-")
         write_model_config(lm, Path(self._config_dir.name))
-        self.engine = start_engine(cfg, lm, self._config_dir.name, seed)
+        self.engine = start_engine(cfg, lm, self._config_dir.name, seed, self.modes)
         self.sync(lm)
         self._warm_up(lm)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         from vllm.inputs import TokensPrompt
 
+        self._call(self._cycle.before_generate())
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         self._check_length(ids, sampling.max_new_tokens)
         params = [self._params(sampling, i) for i in range(len(prompts))]
@@ -82,10 +87,23 @@ class VllmBackend:
         return self._rollout(ids, completions, sampling)
 
     def sync(self, lm: PreTrainedModel) -> None:
-        """Load the trainer's current weights into the engine; the prefix cache (KV of the old
-        weights) is dropped."""
+        """Load the trainer's current weights into the engine, in place (the parameters keep
+        their storage, so captured CUDA graphs stay valid); the prefix cache (KV of the old
+        weights) is dropped. A sleeping engine gets its weights' memory back first and its KV
+        cache only after the load (`SleepCycle`)."""
+        self._call(self._cycle.before_sync())
         self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": _weights(lm)})
+        self._call(self._cycle.after_sync())
         self.engine.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """With sleep mode (`rollout.engine.sleep`): the weights to host memory and the KV cache
+        freed until the next sync or generation; otherwise nothing."""
+        self._call(self._cycle.rest())
+
+    def settings(self) -> dict[str, bool]:
+        """The engine's resolved speed modes, for the run's summary."""
+        return self.modes.describe()
 
     def close(self) -> None:
         """Shut the engine down (its memory goes back), keeping torch.distributed's default
@@ -97,10 +115,16 @@ class VllmBackend:
         self.engine = None
         self._config_dir.cleanup()
 
+    def _call(self, calls: list[Call]) -> None:
+        for call in calls:
+            getattr(self.engine, call.method)(**call.kwargs)
+
     def _params(self, sampling: Sampling, prompt_index: int) -> Any:
         from vllm import SamplingParams
 
-        seed = None if sampling.seed is None else sampling.seed + prompt_index * sampling.n
+        seed = None
+        if self.modes.per_request_seeds and sampling.seed is not None:
+            seed = sampling.seed + prompt_index * sampling.n
         return SamplingParams(
             n=sampling.n,
             temperature=0.0 if sampling.greedy else sampling.temperature,
@@ -179,11 +203,14 @@ def write_model_config(lm: PreTrainedModel, directory: Path) -> None:
         lm.generation_config.save_pretrained(directory)
 
 
-def start_engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -> Any:
+def start_engine(
+    cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int, modes: EngineModes
+) -> Any:
     """A colocated vLLM engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: in this process, beside the
     trainer) that leaves the process as it found it: torch's, Python's and NumPy's random states,
-    torch's thread count and `torch.set_num_threads` (which vLLM's CPU worker replaces), and the
-    current CUDA device (which vLLM's GPU worker sets to its own)."""
+    torch's thread count and `torch.set_num_threads` (which vLLM's CPU worker replaces), the
+    current CUDA device (which vLLM's GPU worker sets to its own) and the float32 matmul precision
+    (which vLLM's GPU worker sets to its VLLM_FLOAT32_MATMUL_PRECISION, undoing `kernel.tf32`)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
     if "VLLM_LOGGING_LEVEL" not in os.environ:  # vLLM's INFO lines would drown the run's log
@@ -191,7 +218,7 @@ def start_engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: i
         logging.getLogger("vllm").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # vLLM's own deprecated torch calls
-        return _engine(cfg, lm, model_dir, seed)
+        return _engine(cfg, lm, model_dir, seed, modes)
 
 
 @dataclass(frozen=True)
@@ -219,7 +246,12 @@ def trainer_placement() -> Placement | None:
 
 
 def engine_arguments(
-    cfg: EngineConfig, model_dir: str, dtype: torch.dtype, seed: int, placement: Placement | None
+    cfg: EngineConfig,
+    model_dir: str,
+    dtype: torch.dtype,
+    seed: int,
+    placement: Placement | None,
+    modes: EngineModes,
 ) -> dict[str, Any]:
     """The keyword arguments of `vllm.LLM` for this process's engine.
 
@@ -233,8 +265,9 @@ def engine_arguments(
     executor takes rank 0 and device index 0 on every rank: all engines on cuda:0, and each
     rank's current CUDA device switched to it.
 
-    The engine's seed differs per rank (seed + rank): requests carry their own per-rank seeds
-    (train/sampling.py `rollout_seed`); this one covers anything vLLM draws without them.
+    The engine's seed differs per rank (seed + rank): with per-request seeds, requests carry
+    their own per-rank seeds (train/sampling.py `rollout_seed`); this one covers anything vLLM
+    draws without them. CUDA graphs and sleep mode: `modes` (vllm_modes.py).
     """
     arguments: dict[str, Any] = dict(
         model=model_dir,
@@ -244,17 +277,19 @@ def engine_arguments(
         seed=seed + (placement.rank if placement else 0),
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
-        enforce_eager=cfg.enforce_eager,
         enable_prefix_caching=cfg.prefix_caching,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         logprobs_mode="processed_logprobs",
+        **mode_arguments(modes),
     )
     if placement is not None:
         arguments.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
     return arguments
 
 
-def _engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -> Any:
+def _engine(
+    cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int, modes: EngineModes
+) -> Any:
     try:
         from vllm import LLM
     except ImportError as error:
@@ -264,7 +299,8 @@ def _engine(cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int) -
             f"builds that vllm-cpu pulls in beside a CPU torch."
         ) from None
     placement = trainer_placement()
-    arguments = engine_arguments(cfg, model_dir, next(lm.parameters()).dtype, seed, placement)
+    dtype = next(lm.parameters()).dtype
+    arguments = engine_arguments(cfg, model_dir, dtype, seed, placement, modes)
     with _process_state_kept(), _rank_environment(placement):
         try:
             engine = LLM(**arguments)
@@ -297,6 +333,16 @@ def _rank_environment(placement: Placement | None) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def _engine_on_cuda() -> bool:
+    """Whether vLLM runs its engine on a GPU here: its platform's answer (CUDA or ROCm), not the
+    policy's parameters' device (ZeRO-3 may offload those to the host)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # `_engine` refuses it with its own paragraph
+        return torch.cuda.is_available()
+    return bool(current_platform.is_cuda_alike())
+
+
 def _check_device(engine: Any, device: torch.device) -> None:
     """Refuse an engine that landed on another GPU than its rank's (its weights would sit on
     another rank's device): one paragraph now instead of device errors or an out-of-memory in
@@ -319,9 +365,11 @@ def _process_state_kept() -> Iterator[None]:
     python_state, numpy_state = random.getstate(), np.random.get_state()
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    matmul_precision = torch.get_float32_matmul_precision()  # kernels/tf32.py: why this API
     try:
         yield
     finally:
+        torch.set_float32_matmul_precision(matmul_precision)
         if cuda_device is not None:
             torch.cuda.set_device(cuda_device)
         torch.set_num_threads = set_num_threads

@@ -49,6 +49,8 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     groups = rollout_and_grade(
         cfg, run.backend, run.tokenizer, problems, run.reward, run.prompts.refill, seed, clock
     )
+    with clock("sync"):  # the engine's device memory to the update until the sync (vllm's sleep)
+        run.backend.sleep()
     advantages = estimate(cfg, groups, models.critic, clock)
     experience = score(cfg, models.policy, models.reference, groups, advantages, clock)
     with clock("update"):

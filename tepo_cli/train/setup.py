@@ -22,6 +22,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
+from tepo_cli.kernels.tf32 import set_tf32
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer, weights_location
 from tepo_cli.models.lora import trainable_parameters
@@ -59,6 +60,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     lm = load_model(cfg.model, tokenizer, topo.device)
+    tf32 = set_tf32(cfg.kernel.tf32, next(lm.parameters()).dtype, topo.device)
+    if cfg.kernel.tf32 is True and not tf32 and topo.is_main:
+        _warn("kernel.tf32=true has no effect on the CPU: TF32 is a CUDA matmul mode")
     if cfg.kernel.lean_layers:
         make_lean(lm)
     model = build_policy(cfg, lm)
@@ -89,6 +93,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     backend = build_backend(
         cfg.rollout, engine.module.lm, tokenizer, model.share_prompts, topo.device
     )
+    state.summary.update(tf32=tf32, rollout_engine=backend.settings())
     prompts = open_prompts(cfg, task.train_stream, topo, state, rank_state)
     if rank_state.rng:
         restore_rng(rank_state.rng, generator)

