@@ -11,8 +11,9 @@ uneven held-out shards), ZeRO-2 with the optimizer offloaded to the host, bf16 t
 LoRA, MPO with its MTP modules, PPO's critic (GAE), DAPO's dynamic sampling, the `vllm` back-end
 (when vLLM imports), a checkpoint resumed, and `tepo eval` of a trained model. A check passes when the
 run exits 0 and every step it logged has a finite loss and no skipped optimizer step. The table
-gives each check's median seconds per step (total, rollout, update) and peak memory; the same rows
-go to `<out>/gpu_check.json`. The exit code is 1 when any check failed, so the script can gate a
+gives each check's median seconds per step (total, rollout, update), peak memory, and for a passing
+run the speed modes it ran with (`tf32`; with vllm `cuda_graphs`, `sleep`, `per_request_seeds`);
+the same rows go to `<out>/gpu_check.json` (the modes under `extra`). The exit code is 1 when any check failed, so the script can gate a
 cluster's first job.
 """
 
@@ -184,6 +185,17 @@ def judge(check: Check, returncode: int, records: list[dict[str, Any]], steps: i
     return ""
 
 
+def speed_modes(run_dir: Path) -> dict[str, Any]:
+    """What a finished run ran with (its summary.json): TF32 matmuls, and with rollout=vllm the
+    engine's CUDA graphs, sleep mode and per-request seeds."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return {}
+    summary = json.loads(path.read_text())
+    modes = {"tf32": summary["tf32"]} if "tf32" in summary else {}
+    return {**modes, **summary.get("rollout_engine", {})}
+
+
 def _median(records: list[dict[str, Any]], key: str) -> float | None:
     values = [float(r[key]) for r in records if key in r]
     return statistics.median(values) if values else None
@@ -227,6 +239,9 @@ def run_check(
         outcome.why += f" (log: {log})"
     else:
         runs[check.label] = where
+        if check.command == "train":
+            outcome.extra.update(speed_modes(where))
+            outcome.why = " ".join(name for name, on in outcome.extra.items() if on is True)
     outcome.step_s = _median(records, "step_seconds")
     outcome.rollout_s = _median(records, "rollout_seconds")
     outcome.update_s = _median(records, "update_seconds")
@@ -256,7 +271,7 @@ def render(outcomes: list[Outcome], header: str) -> None:
         "peak RSS MB",
         "peak GPU MB",
         "wall s",
-        "why",
+        "why / modes on",  # a failure's reason; a pass's TF32, CUDA graphs, sleep, seeds
     ):
         table.add_column(column)
     colour = {"pass": "green", "FAIL": "red", "skip": "yellow"}

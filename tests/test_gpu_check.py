@@ -110,4 +110,5 @@ def test_the_script_runs_checks_on_cpu_ranks_and_writes_its_table(tmp_path):
     rows = {row["label"]: row for row in json.loads((out / "gpu_check.json").read_text())["checks"]}
     assert rows["zero2@1"]["verdict"] == "pass" and rows["eval@1"]["verdict"] == "pass"
     assert rows["zero2@1"]["steps"] == 1 and rows["zero2@1"]["step_s"] > 0
+    assert rows["zero2@1"]["extra"] == {"tf32": False}  # CPU ranks; rollout=hf: no engine modes
     assert "zero2@1" in result.stdout and "2 of 2 checks did not fail" in result.stdout

@@ -301,8 +301,9 @@ def test_malformed_training_rows_stop_the_run_before_the_model_loads(tmp_path, r
 
 
 def vllm_args(tmp: Path, run_dir: Path) -> list[str]:
-    """Rollouts from an in-process vLLM engine: its requests are seeded from (seed, step, rank),
-    so the resumed run samples what the uninterrupted one did."""
+    """Rollouts from an in-process vLLM engine, without per-request seeds (the default): it draws
+    from the trainer's torch generator, which the checkpoint holds, so the resumed run samples
+    what the uninterrupted one did."""
     return [
         *base_args(tmp, run_dir),
         "rollout=vllm",

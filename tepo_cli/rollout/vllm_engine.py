@@ -265,9 +265,11 @@ def engine_arguments(
     executor takes rank 0 and device index 0 on every rank: all engines on cuda:0, and each
     rank's current CUDA device switched to it.
 
-    The engine's seed differs per rank (seed + rank): with per-request seeds, requests carry
-    their own per-rank seeds (train/sampling.py `rollout_seed`); this one covers anything vLLM
-    draws without them. CUDA graphs and sleep mode: `modes` (vllm_modes.py).
+    The engine's seed differs per rank (seed + rank). vLLM seeds torch's global generators with
+    it at start, which `_process_state_kept` undoes: requests without seeds draw from the
+    trainer's own generator (seeded per rank, checkpointed); with per-request seeds they carry
+    their own (train/sampling.py `rollout_seed`). CUDA graphs and sleep mode: `modes`
+    (vllm_modes.py).
     """
     arguments: dict[str, Any] = dict(
         model=model_dir,
