@@ -57,6 +57,7 @@ import vllm
 
 LAUNCHER_LOCAL_RANK = os.environ.get("LOCAL_RANK")
 PLACEMENT_KEYS = ("distributed_executor_backend", "tensor_parallel_size", "seed")
+MODE_KEYS = ("enforce_eager", "enable_sleep_mode")
 
 
 class RecordedLLM(vllm.LLM):
@@ -65,6 +66,7 @@ class RecordedLLM(vllm.LLM):
         worker = self.llm_engine.model_executor.driver_worker.worker
         record = dict(
             arguments={key: kwargs.get(key) for key in PLACEMENT_KEYS},
+            modes={key: kwargs.get(key) for key in MODE_KEYS},
             trainer_rank=dist.get_rank(),
             launcher_local_rank=int(LAUNCHER_LOCAL_RANK),
             engine_rank=worker.rank,
@@ -119,7 +121,8 @@ def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
 
     Each rank's engine is vLLM's external-launcher executor at the trainer's own rank and local
     device (vLLM's default put every rank's engine at rank 0, device index 0: cuda:0 on a GPU
-    node), and each rank samples and scores its own prompts."""
+    node), and each rank samples and scores its own prompts. On the CPU the engine is eager and
+    without sleep mode (the autos), as the run's summary says."""
     run_dir, record_dir = tmp_path / "run", tmp_path / "records"
     record_dir.mkdir()
     (tmp_path / "engine_recorder.py").write_text(ENGINE_RECORDER)
@@ -142,6 +145,14 @@ def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
             "tensor_parallel_size": 1,
             "seed": rank,
         }
+        assert engine["modes"] == {"enforce_eager": True, "enable_sleep_mode": False}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tf32"] is False
+    assert summary["rollout_engine"] == {
+        "cuda_graphs": False,
+        "sleep": False,
+        "per_request_seeds": False,
+    }
     scored = [records(record_dir, f"scored-{r}.jsonl") for r in (0, 1)]
     questions = [{s["question"] for s in rank_scored} for rank_scored in scored]
     assert all(questions) and not questions[0] & questions[1]  # ranks never share a prompt
