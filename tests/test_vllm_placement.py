@@ -124,7 +124,7 @@ def test_sleep_on_the_cpu_is_refused_naming_the_key():
     with pytest.raises(RunError, match=r"rollout\.engine\.sleep=true.*CPU.*sleep=auto") as error:
         resolve_modes(EngineConfig(sleep=True), on_cuda=False)
     assert "\n" not in str(error.value)
-    with pytest.raises(ValidationError, match="sleep"):
+    with pytest.raises(ValidationError, match="must be auto, true or false, not .sometimes."):
         EngineConfig(sleep="sometimes")
 
 

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.config.auto_bool import AutoBool
 
 
 class Strict(BaseModel):
@@ -210,9 +211,9 @@ class EngineConfig(Strict):
     kv_cache_gib: int = Field(default=2, ge=1)
     gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
     max_num_seqs: int = Field(default=256, ge=1)
-    enforce_eager: Literal["auto"] | bool = "auto"  # auto: CUDA graphs on CUDA, eager on CPU
+    enforce_eager: AutoBool = "auto"  # auto: CUDA graphs on CUDA, eager on CPU
     prefix_caching: bool = True
-    sleep: Literal["auto"] | bool = "auto"  # auto: on CUDA (vLLM's sleep mode is CUDA-only)
+    sleep: AutoBool = "auto"  # auto: on CUDA (vLLM's sleep mode is CUDA-only)
     per_request_seeds: bool = False
 
 
@@ -268,7 +269,7 @@ class KernelConfig(Strict):
     backend: Literal["auto", "torch", "triton", "naive"] = "auto"
     chunk_size: int | None = Field(default=None, ge=1)
     lean_layers: bool = True
-    tf32: Literal["auto"] | bool = "auto"  # auto: on for a float32 policy on CUDA (kernels/tf32.py)
+    tf32: AutoBool = "auto"  # auto: on for a float32 policy on CUDA (kernels/tf32.py)
 
 
 class TrainerConfig(Strict):
