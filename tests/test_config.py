@@ -133,6 +133,7 @@ def _tepo(*args: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess
         (["train", "advantage=rloo", "rollout.n=1"], "advantage=rloo compares each response"),
         (["train", "algo.eps_low=-1"], "algo.eps_low=-1 is not allowed"),
         (["train", "trainer.lr=abc"], "trainer.lr='abc' is not allowed"),
+        (["train", "kernel.tf32=fast"], "kernel.tf32='fast' is not allowed: must be auto, true"),
         (
             ["train", "badkey=1"],
             "unknown key 'badkey' in `tepo train`; the keys allowed at the top",

