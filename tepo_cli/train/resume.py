@@ -41,6 +41,7 @@ HARMLESS = (
     "kernel.backend",
     "kernel.chunk_size",
     "kernel.lean_layers",
+    "rollout.engine.sleep",  # where the engine's weights wait during the update, not their values
 )
 _PLAIN_PATH = re.compile(r"^[\w./~-]+$")
 
