@@ -22,7 +22,13 @@ from tepo_cli.rollout.vllm_engine import (
     engine_arguments,
     trainer_placement,
 )
-from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, resolve_modes
+from tepo_cli.rollout.vllm_modes import (
+    Call,
+    EngineModes,
+    SleepCycle,
+    resolve_modes,
+    without_updates,
+)
 
 CPU_MODES = EngineModes(cuda_graphs=False, sleep=False, per_request_seeds=False)
 
@@ -118,6 +124,12 @@ def test_on_cuda_the_engine_decodes_with_cuda_graphs_and_sleeps_during_the_updat
     forced = EngineConfig(enforce_eager=True, sleep=False, per_request_seeds=True)
     assert resolve_modes(forced, on_cuda=True) == EngineModes(False, False, True)
     assert resolve_modes(EngineConfig(enforce_eager=False), on_cuda=False).cuda_graphs
+
+
+def test_an_evaluation_engine_does_not_sleep_unless_asked():
+    """`tepo eval` never updates the weights: auto is off there, an explicit choice stays."""
+    assert not resolve_modes(without_updates(EngineConfig()), on_cuda=True).sleep
+    assert resolve_modes(without_updates(EngineConfig(sleep=True)), on_cuda=True).sleep
 
 
 def test_sleep_on_the_cpu_is_refused_naming_the_key():

@@ -125,6 +125,7 @@ def _model_records(
     from tepo_cli.eval.accuracy import sample_and_grade
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.rollout import build_backend
+    from tepo_cli.rollout.vllm_modes import without_updates
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -132,7 +133,8 @@ def _model_records(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, tokenizer, device)
-    backend = build_backend(config.rollout, model, tokenizer, config.model.share_prompts, device)
+    rollout = config.rollout.model_copy(update={"engine": without_updates(config.rollout.engine)})
+    backend = build_backend(rollout, model, tokenizer, config.model.share_prompts, device)
     with contextlib.closing(backend):
         yield from sample_and_grade(backend, tokenizer, todo, config.benchmark, reward, sampling)
 

@@ -67,6 +67,14 @@ def resolve_modes(cfg: EngineConfig, on_cuda: bool) -> EngineModes:
     return EngineModes(cuda_graphs=not eager, sleep=sleep, per_request_seeds=cfg.per_request_seeds)
 
 
+def without_updates(cfg: EngineConfig) -> EngineConfig:
+    """The engine knobs of a job that never updates the weights (`tepo eval`): nothing to free
+    memory for, so sleep's auto is off (sleep mode's allocator would only cost)."""
+    if cfg.sleep != "auto":
+        return cfg
+    return cfg.model_copy(update={"sleep": False})
+
+
 def mode_arguments(modes: EngineModes) -> dict[str, Any]:
     """The `vllm.LLM` keyword arguments the modes set."""
     return {"enforce_eager": not modes.cuda_graphs, "enable_sleep_mode": modes.sleep}
