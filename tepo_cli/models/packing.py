@@ -290,9 +290,6 @@ def _segment_by_segment(
         q = queries[q0:q1].transpose(0, 1)[None]  # [1, Hq, q, D]
         k = keys[k0:k1].transpose(0, 1)[None]
         v = values[k0:k1].transpose(0, 1)[None]
-        if gqa:
-            repeat = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         square = q1 - q0 == k1 - k0
         out = F.scaled_dot_product_attention(
             q,
@@ -301,6 +298,7 @@ def _segment_by_segment(
             attn_mask=None if square else causal_lower_right(q1 - q0, k1 - k0),
             is_causal=square,
             scale=scaling,
+            enable_gqa=gqa,  # grouped key/value heads read in place, not copied per query head
         )
         outputs.append(out[0].transpose(0, 1))
     return torch.cat(outputs)
