@@ -242,17 +242,14 @@ def packed_attention(
         own = ALL_ATTENTION_FUNCTIONS.get_interface(fallback, eager_attention_forward)
         return own(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     layout = packed_layout
-    queries = query[0].transpose(0, 1)  # [L, Hq, D]
-    keys = key[0].transpose(0, 1).index_select(0, layout.key_index)  # [K, Hkv, D]
-    values = value[0].transpose(0, 1).index_select(0, layout.key_index)
-    gqa = queries.shape[1] != keys.shape[1]
-    if _flash_varlen_applies(queries):
+    gqa = query.shape[1] != key.shape[1]
+    if _flash_varlen_applies(query):
         from torch.nn.attention.varlen import varlen_attn
 
         out = varlen_attn(
-            queries,
-            keys,
-            values,
+            query[0].transpose(0, 1),  # [L, Hq, D]
+            key[0].transpose(0, 1).index_select(0, layout.key_index),  # [K, Hkv, D]
+            value[0].transpose(0, 1).index_select(0, layout.key_index),
             layout.cu_queries,
             layout.cu_keys,
             layout.max_queries,
@@ -261,9 +258,9 @@ def packed_attention(
             window_size=(-1, 0),  # causal, aligned to the bottom right: the answer's own tokens
             enable_gqa=gqa,
         )
-    else:
-        out = _segment_by_segment(queries, keys, values, layout, scaling, gqa)
-    return out[None], None
+        return out[None], None
+    out = _segment_by_segment(query[0], key[0], value[0], layout, scaling, gqa)
+    return out.transpose(0, 1)[None], None
 
 
 def _flash_varlen_applies(queries: torch.Tensor) -> bool:
@@ -281,24 +278,31 @@ def _segment_by_segment(
     scaling: float | None,
     gqa: bool,
 ) -> torch.Tensor:
-    """What varlen_attn computes, one segment at a time (CPU, float32/float64 on CUDA)."""
-    query_starts, key_starts = layout.query_starts, layout.key_starts
+    """What varlen_attn computes, one segment at a time (CPU; float32/float64 on CUDA):
+    queries [Hq, L, D], keys/values [Hkv, L, D] → [Hq, L, D].
+
+    The segments are `split` views, whose backward is one concatenation; slicing each segment
+    would make its backward write a zero tensor of the whole row per segment.
+    """
+    query_parts = queries.split(_counts(layout.query_starts), dim=1)
+    key_counts = _counts(layout.key_starts)
+    key_parts = keys.index_select(1, layout.key_index).split(key_counts, dim=1)
+    value_parts = values.index_select(1, layout.key_index).split(key_counts, dim=1)
     outputs = []
-    for segment in range(len(query_starts) - 1):
-        q0, q1 = query_starts[segment], query_starts[segment + 1]
-        k0, k1 = key_starts[segment], key_starts[segment + 1]
-        q = queries[q0:q1].transpose(0, 1)[None]  # [1, Hq, q, D]
-        k = keys[k0:k1].transpose(0, 1)[None]
-        v = values[k0:k1].transpose(0, 1)[None]
-        square = q1 - q0 == k1 - k0
+    for q, k, v in zip(query_parts, key_parts, value_parts, strict=True):
+        square = q.shape[1] == k.shape[1]
         out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=None if square else causal_lower_right(q1 - q0, k1 - k0),
+            q[None],
+            k[None],
+            v[None],
+            attn_mask=None if square else causal_lower_right(q.shape[1], k.shape[1]),
             is_causal=square,
             scale=scaling,
             enable_gqa=gqa,  # grouped key/value heads read in place, not copied per query head
         )
-        outputs.append(out[0].transpose(0, 1))
-    return torch.cat(outputs)
+        outputs.append(out[0])
+    return torch.cat(outputs, dim=1)
+
+
+def _counts(starts: tuple[int, ...]) -> list[int]:
+    return [stop - start for start, stop in itertools.pairwise(starts)]
