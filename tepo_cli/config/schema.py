@@ -59,6 +59,7 @@ class ModelConfig(Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     gradient_checkpointing: bool = False
     share_prompts: bool = True
+    packing: bool = True
     trust_remote_code: bool = False
     hidden_size: int = Field(default=64, ge=8)
     intermediate_size: int = Field(default=128, ge=8)

@@ -46,10 +46,13 @@ class ValueHead(nn.Linear):
 class Critic(nn.Module):
     """`backbone` is a decoder (a transformers base model); `forward` returns values [N, T]."""
 
-    def __init__(self, backbone: PreTrainedModel, share_prompts: bool = True) -> None:
+    def __init__(
+        self, backbone: PreTrainedModel, share_prompts: bool = True, packing: bool = False
+    ) -> None:
         super().__init__()
         self.backbone = backbone.eval()  # no dropout: V_old and V see the same function
         self.share_prompts = share_prompts
+        self.packing = packing  # real tokens only, in one row (models/packing.py)
         reference = next(backbone.parameters())
         self.value_head = ValueHead(
             backbone.config.hidden_size,
@@ -63,9 +66,11 @@ class Critic(nn.Module):
             self.value_head.bias.zero_()
 
     @classmethod
-    def from_policy(cls, lm: PreTrainedModel, share_prompts: bool = True) -> Critic:
+    def from_policy(
+        cls, lm: PreTrainedModel, share_prompts: bool = True, packing: bool = False
+    ) -> Critic:
         """A critic whose decoder is a copy of the policy's (its LM head is not copied)."""
-        return cls(copy.deepcopy(lm.base_model), share_prompts)
+        return cls(copy.deepcopy(lm.base_model), share_prompts, packing)
 
     @classmethod
     def from_path(
@@ -75,11 +80,12 @@ class Critic(nn.Module):
         device: torch.device,
         share_prompts: bool = True,
         trust_remote_code: bool = False,
+        packing: bool = False,
     ) -> Critic:
         """A decoder from a saved model (a causal LM's or a critic's directory, or a hub id), and
         the value head saved beside it when there is one (a fresh head otherwise)."""
         backbone = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
-        critic = cls(backbone.to(device), share_prompts)
+        critic = cls(backbone.to(device), share_prompts, packing)
         head = Path(path) / VALUE_HEAD_FILE
         if head.is_file():
             critic.value_head.load_state_dict(load_file(head, device=str(device)))
@@ -88,7 +94,9 @@ class Critic(nn.Module):
     def forward(self, batch: SequenceBatch) -> torch.Tensor:
         """V at every completion position, [N, T] float32 (0 on padding)."""
         embedded = self.backbone.get_input_embeddings()(batch.input_ids)
-        hidden = sequence_hidden(self.backbone, batch, embedded, self.share_prompts, full=False)
+        hidden = sequence_hidden(
+            self.backbone, batch, embedded, self.share_prompts, full=False, packing=self.packing
+        )
         values = self.value_head(hidden).squeeze(-1).float()
         return torch.where(batch.response_mask, values, 0.0)
 

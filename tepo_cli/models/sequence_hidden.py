@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from tepo_cli.models.packing import pack, packed_forward, supports_packing
 from tepo_cli.models.shared_prompts import distinct_prompts, prefill
 
 if TYPE_CHECKING:
@@ -27,16 +28,22 @@ def sequence_hidden(
     embedded: torch.Tensor,
     share_prompts: bool,
     full: bool,
+    packing: bool = False,
 ) -> torch.Tensor:
     """The final hidden states that predict each completion token, [N, T, H] — or, with `full`,
     every position's but the last, [N, P + T − 1, H] (the column c state predicts token c + 1).
+    States at padding are zeros with `packing`, unspecified otherwise (never scored).
 
     `embedded` [N, P + T, H] is the batch's input embedding, computed once by the caller (every
-    lookup's backward is a dense [vocab, hidden] gradient). With `share_prompts`, each distinct
-    prompt runs once and its KV cache is gathered to its rows; with gradient checkpointing on, one
-    pass per row (the layers recompute in backward).
+    lookup's backward is a dense [vocab, hidden] gradient). With `packing` (and a decoder that
+    supports it), the real tokens run in one row, each distinct prompt once with `share_prompts`
+    (models/packing.py). Otherwise, with `share_prompts`, each distinct prompt runs once and its KV
+    cache is gathered to its rows; with gradient checkpointing on, one pass per row (the layers
+    recompute in backward).
     """
     checkpointing = _checkpointing_on(model) and torch.is_grad_enabled()
+    if packing and supports_packing(model):
+        return _packed_hidden(model, batch, embedded, share_prompts, checkpointing, full)
     if share_prompts and not checkpointing:
         return _shared_prompt_hidden(model, batch, embedded, full)
     return _per_row_hidden(model, batch, embedded, checkpointing, full)
@@ -68,6 +75,28 @@ def _per_row_hidden(
     width = batch.response_mask.shape[1]
     start = 0 if full else batch.prompt_width - 1
     return hidden[:, start : batch.prompt_width - 1 + width]
+
+
+def _packed_hidden(
+    model: PreTrainedModel,
+    batch: SequenceBatch,
+    embedded: torch.Tensor,
+    share_prompts: bool,
+    checkpointing: bool,
+    full: bool,
+) -> torch.Tensor:
+    layout = pack(
+        batch.attention_mask,
+        batch.position_ids,
+        batch.input_ids[:, : batch.prompt_width],
+        batch.prompt_width,
+        share_prompts,
+    )
+    with _layers_in_train_mode(model, checkpointing):
+        states = packed_forward(model, layout, embedded)  # [L + 1, H], row L zeros
+    # index_select: its backward adds a shared prompt state's rows in a fixed order.
+    index = layout.column_state if full else layout.answer_state
+    return states.index_select(0, index.reshape(-1)).view(*index.shape, states.shape[-1])
 
 
 def _shared_prompt_hidden(

@@ -25,13 +25,14 @@ def build_critic(cfg: TrainConfig, policy: Policy, topo: Topology) -> Critic:
     """A copy of the policy's decoder with a value head, or one loaded from critic_path."""
     settings = cfg.advantage
     if settings.critic_path is None:
-        return Critic.from_policy(policy.lm, share_prompts=policy.share_prompts)
+        return Critic.from_policy(policy.lm, policy.share_prompts, policy.packing)
     try:
         return Critic.from_path(
             settings.critic_path,
             dtype=resolve_dtype(cfg.model.dtype, topo.device),
             device=topo.device,
             share_prompts=policy.share_prompts,
+            packing=policy.packing,
             trust_remote_code=cfg.model.trust_remote_code,
         )
     except OSError as error:

@@ -55,12 +55,14 @@ class Policy(nn.Module):
         share_prompts: bool = True,
         mtp_depths: int = 0,
         mtp: MtpConfig | None = None,
+        packing: bool = False,
     ) -> None:
         super().__init__()
         # Sampling and training must see the same function (ratio = 1 on-policy): no dropout.
         self.lm = lm.eval()
         self.head = LogprobHead.of(lm.get_output_embeddings(), kernel)
         self.share_prompts = share_prompts
+        self.packing = packing  # real tokens only, in one row (models/packing.py)
         self.mtp_config = mtp or MtpConfig()
         self.mtp = (
             MtpStack(lm, mtp_depths, self.mtp_config.head, kernel).eval() if mtp_depths else None
@@ -103,7 +105,9 @@ class Policy(nn.Module):
         # The sequence is embedded once for the backbone and the MTP modules: every lookup's
         # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
-        hidden = sequence_hidden(self.lm, batch, embedded, self.share_prompts, full=with_mtp)
+        hidden = sequence_hidden(
+            self.lm, batch, embedded, self.share_prompts, full=with_mtp, packing=self.packing
+        )
         valid = batch.response_mask
         width = valid.shape[1]
         response_hidden = hidden[:, batch.prompt_width - 1 :] if with_mtp else hidden
@@ -188,7 +192,9 @@ class Policy(nn.Module):
         """[N, P + T − 1, H] the backbone's final hidden states at every position that predicts
         a token of the sequence (what the MTP modules read)."""
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
-        return sequence_hidden(self.lm, batch, embedded, self.share_prompts, full=True)
+        return sequence_hidden(
+            self.lm, batch, embedded, self.share_prompts, full=True, packing=self.packing
+        )
 
     def hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This wrapper's state dict (e.g. ZeRO-3's consolidated one) with the LM's own keys."""

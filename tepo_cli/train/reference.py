@@ -47,7 +47,12 @@ def build_reference(cfg: TrainConfig, policy: Policy) -> Reference | None:
 
 def frozen_copy(policy: Policy, cfg: TrainConfig) -> Policy:
     """A frozen copy of the policy's LM (never of its MTP modules)."""
-    reference = Policy(copy.deepcopy(policy.lm), cfg.kernel, share_prompts=policy.share_prompts)
+    reference = Policy(
+        copy.deepcopy(policy.lm),
+        cfg.kernel,
+        share_prompts=policy.share_prompts,
+        packing=policy.packing,
+    )
     reference.eval()
     reference.requires_grad_(False)
     return reference

@@ -156,6 +156,7 @@ def build_policy(cfg: TrainConfig, lm: Any) -> Policy:
         lm,
         cfg.kernel,
         share_prompts=cfg.model.share_prompts,
+        packing=cfg.model.packing,
         mtp_depths=depths,
         mtp=cfg.algo.mtp,
     )

@@ -1,0 +1,126 @@
+"""Padded vs packed (`model.packing`): one forward+backward of the policy on ragged answers.
+
+Each layout runs in its own process (its own peak RSS), on the same batch: `prompts` distinct
+prompts of `prompt_tokens` tokens (left-padded by a few tokens, as a rollout's are), `n` answers
+each, answer lengths drawn uniformly up to twice `mean_answer` and capped at `max_answer`. Prints
+the seconds (best of `--repeats`), the peak RSS and the real/padded token counts, and writes them
+as JSON.
+
+    python scripts/bench_packing.py                      # SmolLM2-135M float32, 2 x 8 answers
+    python scripts/bench_packing.py --prompts 4 --n 8 --prompt-tokens 44 --max-answer 16 --mean-answer 8
+    python scripts/bench_packing.py --smoke              # the tiny model, seconds (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+LAYOUTS = ("padded", "packed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2_135m", help="a conf/model preset")
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=100)
+    parser.add_argument("--max-answer", type=int, default=512)
+    parser.add_argument("--mean-answer", type=int, default=250)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=Path("bench_packing.json"))
+    parser.add_argument("--smoke", action="store_true", help="model=tiny, small shapes, 1 repeat")
+    parser.add_argument("--layout", choices=LAYOUTS, help=argparse.SUPPRESS)  # one child's run
+    args = parser.parse_args()
+    if args.smoke:
+        args.model, args.prompt_tokens, args.max_answer, args.mean_answer = "tiny", 12, 24, 10
+        args.repeats = 1
+    if args.layout:
+        print(json.dumps(_run(args)))
+        return
+    results = {}
+    for layout in LAYOUTS:
+        command = [sys.executable, __file__, *sys.argv[1:], "--layout", layout]
+        child = subprocess.run(command, check=True, capture_output=True, text=True)
+        results[layout] = json.loads(child.stdout.strip().splitlines()[-1])
+    _report(results)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _run(args: argparse.Namespace) -> dict[str, float]:
+    import torch
+    from omegaconf import OmegaConf
+
+    from tepo_cli.config.schema import KernelConfig, ModelConfig
+    from tepo_cli.core.rollout import left_padded_positions
+    from tepo_cli.core.sequences import SequenceBatch
+    from tepo_cli.models.loading import load_model, load_tokenizer
+    from tepo_cli.train.policy import Policy
+
+    preset = resources.files("tepo_cli.conf") / "model" / f"{args.model}.yaml"
+    config = ModelConfig.model_validate(OmegaConf.to_container(OmegaConf.load(str(preset))))
+    model = load_model(config, load_tokenizer(config), torch.device("cpu"))
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    rows = args.prompts * args.n
+    lengths = torch.rand(rows, generator=generator, device="cpu") * 2 * args.mean_answer
+    lengths = (lengths.long() + 1).clamp(max=args.max_answer)
+    width = int(lengths.max())
+    vocab = model.config.vocab_size
+    prompt_ids = torch.randint(1, vocab, (args.prompts, args.prompt_tokens), generator=generator)
+    prompt_ids = prompt_ids.repeat_interleave(args.n, dim=0)
+    prompt_mask = torch.ones(rows, args.prompt_tokens, dtype=torch.long, device="cpu")
+    for prompt in range(args.prompts):  # prompts of different lengths, left-padded
+        prompt_mask[prompt * args.n : (prompt + 1) * args.n, : 3 * prompt] = 0
+    answer_ids = torch.randint(1, vocab, (rows, width), generator=generator)
+    answer_mask = torch.arange(width, device="cpu")[None] < lengths[:, None]
+    input_ids = torch.cat([prompt_ids, answer_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, answer_mask.long()], dim=1)
+    batch = SequenceBatch(
+        input_ids,
+        attention_mask,
+        left_padded_positions(attention_mask),
+        answer_mask,
+        args.prompt_tokens,
+    )
+    policy = Policy(model, KernelConfig(), packing=args.layout == "packed")
+    seconds = []
+    for _ in range(args.repeats):
+        began = time.perf_counter()
+        scores = policy(batch, 1.0, with_entropy=True)
+        (scores.logp.sum() + scores.entropy.sum()).backward()
+        seconds.append(time.perf_counter() - began)
+        policy.zero_grad(set_to_none=True)
+    return {
+        "fwd_bwd_seconds": min(seconds),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "rows": rows,
+        "real_answer_tokens": int(lengths.sum()),
+        "padded_answer_slots": rows * width,
+    }
+
+
+def _report(results: dict[str, dict[str, float]]) -> None:
+    padded, packed = results["padded"], results["packed"]
+    print(
+        f"{padded['rows']} answers, {padded['real_answer_tokens']} real answer tokens in "
+        f"{padded['padded_answer_slots']} padded slots"
+    )
+    print("| layout | fwd+bwd s | peak RSS GB |")
+    print("|---|---|---|")
+    for layout in LAYOUTS:
+        run = results[layout]
+        print(f"| {layout} | {run['fwd_bwd_seconds']:.2f} | {run['peak_rss_gb']:.2f} |")
+    speedup = padded["fwd_bwd_seconds"] / packed["fwd_bwd_seconds"]
+    print(
+        f"packed: {speedup:.2f}x the padded speed, {packed['peak_rss_gb'] / padded['peak_rss_gb']:.2f}x its peak RSS"
+    )
+
+
+if __name__ == "__main__":
+    main()

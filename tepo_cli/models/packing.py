@@ -1,0 +1,308 @@
+"""Padding-free packing: a micro-batch's real tokens in one row, each prompt computed once.
+
+The padded layout runs every row of a micro-batch at the width of its longest answer: on long,
+ragged answers (mean about half the cap) most of the decoder's work goes into padding. Here the
+real tokens of a micro-batch are laid out in one row,
+
+    [prompt_1, answer_1a, answer_1b, ..., prompt_2, answer_2a, ...]
+
+with each distinct prompt once (the shared-prompt saving of models/shared_prompts.py) and each
+answer's positions continuing its prompt's. Projections, MLPs and norms then see real tokens only.
+Attention keeps the padded layout's semantics by segments: a prompt attends causally to itself; an
+answer attends to its whole prompt and causally to itself, never to the other answers. The keys
+and values of each segment are gathered into one buffer (an answer's segment is its prompt's keys
+followed by its own), which is exactly the input of a variable-length attention kernel:
+`torch.nn.attention.varlen.varlen_attn` (FlashAttention, bottom-right causal) on CUDA in bf16/fp16,
+and segment by segment through `scaled_dot_product_attention` with a lower-right causal mask
+elsewhere (CPU, float32 or float64). The same keys and values meet the same queries, so log-probs
+and gradients equal the padded path's up to float rounding (tests/test_packing.py, float64).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from tepo_cli.models.shared_prompts import distinct_prompts
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each token of the packed row comes from, and how its attention is cut.
+
+    source:     [L] index of each packed token in the flattened [N * (P + T)] padded batch.
+    positions:  [L] its position id (an answer's continue its prompt's).
+    key_index:  [K] packed index of each key of the segments' gathered key buffer.
+    cu_queries: [S + 1] int32 segment starts in the packed row (segments are contiguous there).
+    cu_keys:    [S + 1] int32 segment starts in the gathered key buffer.
+    query_starts, key_starts: the same on the host (the segment-by-segment path slices by them).
+    max_queries, max_keys: the longest segment's query and key counts.
+    answer_state: [N, T] packed index of the state that predicts each completion token, L where
+                  there is no token (a zero row is appended there).
+    column_state: [N, P + T − 1] packed index of the state at every column but the last (the
+                  state at column c predicts token c + 1), L on padding.
+    """
+
+    source: torch.Tensor
+    positions: torch.Tensor
+    key_index: torch.Tensor
+    cu_queries: torch.Tensor
+    cu_keys: torch.Tensor
+    query_starts: tuple[int, ...]
+    key_starts: tuple[int, ...]
+    max_queries: int
+    max_keys: int
+    answer_state: torch.Tensor
+    column_state: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.source.numel())
+
+
+def pack(
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    prompt_width: int,
+    share_prompts: bool,
+) -> PackedLayout:
+    """The layout of a left-padded-prompt, right-padded-completion batch [N, P + T].
+
+    One host synchronisation (the rows' token counts and prompt owners); the index tensors are
+    built on the host, where they are small, and cross to the batch's device once.
+    """
+    device = attention_mask.device
+    rows, width = attention_mask.shape
+    prompt_mask = attention_mask[:, :prompt_width]
+    if share_prompts:
+        first, owner = distinct_prompts(prompt_ids, prompt_mask)
+    else:
+        first = owner = torch.arange(rows, device=device)
+    lengths = torch.stack([prompt_mask.sum(dim=1), attention_mask[:, prompt_width:].sum(dim=1)])
+    host = torch.cat([lengths.reshape(-1), first, owner]).tolist()  # the one host sync
+    prompt_lengths, answer_lengths = host[:rows], host[rows : 2 * rows]
+    first_rows, owners = host[2 * rows : 2 * rows + len(first)], host[2 * rows + len(first) :]
+
+    # Segment order: each distinct prompt, then its rows' answers in row order.
+    members: list[list[int]] = [[] for _ in first_rows]
+    for row, prompt in enumerate(owners):
+        members[prompt].append(row)
+    prompt_start, answer_start = [0] * len(first_rows), [0] * rows
+    sources: list[range] = []  # flat padded index of each packed token, segment by segment
+    keys: list[range | tuple[range, range]] = []
+    cursor = 0
+    for prompt, row in enumerate(first_rows):
+        length = prompt_lengths[row]
+        prompt_start[prompt] = cursor
+        own_prompt = range(cursor, cursor + length)
+        sources.append(range(row * width + prompt_width - length, row * width + prompt_width))
+        keys.append(own_prompt)
+        cursor += length
+        for member in members[prompt]:
+            length = answer_lengths[member]
+            answer_start[member] = cursor
+            if length:
+                sources.append(
+                    range(member * width + prompt_width, member * width + prompt_width + length)
+                )
+                keys.append((own_prompt, range(cursor, cursor + length)))
+            cursor += length
+    query_counts = [len(part) for part in sources]
+    key_counts = [len(k) if isinstance(k, range) else len(k[0]) + len(k[1]) for k in keys]
+    key_index = [i for k in keys for part in ((k,) if isinstance(k, range) else k) for i in part]
+    source = torch.tensor([i for part in sources for i in part], device="cpu")
+    query_starts = tuple(itertools.accumulate(query_counts, initial=0))
+    key_starts = tuple(itertools.accumulate(key_counts, initial=0))
+
+    # Where each padded column's state lies in the packed row (`cursor`: the zero row).
+    states = torch.full((rows, width), cursor, dtype=torch.long, device="cpu")
+    for row, prompt in enumerate(owners):
+        length = prompt_lengths[row]
+        begin = prompt_start[prompt]
+        states[row, prompt_width - length : prompt_width] = torch.arange(
+            begin, begin + length, device="cpu"
+        )
+        length = answer_lengths[row]
+        begin = answer_start[row]
+        states[row, prompt_width : prompt_width + length] = torch.arange(
+            begin, begin + length, device="cpu"
+        )
+    column_state = states[:, : width - 1]  # the state at column c predicts token c + 1
+    answer_state = column_state[:, prompt_width - 1 :].clone()
+    # A state past an answer's end predicts nothing scored: the zero row.
+    answer_state[
+        torch.arange(width - prompt_width, device="cpu")
+        >= torch.tensor(answer_lengths, device="cpu")[:, None]
+    ] = cursor
+
+    def moved(values: list[int] | tuple[int, ...] | torch.Tensor, dtype=torch.long) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=dtype, device="cpu").to(device, non_blocking=True)
+
+    source = moved(source)
+    return PackedLayout(
+        source=source,
+        positions=position_ids.reshape(-1).index_select(0, source),
+        key_index=moved(key_index),
+        cu_queries=moved(query_starts, torch.int32),
+        cu_keys=moved(key_starts, torch.int32),
+        query_starts=query_starts,
+        key_starts=key_starts,
+        max_queries=max(query_counts),
+        max_keys=max(key_counts),
+        answer_state=moved(answer_state),
+        column_state=moved(column_state),
+    )
+
+
+def packed_forward(
+    model: PreTrainedModel, layout: PackedLayout, embedded: torch.Tensor
+) -> torch.Tensor:
+    """The decoder's final hidden states of the packed row, [L + 1, H]: row L is zeros (the state
+    gathered for padding). `embedded` is the padded batch's input embedding [N, P + T, H]."""
+    route_attention(model)
+    flat = embedded.reshape(-1, embedded.shape[-1]).index_select(0, layout.source)
+    hidden = model.base_model(
+        inputs_embeds=flat[None],
+        position_ids=layout.positions[None],
+        # A 4D mask is passed through untouched: transformers builds none (for a packed row it
+        # would build a dense [L, L] one), and the packed attention reads the layout instead.
+        attention_mask=_NO_MASK.to(flat.device),
+        use_cache=False,
+        packed_layout=layout,
+    ).last_hidden_state[0]
+    return torch.cat([hidden, hidden.new_zeros(1, hidden.shape[-1])])
+
+
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool, device="cpu")
+
+
+def supports_packing(model: PreTrainedModel) -> bool:
+    """Decoders whose attention goes through transformers' attention interface with full causal
+    attention on every layer (sliding windows and custom kernels keep the padded layout)."""
+    config = model.config
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False
+    if getattr(config, "attn_logit_softcapping", None):
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and any(kind != "full_attention" for kind in layer_types):
+        return False
+    own = config._attn_implementation or "eager"
+    return own.startswith(_ROUTE_PREFIX) or own in ("sdpa", "eager", "flash_attention_2")
+
+
+def route_attention(model: PreTrainedModel) -> None:
+    """Route the decoder's attention through `packed_attention` from now on (idempotent).
+
+    Every call without a packed layout (generation, the padded paths) goes on to the model's own
+    implementation with its own masks, so nothing else changes. The route is permanent, not
+    switched for one pass: gradient checkpointing recomputes the layers in backward, after the
+    forward has returned, and the recomputation must take the same path.
+    """
+    config = model.config
+    own = config._attn_implementation or "eager"
+    if own.startswith(_ROUTE_PREFIX):
+        return
+    name = _ROUTE_PREFIX + own
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, functools.partial(packed_attention, fallback=own))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[own])
+    config._attn_implementation = name
+
+
+_ROUTE_PREFIX = "tepo_packed_or_"
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    packed_layout: PackedLayout | None = None,
+    fallback: str = "sdpa",
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention over the segments of `packed_layout`; query [1, Hq, L, D], key/value
+    [1, Hkv, L, D]. Returns [1, L, Hq, D] as transformers' attention functions do. Without a
+    layout, the `fallback` implementation's attention."""
+    if packed_layout is None:
+        own = ALL_ATTENTION_FUNCTIONS.get_interface(fallback, eager_attention_forward)
+        return own(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    layout = packed_layout
+    gqa = query.shape[1] != key.shape[1]
+    if _flash_varlen_applies(query):
+        from torch.nn.attention.varlen import varlen_attn
+
+        out = varlen_attn(
+            query[0].transpose(0, 1),  # [L, Hq, D]
+            key[0].transpose(0, 1).index_select(0, layout.key_index),  # [K, Hkv, D]
+            value[0].transpose(0, 1).index_select(0, layout.key_index),
+            layout.cu_queries,
+            layout.cu_keys,
+            layout.max_queries,
+            layout.max_keys,
+            scale=scaling,
+            window_size=(-1, 0),  # causal, aligned to the bottom right: the answer's own tokens
+            enable_gqa=gqa,
+        )
+        return out[None], None
+    out = _segment_by_segment(query[0], key[0], value[0], layout, scaling, gqa)
+    return out.transpose(0, 1)[None], None
+
+
+def _flash_varlen_applies(queries: torch.Tensor) -> bool:
+    """FlashAttention's variable-length kernel: CUDA, half precision, Ampere or newer."""
+    if not (queries.is_cuda and queries.dtype in (torch.float16, torch.bfloat16)):
+        return False
+    return torch.cuda.get_device_capability(queries.device)[0] >= 8
+
+
+def _segment_by_segment(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    layout: PackedLayout,
+    scaling: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """What varlen_attn computes, one segment at a time (CPU; float32/float64 on CUDA):
+    queries [Hq, L, D], keys/values [Hkv, L, D] → [Hq, L, D].
+
+    The segments are `split` views, whose backward is one concatenation; slicing each segment
+    would make its backward write a zero tensor of the whole row per segment.
+    """
+    query_parts = queries.split(_counts(layout.query_starts), dim=1)
+    key_counts = _counts(layout.key_starts)
+    key_parts = keys.index_select(1, layout.key_index).split(key_counts, dim=1)
+    value_parts = values.index_select(1, layout.key_index).split(key_counts, dim=1)
+    outputs = []
+    for q, k, v in zip(query_parts, key_parts, value_parts, strict=True):
+        square = q.shape[1] == k.shape[1]
+        out = F.scaled_dot_product_attention(
+            q[None],
+            k[None],
+            v[None],
+            attn_mask=None if square else causal_lower_right(q.shape[1], k.shape[1]),
+            is_causal=square,
+            scale=scaling,
+            enable_gqa=gqa,  # grouped key/value heads read in place, not copied per query head
+        )
+        outputs.append(out[0])
+    return torch.cat(outputs, dim=1)
+
+
+def _counts(starts: tuple[int, ...]) -> list[int]:
+    return [stop - start for start, stop in itertools.pairwise(starts)]

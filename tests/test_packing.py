@@ -1,0 +1,130 @@
+"""Padding-free packing (models/packing.py): the packed row scores and trains exactly as the padded
+batch does — log-probs, entropies, MTP depths, critic values and every parameter's gradient, float64,
+shared prompts on and off — and its layout holds only real tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_shared_prompts import _batch, assert_same_gradient
+
+from tepo_cli.algos.config import MtpConfig
+from tepo_cli.config.schema import KernelConfig
+from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.critic import Critic
+from tepo_cli.models.packing import pack
+from tepo_cli.models.shared_prompts import distinct_prompts
+from tepo_cli.train.policy import Policy
+
+
+def _scores_and_grads(policy: Policy, batch: SequenceBatch, with_mtp: bool):
+    policy.zero_grad(set_to_none=True)
+    scores = policy(batch, 0.7, with_entropy=True, with_mtp=with_mtp)
+    weights = torch.linspace(-1.0, 2.0, scores.logp.numel(), dtype=scores.logp.dtype)
+    loss = (scores.logp * weights.view_as(scores.logp)).sum() + scores.entropy.sum()
+    if with_mtp:
+        loss = loss + (scores.mtp_logp * 0.3).sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+    mtp = None if scores.mtp_logp is None else scores.mtp_logp.detach()
+    return scores.logp.detach(), scores.entropy.detach(), mtp, grads
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("with_mtp", [False, True])
+def test_packed_equals_padded_in_values_and_gradients(tiny_model, tiny_tokenizer, share, with_mtp):
+    tiny_model.double()
+    batch = _batch(tiny_model, tiny_tokenizer, n=3)
+    assert batch.attention_mask[:, : batch.prompt_width].eq(0).any(), "prompts must be padded"
+    assert not batch.response_mask.all(), "answers must be ragged"
+    kernel = KernelConfig(backend="torch")
+    mtp = MtpConfig()
+    depths = 3 if with_mtp else 0
+    torch.manual_seed(0)
+    padded = Policy(tiny_model, kernel, share, mtp_depths=depths, mtp=mtp)
+    packed = Policy(tiny_model, kernel, share, mtp_depths=depths, mtp=mtp, packing=True)
+    if with_mtp:
+        packed.mtp.load_state_dict(padded.mtp.state_dict())
+    expected = _scores_and_grads(padded, batch, with_mtp)
+    got = _scores_and_grads(packed, batch, with_mtp)
+    for name, value, reference in zip(
+        ("logp", "entropy", "mtp"), got[:3], expected[:3], strict=True
+    ):
+        if reference is not None:
+            torch.testing.assert_close(value, reference, rtol=0, atol=1e-12, msg=name)
+    assert got[3].keys() == expected[3].keys()
+    for name, grad in got[3].items():
+        assert_same_gradient(grad, expected[3][name], name)
+
+
+def test_packed_critic_values_and_gradients_equal_the_padded(tiny_model, tiny_tokenizer):
+    tiny_model.double()
+    batch = _batch(tiny_model, tiny_tokenizer, n=2)
+    padded = Critic.from_policy(tiny_model).double()
+    packed = Critic.from_policy(tiny_model, packing=True).double()
+    packed.load_state_dict(padded.state_dict())
+    results = []
+    for critic in (padded, packed):
+        values = critic(batch)
+        (
+            values * torch.linspace(-1, 1, values.numel(), dtype=values.dtype).view_as(values)
+        ).sum().backward()
+        results.append((values.detach(), {n: p.grad for n, p in critic.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=1e-12)
+    for name, grad in results[1][1].items():
+        assert_same_gradient(grad, results[0][1][name], name)
+
+
+def test_layout_holds_each_prompt_once_and_only_real_tokens(tiny_model, tiny_tokenizer):
+    batch = _batch(tiny_model, tiny_tokenizer, n=3)
+    prompt_width = batch.prompt_width
+    prompts = batch.attention_mask[:, :prompt_width]
+    layout = pack(
+        batch.attention_mask,
+        batch.position_ids,
+        batch.input_ids[:, :prompt_width],
+        prompt_width,
+        share_prompts=True,
+    )
+    first, _ = distinct_prompts(batch.input_ids[:, :prompt_width], prompts)
+    assert len(first) == 3 < len(batch)
+    distinct_tokens = int(prompts[first].sum())
+    real_answers = int(batch.response_mask.sum())
+    assert layout.length == distinct_tokens + real_answers
+    flat = batch.input_ids.reshape(-1)
+    mask = batch.attention_mask.reshape(-1)
+    assert bool(mask.index_select(0, layout.source).all()), "a padding token was packed"
+    # Positions restart at every prompt and continue it in every answer.
+    positions = layout.positions.tolist()
+    assert positions.count(0) == 3
+    assert flat.index_select(0, layout.source).numel() == layout.length
+    # Each answer's keys: its whole prompt, then itself.
+    starts, keys = layout.key_starts, layout.key_index.tolist()
+    counts = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
+    queries = [layout.query_starts[i + 1] - layout.query_starts[i] for i in range(len(counts))]
+    assert sum(queries) == layout.length
+    assert all(k >= q for k, q in zip(counts, queries, strict=True))
+    assert len(keys) == starts[-1]
+
+
+def test_packed_with_gradient_checkpointing_recomputes_and_equals_the_padded(
+    tiny_model, tiny_tokenizer
+):
+    tiny_model.double()
+    batch = _batch(tiny_model, tiny_tokenizer, n=2)
+    kernel = KernelConfig(backend="torch")
+    expected = _scores_and_grads(Policy(tiny_model, kernel), batch, with_mtp=False)
+    tiny_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    packed = Policy(tiny_model, kernel, packing=True)
+    calls = []
+    layer = tiny_model.model.layers[0]
+    hook = layer.mlp.register_forward_pre_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    try:
+        got = _scores_and_grads(packed, batch, with_mtp=False)
+    finally:
+        hook.remove()
+        tiny_model.gradient_checkpointing_disable()
+    assert len(calls) == 2, "the first layer's MLP must run again during backward"
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-12)
+    for name, grad in got[3].items():
+        assert_same_gradient(grad, expected[3][name], name)
