@@ -5,9 +5,13 @@ preset, MPO's MTP depths and the GAE critic included."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
@@ -72,11 +76,11 @@ def test_the_budget_must_be_positive(compose_config):
     assert cfg.trainer.micro_batch_tokens is None
 
 
-def _rollout() -> Rollout:
+def _rollout(lengths: list[int] = COMPLETION) -> Rollout:
     generator = torch.Generator().manual_seed(0)
     rows, width = 8, 9
     completion_mask = torch.zeros(rows, width, dtype=torch.bool)
-    for row, length in enumerate(COMPLETION):
+    for row, length in enumerate(lengths):
         completion_mask[row, :length] = True
     prompts = torch.randint(3, 60, (2, 5), generator=generator)
     prompt_mask = torch.ones(rows, 5, dtype=torch.long)
@@ -101,6 +105,29 @@ def test_row_tokens_count_each_distinct_prompt_once():
         [3, 4, 5],
         [6, 7],
     ]
+
+
+def _rank_plan(rank: int, init: str, out: str) -> None:
+    """One of two gloo ranks: rank 0 holds long answers, rank 1 one-token answers."""
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    try:
+        batch = SequenceBatch.from_rollout(_rollout(COMPLETION if rank == 0 else [1] * 8))
+        parts = micro_batches(batch, torch.arange(8, device="cpu"), 25, 16)
+        Path(f"{out}.{rank}").write_text(json.dumps([p.tolist() for p in parts]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_uneven_tokens_agree_on_the_micro_batch_count(tmp_path):
+    """Alone, rank 1's 24 tokens fit one micro-batch; it splits finer to run as many as rank 0."""
+    alone = plan([1] * 8, OWNER, PROMPT, 25)
+    assert len(alone) == 1 < len(plan(COMPLETION, OWNER, PROMPT, 25))
+    out = str(tmp_path / "plan")
+    mp.spawn(_rank_plan, args=(str(tmp_path / "init"), out), nprocs=2)
+    plans = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
+    assert plans[0] == plan(COMPLETION, OWNER, PROMPT, 25)
+    assert len(plans[1]) == len(plans[0])
+    assert sorted(row for part in plans[1] for row in part) == list(range(8))
 
 
 PRESETS = [
@@ -173,9 +200,9 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
     for key in ("loss", "value_loss", "mtp_aux_loss", "clip_frac", "entropy"):
         if key in fixed:
             assert tokens[key] == pytest.approx(fixed[key], rel=1e-6, abs=1e-12), key
-    # The update's float64 floor: splitting the fixed-count path itself (8 rows vs 2) moves the
-    # step by ~1e-7 of its norm (float64 sums over rows in another order, through the tied
-    # embedding); a wrong normaliser or a lost micro-batch moves it by O(1).
+    # The update's float64 floor: transformers' RMSNorm rounds to float32 even in a float64 model,
+    # so splitting rows differently moves the step by ~1e-7 of its norm (the fixed-count path
+    # split 8 rows vs 2 does the same); a wrong normaliser or a lost micro-batch moves it by O(1).
     assert fixed_step.norm() > 0
     assert float((token_step - fixed_step).norm() / fixed_step.norm()) < 1e-5
     assert fixed["grad_norm"] > 0

@@ -35,7 +35,7 @@ from tepo_cli.train.micro_batches import micro_batches as plan_micro_batches
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
 # micro-batches of an optimizer step (the others are token-weighted means, see _Tally).
-ADDITIVE = frozenset({"loss", "mtp_aux_loss", "value_loss"})
+ADDITIVE = frozenset({"loss", "pg_loss", "kl_loss", "mtp_aux_loss", "value_loss"})
 
 
 def accumulation_steps(cfg: TrainConfig) -> int:
