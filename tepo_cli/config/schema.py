@@ -279,6 +279,8 @@ class TrainerConfig(Strict):
     ppo_epochs: int = Field(default=1, ge=1)
     minibatches: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=16, ge=1)
+    # Real tokens per micro-batch (train/micro_batches.py); None: micro_batch_size rows each
+    micro_batch_tokens: int | None = Field(default=1024, ge=1)
     mmap_threshold_kb: int | None = Field(default=512, ge=4)
     # None: FULL_FINE_TUNING_LR, or LORA_LR with model.lora (TrainConfig resolves it)
     lr: float | None = Field(default=None, gt=0.0)

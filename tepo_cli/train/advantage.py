@@ -14,6 +14,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
 from tepo_cli.train.clock import StepClock
+from tepo_cli.train.micro_batches import micro_batches
 from tepo_cli.train.sampling import Groups
 
 
@@ -56,11 +57,11 @@ def critic_targets(
     the advantages whitened over every valid token of the step, on all ranks (docs §0.1)."""
     settings = cfg.advantage
     width = batch.response_mask.shape[1]
-    parts = [
-        widen(critic(batch.select(rows)), width)
-        for rows in torch.arange(len(batch), device="cpu").split(cfg.trainer.micro_batch_size)
-    ]
-    values = torch.cat(parts).to(torch.float32)
+    trainer = cfg.trainer
+    all_rows = torch.arange(len(batch), device="cpu")
+    plan = micro_batches(batch, all_rows, trainer.micro_batch_tokens, trainer.micro_batch_size)
+    parts = [widen(critic(batch.select(rows)), width) for rows in plan]
+    values = torch.cat(parts)[torch.argsort(torch.cat(plan))].to(torch.float32)
     mask = batch.response_mask
     advantages, returns = gae(
         token_rewards(rewards.to(values.dtype), mask), values, mask, settings.gamma, settings.lam

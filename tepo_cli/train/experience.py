@@ -16,6 +16,7 @@ from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.train.advantage import Advantages
 from tepo_cli.train.clock import StepClock
+from tepo_cli.train.micro_batches import micro_batches
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.reference import Reference
 from tepo_cli.train.sampling import Groups
@@ -87,7 +88,10 @@ def _add_scores(
         "mtp_logp": [],
         "ref": [],
     }
-    for rows in torch.arange(len(batch), device="cpu").split(cfg.trainer.micro_batch_size):
+    trainer = cfg.trainer
+    all_rows = torch.arange(len(batch), device="cpu")
+    plan = micro_batches(batch, all_rows, trainer.micro_batch_tokens, trainer.micro_batch_size)
+    for rows in plan:
         part = batch.select(rows)
         if need_old:
             scores = policy(
@@ -103,7 +107,8 @@ def _add_scores(
                     parts[name].append(widen(value, width))
         if reference is not None:
             parts["ref"].append(widen(reference(part, cfg.rollout.temperature).logp, width))
-    joined = {name: torch.cat(values) if values else None for name, values in parts.items()}
+    back = torch.argsort(torch.cat(plan))  # the plan's row order back to the batch's
+    joined = {name: torch.cat(values)[back] if values else None for name, values in parts.items()}
     experience.old_logp = joined["logp"]
     experience.old_entropy = joined["entropy"]
     experience.old_entropy_term = joined["entropy_term"]

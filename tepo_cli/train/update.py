@@ -4,6 +4,12 @@ Loss normalisers are the global counts of the whole optimizer step (all micro-ba
 so gradient accumulation and data parallelism give the same objective as one big batch
 (docs/objectives.md §0.5). DeepSpeed averages gradients over ranks, hence the loss is scaled by the
 world size, and its own 1/accumulation scaling is turned off.
+
+Micro-batches are planned by token budget (`trainer.micro_batch_tokens`, train/micro_batches.py),
+so their number varies from one optimizer step to the next: the accumulation boundary is set by
+hand on each engine (`set_gradient_accumulation_boundary`, True on the last micro-batch only), which
+is what DeepSpeed's reductions (ZeRO-0/1/2 at the boundary, ZeRO-2/3 reduce-scatter buckets) and its
+`step()` read, at every stage.
 """
 
 from __future__ import annotations
@@ -25,10 +31,17 @@ from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.train import faults
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.guards import skipped_optimizer_steps
+from tepo_cli.train.micro_batches import micro_batches as plan_micro_batches
+
+# Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
+# micro-batches of an optimizer step (the others are token-weighted means, see _Tally).
+ADDITIVE = frozenset({"loss", "pg_loss", "kl_loss", "mtp_aux_loss", "value_loss"})
 
 
 def accumulation_steps(cfg: TrainConfig) -> int:
-    """Micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps), per rank."""
+    """Micro-batches per optimizer step in the fixed-count mode, per rank: DeepSpeed's nominal
+    gradient_accumulation_steps (its batch-size bookkeeping). The update sets each accumulation
+    boundary itself, so a token-budget plan with another count steps at the right place too."""
     per_minibatch = (
         cfg.trainer.prompts_per_step // cfg.trainer.nproc * cfg.rollout.n // cfg.trainer.minibatches
     )
@@ -37,19 +50,24 @@ def accumulation_steps(cfg: TrainConfig) -> int:
 
 @dataclass
 class _Tally:
-    """What the micro-batches of a step add up: metric sums (averaged at the end), seconds
-    (summed), gradient norms per optimizer step, and the mismatch statistics."""
+    """What the micro-batches of a step add up: metric sums (averaged over optimizer steps at the
+    end), seconds (summed), gradient norms per optimizer step, and the mismatch statistics.
+
+    Each optimizer step's metric is independent of how its minibatch was split: the additive
+    ones (`ADDITIVE`: loss terms under global normalisers) are summed over its micro-batches, the
+    others (fractions, means) weighted by each micro-batch's share of the minibatch's valid
+    tokens on this rank."""
 
     sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    micro_batches: int = 0
+    optimizer_steps: int = 0
     grad_norms: list[float] = field(default_factory=list)
     critic_norms: list[float] = field(default_factory=list)
     mismatch: MismatchTally | None = None
 
     def metrics(self, experience: Experience, device: torch.device) -> dict[str, float]:
         empty = self.sums.pop("empty_minibatches", 0.0)
-        result = {key: value / max(1, self.micro_batches) for key, value in self.sums.items()}
+        result = {key: value / max(1, self.optimizer_steps) for key, value in self.sums.items()}
         result["empty_minibatches"] = empty
         result.update(self.seconds)
         if self.grad_norms:
@@ -108,20 +126,28 @@ def _optimizer_step(
         # stay as they were.
         tally.sums["empty_minibatches"] += 1
         return
-    micro_batches = minibatch.split(cfg.trainer.micro_batch_size)
+    trainer = cfg.trainer
+    micro_batches = plan_micro_batches(
+        experience.batch, minibatch, trainer.micro_batch_tokens, trainer.micro_batch_size
+    )
+    mask = experience.batch.response_mask
+    own_tokens = int(mask[minibatch].sum())
     own_norm = critic_own_norm = None
     for index, rows in enumerate(micro_batches):
+        boundary = index == len(micro_batches) - 1
         counts = (num_tokens, num_seqs, world)
         mismatch = tally.mismatch if first_epoch else None  # each row counted once
+        engine.set_gradient_accumulation_boundary(boundary)
         metrics = _forward_backward(cfg, engine, experience, rows, *counts, tally.seconds, mismatch)
         if critic_engine is not None:
+            critic_engine.set_gradient_accumulation_boundary(boundary)
             metrics.update(_critic_backward(cfg, critic_engine, experience, rows, *counts))
+        share = int(mask[rows].sum()) / own_tokens if own_tokens else 1 / len(micro_batches)
         for key, value in metrics.items():
-            tally.sums[key] += value
-        tally.micro_batches += 1
+            tally.sums[key] += value if key in ADDITIVE else value * share
         faults.maybe_kill("update")
         began = time.perf_counter()
-        if index == len(micro_batches) - 1 and engine.zero_optimization_stage() == 0:
+        if boundary and engine.zero_optimization_stage() == 0:
             own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
             if critic_engine is not None:
                 critic_own_norm = _grad_norm(critic_engine.module)
@@ -129,6 +155,7 @@ def _optimizer_step(
         if critic_engine is not None:
             critic_engine.step()
         tally.seconds["optimizer_seconds"] += time.perf_counter() - began
+    tally.optimizer_steps += 1
     _keep_norm(tally.grad_norms, engine.get_global_grad_norm(), own_norm)
     if critic_engine is not None:
         _keep_norm(tally.critic_norms, critic_engine.get_global_grad_norm(), critic_own_norm)

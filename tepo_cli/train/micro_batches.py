@@ -1,0 +1,120 @@
+"""Micro-batches by token budget (`trainer.micro_batch_tokens`, as verl's
+`ppo_max_token_len_per_gpu`): which rows of a minibatch go through one forward/backward together.
+
+A micro-batch costs its real tokens: each row's completion tokens, plus each *distinct* prompt's
+tokens once, because the shared-prompt forward (models/shared_prompts.py) runs a prompt once per
+micro-batch however many of its answers are in it. Counting the prompt per row would overstate
+a GRPO group's cost n-fold on short answers and split what runs fine as one micro-batch; counting
+it once per micro-batch also makes the planner keep a prompt's answers together, where the saving
+is. Padding is not counted (it is the packing path's to remove).
+
+Rows are assigned longest-first to the micro-batch whose cost grows least (a greedy bin packing,
+deterministic: ties go to the lower index), so the micro-batches carry similar token totals; a row
+longer than the budget ends up alone in a micro-batch of its own, never dropped. The plan is a pure
+function of the rows' token counts (no RNG), so a resumed step plans the same micro-batches.
+
+Under data parallelism every rank must run the same number of micro-batches (under ZeRO-3 every
+forward is a collective): `agreed_count` takes the largest count over ranks (one all-reduce), and
+ranks with fewer tokens split finer to meet it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from tepo_cli.core.collective import collective_device
+from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.shared_prompts import distinct_prompts
+
+
+def row_tokens(batch: SequenceBatch, rows: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
+    """(completion tokens of each row, each row's distinct-prompt index, tokens of each distinct
+    prompt) for these rows of the batch: what the planner weighs."""
+    width = batch.prompt_width
+    prompt_ids, prompt_mask = batch.input_ids[rows, :width], batch.attention_mask[rows, :width]
+    first, owner = distinct_prompts(prompt_ids, prompt_mask)
+    completion = batch.response_mask[rows].sum(dim=1)
+    return completion.tolist(), owner.tolist(), prompt_mask[first].sum(dim=1).tolist()
+
+
+def assign(
+    completion: list[int], owner: list[int], prompt: list[int], count: int
+) -> list[list[int]]:
+    """Rows (indices into `completion`) in `count` micro-batches (fewer when there are fewer rows),
+    longest row first into the micro-batch whose cost grows to the least; each micro-batch's rows
+    ascending, micro-batches ordered by their first row."""
+    count = max(1, min(count, len(completion)))
+    bins: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    prompts: list[set[int]] = [set() for _ in range(count)]
+    longest_first = sorted(range(len(completion)), key=lambda r: (-completion[r], r))
+    for seed, row in enumerate(longest_first[:count]):  # every micro-batch gets a row
+        bins[seed].append(row)
+        loads[seed] = completion[row] + prompt[owner[row]]
+        prompts[seed].add(owner[row])
+    for row in longest_first[count:]:
+        cost = [
+            loads[b] + completion[row] + (0 if owner[row] in prompts[b] else prompt[owner[row]])
+            for b in range(count)
+        ]
+        best = min(range(count), key=lambda b: (cost[b], b))
+        bins[best].append(row)
+        loads[best] = cost[best]
+        prompts[best].add(owner[row])
+    return sorted((sorted(rows) for rows in bins), key=lambda rows: rows[0])
+
+
+def micro_batch_cost(
+    rows: list[int], completion: list[int], owner: list[int], prompt: list[int]
+) -> int:
+    """Real tokens of a micro-batch: its completions, and each distinct prompt once."""
+    return sum(completion[r] for r in rows) + sum(prompt[p] for p in {owner[r] for r in rows})
+
+
+def plan(
+    completion: list[int], owner: list[int], prompt: list[int], budget: int
+) -> list[list[int]]:
+    """The fewest balanced micro-batches in which every micro-batch of two or more rows stays
+    within `budget` tokens (a single row over it goes alone)."""
+    rows = len(completion)
+    if rows == 0:
+        return []
+    total = sum(completion) + sum(prompt)  # every prompt once: a lower bound of any split
+    count = max(1, -(-total // budget))
+    while True:
+        bins = assign(completion, owner, prompt, count)
+        over = [
+            b
+            for b in bins
+            if len(b) > 1 and micro_batch_cost(b, completion, owner, prompt) > budget
+        ]
+        if not over or count >= rows:
+            return bins
+        count += 1
+
+
+def agreed_count(count: int) -> int:
+    """The largest micro-batch count over ranks (one all-reduce), `count` itself on one rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64, device=collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def micro_batches(
+    batch: SequenceBatch, rows: torch.Tensor, budget: int | None, size: int
+) -> list[torch.Tensor]:
+    """These rows of the batch in micro-batches: by token budget (`budget` tokens, the same count
+    on every rank), or `size` rows each when `budget` is None (the fixed-count mode)."""
+    if budget is None:
+        return list(rows.split(size))
+    completion, owner, prompt = row_tokens(batch, rows)
+    count = agreed_count(len(plan(completion, owner, prompt, budget)))
+    # Each rank holds as many rows as the others (prompts_per_step / nproc groups of rollout.n),
+    # so the agreed count never exceeds this rank's rows.
+    return [
+        rows[torch.tensor(part, dtype=torch.long, device="cpu")]
+        for part in assign(completion, owner, prompt, count)
+    ]
