@@ -120,6 +120,7 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
     args = [
         *two_zero3_ranks(run_dir),
         "algo=dapo",
+        "algo.beta=0.04",  # a KL reference: a ZeRO-3 inference engine, loaded partitioned
         "rollout.n=2",
         "rollout.batch_size=1",
         "benchmark.eval_size=3",
@@ -139,6 +140,12 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
     # step 1: 2 groups kept of 3 sampled (rank 1 refilled once, rank 0 generated alongside it)
     assert [round(s["dropped_group_frac"], 6) for s in steps] == [round(1 / 3, 6), 0.0]
     assert steps[0]["refill_rounds"] == 0  # rank 0's own count: it drew no refill
+    # Step 1 scores the reference before any update: the same weights through the same float32
+    # ops as the policy, so the KL is zero (up to the order of the all-gathered shards: none).
+    assert abs(steps[0]["kl"]) < 1e-7
+    summary = json.loads((run_dir / "summary.json").read_text())
+    full, held = summary["policy_parameters"], summary["policy_parameters_on_rank"]
+    assert full / 2 <= held < full / 2 + 2 * 64  # loaded partitioned: at most a row of padding
     assert not buffers(output) and not leftovers(run_dir)
 
 

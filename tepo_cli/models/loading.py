@@ -11,6 +11,7 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -26,6 +27,7 @@ from transformers import (
 from tepo_cli.config.schema import ModelConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.models.gguf_convert import converted_checkpoint
+from tepo_cli.models.zero_init import is_partitioned, partition, partitioned_loading
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a directory holding a LoRA adapter
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,19 +76,29 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 
 
 def load_model(
-    cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, device: torch.device
+    cfg: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+    zero3: dict[str, Any] | None = None,
 ) -> PreTrainedModel:
+    """`zero3`: a ZeRO-3 DeepSpeed config to load the weights partitioned over the ranks with
+    (models/zero_init.py); ignored for a LoRA adapter directory, merged whole."""
     dtype = resolve_dtype(cfg.dtype, device)
     if device.type == "cpu":
         _grouped_query_attention_without_copies()
     source = checkpoint_dir(cfg)
     if source is None:
         model = _tiny_model(cfg, tokenizer)
+        model.to(device=device, dtype=dtype)
+        if zero3 is not None:
+            partition(model, zero3)
     elif (Path(source) / ADAPTER_CONFIG).is_file():
         model = _merged_adapter(cfg, Path(source), dtype)
     else:
-        model = _pretrained(cfg, source, dtype)
-    model.to(device=device, dtype=dtype)
+        with partitioned_loading(zero3):
+            model = _pretrained(cfg, source, dtype)
+    if not is_partitioned(model):
+        model.to(device=device, dtype=dtype)
     if model.generation_config is not None:
         # Sampling settings come from the rollout config only, never from a checkpoint's defaults.
         model.generation_config.top_k = None

@@ -140,4 +140,9 @@ def merged_weights(
 
 
 def trainable_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return sum(full_numel(p) for p in module.parameters() if p.requires_grad)
+
+
+def full_numel(param: nn.Parameter) -> int:
+    """A parameter's element count, also while ZeRO-3 partitions it (`ds_numel`)."""
+    return getattr(param, "ds_numel", param.numel())

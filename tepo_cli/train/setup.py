@@ -24,8 +24,8 @@ from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.kernels.tf32 import set_tf32
 from tepo_cli.models.critic import Critic
-from tepo_cli.models.loading import load_model, load_tokenizer, weights_location
-from tepo_cli.models.lora import trainable_parameters
+from tepo_cli.models.loading import load_model, load_tokenizer, resolve_dtype, weights_location
+from tepo_cli.models.lora import full_numel, trainable_parameters
 from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.rollout import build_backend
 from tepo_cli.rollout.vllm_modes import resolve_modes
@@ -33,7 +33,7 @@ from tepo_cli.trackers import Trackers, open_trackers
 from tepo_cli.train import checkpoint
 from tepo_cli.train.critic_files import build_critic
 from tepo_cli.train.distributed import Topology
-from tepo_cli.train.engine import build_engine
+from tepo_cli.train.engine import build_engine, deepspeed_config
 from tepo_cli.train.host_memory import return_freed_buffers
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.mtp_files import mtp_unsupported_message
@@ -62,7 +62,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
         _say_data(data)
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
-    lm = load_model(cfg.model, tokenizer, topo.device)
+    zero3 = partitioned_load_config(cfg, topo)
+    lm = load_model(cfg.model, tokenizer, topo.device, zero3)
     tf32 = set_tf32(cfg.kernel.tf32, next(lm.parameters()).dtype, topo.device)
     if cfg.kernel.tf32 is True and not tf32 and topo.is_main:
         _warn("kernel.tf32=true has no effect on the CPU: TF32 is a CUDA matmul mode")
@@ -73,7 +74,9 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
     if cfg.model.lora.enabled:
         model.add_adapters(cfg.model.lora, weights_location(cfg.model))
-    reference = build_reference(cfg, model)
+    reference = build_reference(
+        cfg, model, topo.world_size, lambda: _reference_lm(cfg, tokenizer, topo, zero3)
+    )
     resume_from = choose_checkpoint(cfg, run_dir, topo)
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
     summary = {"run_dir": str(run_dir), "steps": 0, "data": data, **model_sizes(model, critic)}
@@ -106,6 +109,42 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     )
     run.trackers = start_trackers(cfg, run_dir, topo, state)
     return run
+
+
+def partitioned_load_config(cfg: TrainConfig, topo: Topology) -> dict[str, Any] | None:
+    """Under ZeRO-3, the DeepSpeed config the policy (and the KL reference) load partitioned
+    with; None where the model is loaded whole: other stages, and runs that read the policy's
+    whole weights before its engine exists (MPO's MTP modules copy its last layer and warm up
+    on its hidden states; the critic starts as a copy of its decoder), and LoRA runs (their
+    reference is the policy itself; peft injects into whole layers)."""
+    if cfg.deepspeed.stage != 3 or cfg.algo.mtp_depths or cfg.model.lora.enabled:
+        return None
+    if cfg.advantage.needs_critic and cfg.advantage.critic_path is None:
+        return None
+    dtype = resolve_dtype(cfg.model.dtype, topo.device)
+    trainer = cfg.trainer
+    return deepspeed_config(
+        cfg.deepspeed,
+        trainer.micro_batch_size,
+        accumulation_steps(cfg),
+        topo.world_size,
+        trainer.grad_clip,
+        dtype,
+    )
+
+
+def _reference_lm(
+    cfg: TrainConfig, tokenizer: Any, topo: Topology, zero3: dict[str, Any] | None
+) -> Any | None:
+    """The KL reference's own LM, loaded partitioned as the policy was (None: the reference is a
+    copy of the policy's, which is whole). The policy has not been trained yet, so the weights
+    are the same."""
+    if zero3 is None:
+        return None
+    lm = load_model(cfg.model, tokenizer, topo.device, zero3)
+    if cfg.kernel.lean_layers:
+        make_lean(lm)
+    return lm
 
 
 def start_trackers(
@@ -167,14 +206,21 @@ def model_sizes(policy: Policy, critic: Critic | None = None) -> dict[str, int]:
     those the optimizer updates (adapters and MTP modules only, with LoRA), with MPO's
     future=mtp the MTP modules', and the critic's with advantage=gae."""
     sizes = {
-        "policy_parameters": sum(p.numel() for p in policy.lm.parameters()),
+        "policy_parameters": sum(full_numel(p) for p in policy.lm.parameters()),
+        # What this rank holds at start-up: 1/world of them when loaded partitioned (ZeRO-3).
+        "policy_parameters_on_rank": sum(_held(p) for p in policy.lm.parameters()),
         "trainable_parameters": trainable_parameters(policy),
     }
     if policy.mtp is not None:
         sizes["mtp_parameters"] = policy.mtp.parameter_count()
     if critic is not None:
-        sizes["critic_parameters"] = sum(p.numel() for p in critic.parameters())
+        sizes["critic_parameters"] = sum(full_numel(p) for p in critic.parameters())
     return sizes
+
+
+def _held(param: torch.nn.Parameter) -> int:
+    shard = getattr(param, "ds_tensor", None)
+    return param.numel() if shard is None else shard.numel()
 
 
 def choose_checkpoint(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Path | None:
