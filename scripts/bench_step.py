@@ -7,7 +7,7 @@
     python scripts/bench_step.py --gpu                     # GPU mode (bf16, Qwen2.5-0.5B-Instruct)
     python scripts/bench_step.py --gpu --model Qwen/Qwen2.5-1.5B-Instruct --max-new-tokens 256
     python scripts/bench_step.py --job long                # issue 25's long-answer job (below)
-    python scripts/bench_step.py --smoke [--job long]      # CI's smoke run: model=tiny, 1 step
+    python scripts/bench_step.py --smoke [--job long]      # CI smoke: model=tiny, 2 steps (long: 1)
 
 The job (issue 8): SmolLM2-135M-Instruct in float32, 1-digit addition ("What is A+B? Answer with
 just the number."), 2 prompts × 8 generations per step, 16 new tokens, temperature 0.7, lr 1e-5
@@ -32,7 +32,8 @@ answer-length distribution, the update's padding share, s/step split, peak RSS a
 GFLOP/s on real answer tokens against an fp32 matmul timed in the same run. No evaluation.
 
 `--smoke`: every code path of the job end to end in seconds, numbers meaningless: tepo's tiny
-random model (`model=tiny`, saved as a model directory both trainers load), 1 step, short answers.
+random model (`model=tiny`, saved as a model directory both trainers load), 2 steps (long: 1),
+short answers.
 """
 
 from __future__ import annotations
@@ -90,14 +91,14 @@ LONG_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
     "sides": "tepo-hf,tepo-vllm,trl",
 }
-SMOKE_DEFAULTS: dict[str, Any] = {"steps": 1, "max_new_tokens": 8, "eval_size": 10}
+SMOKE_DEFAULTS: dict[str, Any] = {"steps": 2, "max_new_tokens": 8, "eval_size": 10}
 LONG_SMOKE_DEFAULTS: dict[str, Any] = {"steps": 1, "max_new_tokens": 24, "generations": 4}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--job", choices=["short", "long"], default="short", help="(default short)")
-    p.add_argument("--smoke", action="store_true", help="tiny model, 1 step: a CI smoke run")
+    p.add_argument("--smoke", action="store_true", help="CI smoke run: model=tiny, 2 steps (long job: 1)")
     p.add_argument("--memory-limit-gb", type=float, default=20.0, help="long job: per side")
     p.add_argument(
         "--trl-generation",

@@ -2,6 +2,7 @@
 
     python scripts/compare_objectives.py --out runs/compare            # the embedded default task
     python scripts/compare_objectives.py --out runs/tiny model=tiny trainer.max_steps=3
+    python scripts/compare_objectives.py --out runs/smoke --smoke    # CI: every objective, tiny
 
 Extra arguments are Hydra overrides given to every job. The table (Markdown, also written to
 <out>/comparison.md) has, per objective: held-out greedy accuracy before -> after, the mean
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 OBJECTIVES = ("grpo", "dapo", "gspo", "tepo", "mpo", "mpo_exact", "mpo_disjoint")
+SMOKE_OVERRIDES = ["model=tiny", "trainer.max_steps=1", "benchmark.eval_size=10"]
 
 
 def main() -> int:
@@ -29,8 +31,13 @@ def main() -> int:
     parser.add_argument(
         "--objectives", default=",".join(OBJECTIVES), help="comma-separated presets"
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI smoke run: " + " ".join(SMOKE_OVERRIDES)
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every job")
     args = parser.parse_args()
+    if args.smoke:
+        args.overrides = [*SMOKE_OVERRIDES, *args.overrides]
     command = [
         sys.executable,
         "-m",
