@@ -98,7 +98,9 @@ LONG_SMOKE_DEFAULTS: dict[str, Any] = {"steps": 1, "max_new_tokens": 24, "genera
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--job", choices=["short", "long"], default="short", help="(default short)")
-    p.add_argument("--smoke", action="store_true", help="CI smoke run: model=tiny, 2 steps (long job: 1)")
+    p.add_argument(
+        "--smoke", action="store_true", help="CI smoke run: model=tiny, 2 steps (long job: 1)"
+    )
     p.add_argument("--memory-limit-gb", type=float, default=20.0, help="long job: per side")
     p.add_argument(
         "--trl-generation",

@@ -93,7 +93,7 @@ def test_compare_objectives_smoke(tmp_path):
     out = tmp_path / "compare"
     run_script("scripts/compare_objectives.py", "--smoke", "--out", str(out))
     rows = (out / "comparison.md").read_text().splitlines()[2:]
-    assert [row.split("|")[1].strip() for row in rows] == ["grpo", "mpo"]
+    assert [row.split("|")[1].strip() for row in rows] == ["grpo", "gspo"]
     for row in rows:
         assert "failed" not in row, row
         assert re.search(r"\d\.\d\d → \d\.\d\d", row), row
