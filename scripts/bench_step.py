@@ -101,7 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--smoke", action="store_true", help="CI smoke run: model=tiny, 2 steps (long job: 1)"
     )
-    p.add_argument("--memory-limit-gb", type=float, default=20.0, help="long job: per side")
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        help="long job: resident memory per side (default 20, or 85%% of the memory available "
+        "at start where that is less, so a side cannot take the machine down)",
+    )
     p.add_argument(
         "--trl-generation",
         choices=["auto", "vllm", "generate"],
@@ -146,9 +151,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     allowed = set(LONG_SIDES) if args.job == "long" else {"tepo", "trl"}
     if not set(args.sides) <= allowed or not args.sides:
         p.error(f"--sides of --job {args.job} takes a comma-separated subset of {sorted(allowed)}")
+    if args.memory_limit_gb is None:
+        args.memory_limit_gb = min(20.0, 0.85 * available_memory_gb())
     if args.memory_limit_gb <= 0:
         p.error("--memory-limit-gb must be positive (GB of resident memory per side)")
     return args
+
+
+def available_memory_gb() -> float:
+    """MemAvailable of /proc/meminfo in GB (inf where there is none)."""
+    meminfo = Path("/proc/meminfo")
+    for line in meminfo.read_text().splitlines() if meminfo.exists() else []:
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return float("inf")
 
 
 def _preset(values: dict[str, Any]) -> str:
