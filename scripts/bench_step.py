@@ -55,6 +55,7 @@ from benchstep.long_job import LongSettings, run_long
 from benchstep.procs import (
     CUDA_MEMORY_ENV,
     ChildResult,
+    exit_on_sigterm,
     log_tail,
     python_module,
     run_child,
@@ -367,6 +368,7 @@ def _version(name: str) -> str:
 
 def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) -> int:
     """The long-answer job (benchstep/long_job.py)."""
+    exit_on_sigterm()
     settings = LongSettings(
         sides=tuple(args.sides),
         memory_limit_bytes=int(args.memory_limit_gb * 1e9),

@@ -244,3 +244,36 @@ def test_long_job_overrides_keep_tepo_defaults(compose_config):
         assert config.rollout.temperature == 1.0 and config.rollout.n == 8
         assert config.algo.beta == 0.0 and config.trainer.prompts_per_step == 2
         assert config.model.dtype == "float32"
+
+
+def test_sigterm_to_the_benchmark_ends_the_watched_side(tmp_path):
+    """`timeout` stops bench_step with SIGTERM: the side in its own session must end with it."""
+    import signal
+    import subprocess
+    import time
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from pathlib import Path\n"
+        "from benchstep.procs import exit_on_sigterm, run_watched\n"
+        "exit_on_sigterm()\n"
+        "run_watched([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); "
+        "time.sleep(60)'], Path(sys.argv[2]), None, 10**10)\n"
+    )
+    log = tmp_path / "side.log"
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    parent = subprocess.Popen([sys.executable, "-c", code, scripts, str(log)])
+    deadline = time.monotonic() + 30
+    while (
+        time.monotonic() < deadline
+        and len(log.read_text().splitlines() if log.exists() else []) < 2
+    ):
+        time.sleep(0.1)
+    child = int(log.read_text().splitlines()[1])
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(0.2)
+    assert (
+        not Path(f"/proc/{child}").exists()
+        or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    )

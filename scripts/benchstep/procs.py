@@ -161,7 +161,7 @@ def run_watched(
         watcher.start()
         try:
             _, status, usage = os.wait4(process.pid, 0)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or SIGTERM (exit_on_sigterm): the child's session too
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise
@@ -188,3 +188,11 @@ def _reap_session(session: int) -> None:
 
     with contextlib.suppress(ProcessLookupError):
         os.killpg(session, signal.SIGKILL)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (`timeout`, a scheduler) raises SystemExit, so a watched child's session is killed
+    on the way out instead of living on in its own session."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
