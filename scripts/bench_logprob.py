@@ -4,6 +4,7 @@
     python scripts/bench_logprob.py                         # default cases for this machine
     python scripts/bench_logprob.py --cases smollm2 --repeats 3 --rounds 2 --backends torch,naive
     python scripts/bench_logprob.py --cases 2048,576,49152,float32 --markdown bench.md
+    python scripts/bench_logprob.py --smoke --markdown smoke.md  # CI: a tiny case, 1 repeat
 
 Every (case, backend) runs in a fresh subprocess, so peak memory is that run's own: on CPU the
 growth of the peak resident set (VmHWM, reset after the inputs are allocated; ru_maxrss where it
@@ -31,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 CPU_CASES = ["smollm2", "qwen2.5-0.5b"]
+# --smoke: one tiny case through every step of a real run (numbers meaningless).
+SMOKE = ["--cases", "256,64,1024,float32,smoke", "--repeats", "1", "--device", "cpu"]
 CUDA_CASES = ["smollm2-bf16", "qwen2.5-0.5b-bf16", "liger-b2", "liger-b4", "liger-b8"]
 CUDA_CASES += ["liger-b16", "qwen2.5-7b"]
 
@@ -291,8 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="alternating subprocess rounds")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--markdown", type=Path, help="also write the table here as Markdown")
+    parser.add_argument("--smoke", action="store_true", help="CI smoke run: " + " ".join(SMOKE))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*SMOKE, *(argv if argv is not None else sys.argv[1:])])
     if args.worker:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0

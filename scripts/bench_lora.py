@@ -3,6 +3,7 @@
     python scripts/bench_lora.py                  # learning runs (30 steps) + memory runs (5 steps)
     python scripts/bench_lora.py --steps 3 --memory-steps 2   # smoke run (numbers meaningless)
     python scripts/bench_lora.py --vllm           # also rollout=vllm: seconds per weight sync
+    python scripts/bench_lora.py --smoke          # CI: every run on model=tiny, 1 step each
 
 Learning runs: the embedded default (SmolLM2-135M-Instruct, 2-digit addition, GRPO with its KL term,
 30 steps) with full fine-tuning and with `model.lora.r=8` (trainer.lr then defaults to 1e-4):
@@ -35,7 +36,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-steps", type=int, default=5, help="memory runs' steps (default 5)")
     p.add_argument("--vllm", action="store_true", help="also time rollout=vllm's weight sync")
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_lora/<time>)")
-    return p.parse_args(argv)
+    p.add_argument("--smoke", action="store_true", help="model=tiny, 1 step per run (CI)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.memory_steps = 1, 1
+    return args
+
+
+SMOKE = ["model=tiny", "benchmark.eval_size=10"]
 
 
 def train(out: Path, name: str, overrides: list[str]) -> dict[str, Any]:
@@ -89,6 +97,8 @@ def runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     if args.vllm:
         vllm = ["rollout=vllm", "trainer.max_steps=3", *quiet[1:]]
         plan += [("full_vllm", vllm), ("lora_r8_vllm", [*vllm, *LORA])]
+    if args.smoke:
+        plan = [(name, [*SMOKE, *overrides]) for name, overrides in plan]
     results = []
     for name, overrides in plan:
         print(f"{name}: tepo train {' '.join(overrides)}", flush=True)

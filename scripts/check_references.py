@@ -4,6 +4,7 @@
     python scripts/check_references.py                 # all benchmarks (prepares them first)
     python scripts/check_references.py --skip-code     # maths only (no sandbox runs)
     python scripts/check_references.py --limit 100     # the first 100 problems of each
+    python scripts/check_references.py --smoke         # CI: the first 5 of each, code included
 
 Every reference must score correct through the grader a model is scored with:
   - GSM8K: each full reference solution (ending in ``#### n``) in the three modes (lm-eval's
@@ -124,7 +125,10 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each")
     parser.add_argument("--skip-code", action="store_true", help="skip HumanEval and MBPP")
     parser.add_argument("--workers", type=int, default=None, help="sandbox workers")
+    parser.add_argument("--smoke", action="store_true", help="CI: --limit 5 (every benchmark)")
     args = parser.parse_args()
+    if args.smoke:
+        args.limit = 5
     names = ["gsm8k", "math", "math500"] + ([] if args.skip_code else ["humaneval", "mbpp"])
     start = time.perf_counter()
     for result in prepare(names):

@@ -152,3 +152,128 @@ def test_job_overrides_compose_to_tepo_config(compose_config):
     assert config.benchmark.prompt == ISSUE_PROMPT
     assert config.algo.beta == 0.0 and config.algo.loss_agg == "seq-mean-token-mean"
     assert config.trainer.micro_batch_size == 16 and config.rollout.batch_size == 16
+
+
+# ------------------------------------------------------------------ --job long (issue 25)
+
+
+def test_tepo_update_shapes_count_each_micro_batch_cut_to_its_longest_answer():
+    from benchstep.update_shapes import fixed_plan, tepo_shapes
+
+    answers = [5, 2, 7, 1]  # rows 0, 1 of prompt 0 (3 real tokens), rows 2, 3 of prompt 1 (4)
+    plan = fixed_plan(4, 3)
+    assert plan == [[0, 1, 2], [3]]
+    shared = tepo_shapes(answers, [3, 4], [0, 0, 1, 1], 4, plan, shared_prompts=True)
+    # [0,1,2]: prompts {0,1} x 4 columns + 3 rows x 7; [3]: prompt {1} x 4 + 1 row x 1
+    assert shared.slots == 2 * 4 + 3 * 7 + 4 + 1
+    assert shared.real == (3 + 4 + 5 + 2 + 7) + (4 + 1)
+    assert shared.answer_tokens == 15 and shared.micro_batches == 2
+    assert shared.padding_share == pytest.approx(1 - 26 / 34)
+    per_row = tepo_shapes(answers, [3, 4], [0, 0, 1, 1], 4, plan, shared_prompts=False)
+    assert per_row.slots == 3 * (4 + 7) + (4 + 1)
+    assert per_row.real == (3 + 3 + 4) + 14 + 4 + 1
+
+
+def test_padded_shapes_and_length_stats():
+    from benchstep.update_shapes import length_stats, padded_shapes, update_gflops
+
+    shapes = padded_shapes([{"slots": 100, "real": 60, "answer_tokens": 40}] * 2)
+    assert (shapes.slots, shapes.real, shapes.answer_tokens) == (200, 120, 80)
+    assert shapes.padding_share == pytest.approx(0.4)
+    stats = length_stats([10, 512, 300, 40, 512], cap=512)
+    assert stats["mean"] == pytest.approx(274.8) and stats["max"] == 512
+    assert stats["p50"] == 300 and stats["p90"] == pytest.approx(512.0)
+    assert stats["truncated"] == pytest.approx(0.4)
+    assert length_stats([1, 2, 3, 4], 9)["p90"] == pytest.approx(3.7)  # numpy's linear rule
+    assert update_gflops(135_000_000, 1000, 2.0) == pytest.approx(6 * 135e6 * 1000 / 2 / 1e9)
+
+
+def test_long_summary_pools_steps_after_the_first_and_reports_oom():
+    from benchstep import long_report
+
+    metrics = [
+        {"step": s, "step_seconds": t, "rollout_seconds": 1.0, "update_seconds": u}
+        for s, t, u in ((1, 9.0, 5.0), (2, 4.0, 2.0), (3, 6.0, 2.0))
+    ]
+    probe = {
+        "answer_lengths": [4, 8],
+        "max_new_tokens": 8,
+        "update": {"slots": 30, "real": 20, "answer_tokens": 12, "micro_batches": 1},
+        "plan": "recorded",
+        "params": 1000,
+    }
+    run = {"side": "tepo-hf", "status": "OOM", "peak_rss_bytes": 5, "wall_seconds": 1.0}
+    run["steps"] = long_report.tepo_steps(metrics, [probe] * 3)
+    summary = long_report.summarize(run, matmul_gflops=1e-4)
+    assert summary["status"] == "OOM" and summary["steps_done"] == 3
+    assert summary["timed_steps"] == [2, 3] and summary["median_s"] == pytest.approx(5.0)
+    assert summary["padding_share"] == pytest.approx(1 / 3)
+    assert summary["lengths"]["truncated"] == pytest.approx(0.5)
+    gflops = 6 * 1000 * 24 / 4.0 / 1e9  # steps 2-3: 24 answer tokens in 4 update seconds
+    assert summary["update_gflops"] == pytest.approx(gflops)
+    assert summary["matmul_share"] == pytest.approx(gflops / 1e-4)
+    own = dict(metrics[1], update_token_slots=50, update_real_tokens=45, update_answer_tokens=12)
+    (step,) = long_report.tepo_steps([own], [probe])
+    assert step["shapes"]["padding_share"] == pytest.approx(0.1)  # tepo's own records win
+
+
+def test_a_side_over_the_memory_limit_is_killed_and_reported(tmp_path):
+    from benchstep.procs import run_watched
+
+    grow = "import time\nblocks = []\nwhile True:\n    blocks.append(bytearray(50_000_000))\n"
+    result = run_watched([sys.executable, "-c", grow], tmp_path / "log", None, 400_000_000, 0.05)
+    assert result.oom and result.returncode != 0
+    assert 400_000_000 < result.peak_rss_bytes < 2_000_000_000
+    assert "killed at the memory limit" in (tmp_path / "log").read_text()
+    fine = run_watched([sys.executable, "-c", "print(1)"], tmp_path / "ok", None, 10**10)
+    assert not fine.oom and fine.returncode == 0 and fine.peak_rss_bytes > 0
+
+
+def test_long_job_overrides_keep_tepo_defaults(compose_config):
+    from benchstep.long_job import tepo_overrides
+
+    from tepo_cli.config.validate import load_train_config
+
+    job = Job(model="/m", steps=4, max_new_tokens=512, temperature=1.0)
+    for rollout in ("hf", "vllm"):
+        overrides = tepo_overrides(job, rollout)
+        assert not any(o.startswith(("trainer.micro_batch", "model.gradient")) for o in overrides)
+        config = load_train_config(compose_config("train", overrides))
+        assert config.benchmark.name == "math500" and config.benchmark.train_split == "train"
+        assert config.rollout.backend == rollout and config.rollout.max_new_tokens == 512
+        assert config.rollout.temperature == 1.0 and config.rollout.n == 8
+        assert config.algo.beta == 0.0 and config.trainer.prompts_per_step == 2
+        assert config.model.dtype == "float32"
+
+
+def test_sigterm_to_the_benchmark_ends_the_watched_side(tmp_path):
+    """`timeout` stops bench_step with SIGTERM: the side in its own session must end with it."""
+    import signal
+    import subprocess
+    import time
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from pathlib import Path\n"
+        "from benchstep.procs import exit_on_sigterm, run_watched\n"
+        "exit_on_sigterm()\n"
+        "run_watched([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); "
+        "time.sleep(60)'], Path(sys.argv[2]), None, 10**10)\n"
+    )
+    log = tmp_path / "side.log"
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    parent = subprocess.Popen([sys.executable, "-c", code, scripts, str(log)])
+    deadline = time.monotonic() + 30
+    while (
+        time.monotonic() < deadline
+        and len(log.read_text().splitlines() if log.exists() else []) < 2
+    ):
+        time.sleep(0.1)
+    child = int(log.read_text().splitlines()[1])
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(0.2)
+    assert (
+        not Path(f"/proc/{child}").exists()
+        or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    )

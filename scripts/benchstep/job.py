@@ -107,12 +107,17 @@ def _bool(value: bool) -> str:
 
 def compose_tepo_config(job: Job) -> TrainConfig:
     """The validated TrainConfig that `tepo train <job.tepo_overrides()>` runs with."""
+    return compose_overrides(job.tepo_overrides())
+
+
+def compose_overrides(overrides: list[str]) -> TrainConfig:
+    """The validated TrainConfig that `tepo train OVERRIDES` runs with."""
     from hydra import compose, initialize_config_module
 
     from tepo_cli.config.validate import load_train_config
 
     with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
-        return load_train_config(compose(config_name="train", overrides=job.tepo_overrides()))
+        return load_train_config(compose(config_name="train", overrides=overrides))
 
 
 def load_tepo_config(path: Path) -> TrainConfig:

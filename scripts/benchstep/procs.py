@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import subprocess
@@ -81,3 +82,117 @@ def record_cuda_memory_at_exit() -> None:
 
 def python_module(python: str, module: str, *args: str) -> list[str]:
     return [python or sys.executable, "-m", module, *args]
+
+
+@dataclass(frozen=True)
+class WatchedResult:
+    """A child run under a memory limit: `oom` when the watcher killed it at the limit."""
+
+    returncode: int
+    wall_seconds: float
+    peak_rss_bytes: int  # the largest RSS of the child's process tree, summed, as sampled
+    ru_maxrss_bytes: int  # wait4's ru_maxrss: the largest single process's peak
+    oom: bool
+    log: Path
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of `root` and all its descendants (vLLM's engine runs in a child process)."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            pages = int((entry / "statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        parents[int(entry.name)] = int(fields[1])
+        rss[int(entry.name)] = pages * os.sysconf("SC_PAGE_SIZE")
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(rss.get(pid, 0) for pid in tree)
+
+
+def run_watched(
+    command: list[str],
+    log: Path,
+    env: dict[str, str] | None,
+    limit_bytes: int,
+    interval_s: float = 0.25,
+) -> WatchedResult:
+    """Run `command` in its own session; a watcher thread samples its process tree's RSS and kills
+    the whole session (SIGKILL) once it passes `limit_bytes`, as an out-of-memory killer would, so
+    one side cannot take the machine down. RLIMIT_AS is not used: torch and vLLM reserve far more
+    address space than they touch."""
+    import signal
+    import threading
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    peak = [0]
+    killed = threading.Event()
+    done = threading.Event()
+    start = time.perf_counter()
+    with log.open("w", encoding="utf-8") as handle:
+        handle.write("$ " + " ".join(command) + "\n")
+        handle.flush()
+        process = subprocess.Popen(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+        def watch() -> None:
+            while not done.wait(interval_s):
+                rss = tree_rss_bytes(process.pid)
+                peak[0] = max(peak[0], rss)
+                if rss > limit_bytes and not killed.is_set():
+                    killed.set()
+                    os.killpg(process.pid, signal.SIGKILL)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        except BaseException:  # Ctrl-C, or SIGTERM (exit_on_sigterm): the child's session too
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        finally:
+            done.set()
+            watcher.join()
+        _reap_session(process.pid)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if killed.is_set():
+            handle.write(f"\nbench_step: killed at the memory limit ({limit_bytes / 1e9:.1f} GB)\n")
+    return WatchedResult(
+        returncode=process.returncode,
+        wall_seconds=time.perf_counter() - start,
+        peak_rss_bytes=max(peak[0], usage.ru_maxrss * 1024),
+        ru_maxrss_bytes=usage.ru_maxrss * 1024,
+        oom=killed.is_set(),
+        log=log,
+    )
+
+
+def _reap_session(session: int) -> None:
+    """Kill what the child left behind in its session (an engine process orphaned by a crash)."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(session, signal.SIGKILL)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (`timeout`, a scheduler) raises SystemExit, so a watched child's session is killed
+    on the way out instead of living on in its own session."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

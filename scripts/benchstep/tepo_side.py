@@ -7,6 +7,10 @@ probes add the split of the update into forward (loss forward), backward and opt
 JSON line per step in TIMINGS.jsonl; they only wrap calls (a perf_counter each), the loop is
 tepo's own. A metric that tepo itself writes (`forward_seconds`, `backward_seconds`,
 `optimizer_seconds`) is preferred by the report over the probe's value.
+
+Each line also holds what the update forwarded (benchstep.update_shapes): the answer lengths and
+the token slots of the micro-batches, from the rows tepo's `_forward_backward` was called with
+(the run's own micro-batch plan, whatever forms it), and the model's parameter count.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class Probe:
         self.sink = sink
         self.sums: dict[str, float] = {}
         self.engine_wrapped = False
+        self.micro_batches: list[list[int]] = []
+        self.params: int | None = None
 
     def add(self, key: str, seconds: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + seconds
@@ -42,11 +48,49 @@ class Probe:
 
         return timed
 
-    def write_step(self, update_seconds: float) -> None:
-        record = {"probe_update_seconds": update_seconds, **self.sums}
+    def record_rows(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Keep the row indices of each micro-batch `_forward_backward` is called with."""
+
+        @functools.wraps(function)
+        def recorded(cfg: Any, engine: Any, experience: Any, rows: Any, *args: Any, **kw: Any):
+            self.micro_batches.append([int(i) for i in rows.tolist()])
+            return function(cfg, engine, experience, rows, *args, **kw)
+
+        return recorded
+
+    def write_step(self, update_seconds: float, shapes: dict[str, Any] | None = None) -> None:
+        record = {"probe_update_seconds": update_seconds, **self.sums, **(shapes or {})}
         with self.sink.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         self.sums = {}
+        self.micro_batches = []
+
+
+def update_shapes(cfg: Any, experience: Any, micro_batches: list[list[int]]) -> dict[str, Any]:
+    """The step's answer lengths and its update's token slots (benchstep.update_shapes). The plan
+    is the rows the update ran (recorded); the fixed trainer.micro_batch_size split otherwise."""
+    from benchstep.update_shapes import fixed_plan, tepo_shapes
+    from tepo_cli.models.shared_prompts import distinct_prompts
+
+    batch = experience.batch
+    width = batch.prompt_width
+    answers = [int(n) for n in batch.response_mask.sum(dim=1).tolist()]
+    prompt_ids, prompt_mask = batch.input_ids[:, :width], batch.attention_mask[:, :width]
+    first, owner = distinct_prompts(prompt_ids, prompt_mask)
+    prompt_lengths = [int(n) for n in prompt_mask[first].sum(dim=1).tolist()]
+    recorded = bool(micro_batches)
+    plan = micro_batches or fixed_plan(len(answers), cfg.trainer.micro_batch_size)
+    shared = cfg.model.share_prompts and not cfg.model.gradient_checkpointing
+    shapes = tepo_shapes(answers, prompt_lengths, owner.tolist(), width, plan, shared)
+    return {
+        "answer_lengths": answers,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "update": shapes.as_dict(),
+        "plan": "recorded"
+        if recorded
+        else f"fixed micro_batch_size={cfg.trainer.micro_batch_size}",
+        "micro_batch_rows": [len(rows) for rows in plan],
+    }
 
 
 def install(probe: Probe) -> list[str]:
@@ -57,8 +101,8 @@ def install(probe: Probe) -> list[str]:
 
     missing = []
     if hasattr(update_module, "_forward_backward"):
-        update_module._forward_backward = probe.wrap(
-            update_module._forward_backward, "fwd_bwd_seconds"
+        update_module._forward_backward = probe.record_rows(
+            probe.wrap(update_module._forward_backward, "fwd_bwd_seconds")
         )
     else:
         missing.append("tepo_cli.train.update._forward_backward")
@@ -70,9 +114,15 @@ def install(probe: Probe) -> list[str]:
             engine.backward = probe.wrap(engine.backward, "backward_seconds")
             engine.step = probe.wrap(engine.step, "engine_step_seconds")
             probe.engine_wrapped = True
+            probe.params = sum(
+                getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()
+            )
         start = time.perf_counter()
         result = original_update(cfg, engine, *args, **kwargs)
-        probe.write_step(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        experience = args[0] if args else kwargs["experience"]
+        shapes = update_shapes(cfg, experience, probe.micro_batches)
+        probe.write_step(seconds, {**shapes, "params": probe.params})
         return result
 
     recipe.update = timed_update

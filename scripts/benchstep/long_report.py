@@ -1,0 +1,254 @@
+"""The long job's per-step records -> per-side summaries and the Markdown table (pure: no torch).
+
+A normalised step is {"step", "total", "generation", "scoring", "update", "answer_lengths",
+"max_new_tokens", "shapes" (benchstep.update_shapes.UpdateShapes as a dict), "params"}.
+Hook for tepo's own micro-batch records: a metrics.jsonl row carrying `update_token_slots` and
+`update_real_tokens` (and `update_answer_tokens`) is used as it is; otherwise the shapes come from
+the probe (the rows each micro-batch ran, the rollout's lengths).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from benchstep.update_shapes import UpdateShapes, length_stats, update_gflops
+
+# Targets of issue 25 for the long job (tepo's defaults, tepo vs TRL from one invocation).
+TARGET_RSS_BYTES = 4e9
+TARGET_MATMUL_SHARE = 0.75
+TARGET_SPEEDUP = 3.0
+TARGET_RSS_RATIO = 0.5
+
+
+def tepo_steps(metrics: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict]:
+    """tepo's metrics.jsonl rows with the probe rows (same order) of benchstep.tepo_side."""
+    steps = []
+    for index, row in enumerate(metrics):
+        probe = probes[index] if index < len(probes) else {}
+        shapes = probe.get("update")
+        if "update_token_slots" in row and "update_real_tokens" in row:
+            answer_tokens = row.get("update_answer_tokens", (shapes or {}).get("answer_tokens", 0))
+            own = UpdateShapes(
+                int(row["update_token_slots"]),
+                int(row["update_real_tokens"]),
+                int(answer_tokens),
+                int(row.get("update_micro_batches", (shapes or {}).get("micro_batches", 0))),
+            )
+            shapes = {**own.as_dict(), "source": "tepo's metrics"}
+        elif shapes is not None:
+            shapes = {**shapes, "source": f"probe ({probe.get('plan', 'plan unknown')})"}
+        steps.append(
+            {
+                "step": row["step"],
+                "total": row["step_seconds"],
+                "generation": row.get("rollout_seconds"),
+                "scoring": row.get("reward_seconds", 0.0) + row.get("score_seconds", 0.0),
+                "update": row.get("update_seconds"),
+                "answer_lengths": probe.get("answer_lengths", []),
+                "max_new_tokens": probe.get("max_new_tokens"),
+                "shapes": shapes,
+                "params": probe.get("params"),
+            }
+        )
+    return steps
+
+
+def trl_steps(timings: Sequence[dict[str, Any]]) -> list[dict]:
+    """benchstep.trl_side's timings.jsonl rows (update = loss forward + backward + optimizer)."""
+    return [
+        {
+            "step": row["step"],
+            "total": row["step_seconds"],
+            "generation": row["generation_seconds"],
+            "scoring": row["scoring_seconds"],
+            "update": row["forward_seconds"] + row["backward_seconds"] + row["optimizer_seconds"],
+            "answer_lengths": row.get("answer_lengths", []),
+            "max_new_tokens": row.get("max_new_tokens"),
+            "shapes": {**row["update"], "source": "TRL's padded batch"}
+            if "update" in row
+            else None,
+            "params": row.get("params"),
+        }
+        for row in timings
+    ]
+
+
+def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
+    """One side: steps 2.. when it finished more than one (the first warms up), else step 1."""
+    steps = run["steps"]
+    timed = steps[1:] if len(steps) > 1 else steps
+    lengths = [n for s in steps for n in s["answer_lengths"]]
+    cap = next((s["max_new_tokens"] for s in steps if s["max_new_tokens"]), None)
+    shapes = [s["shapes"] for s in timed if s["shapes"]]
+    slots = sum(s["slots"] for s in shapes)
+    real = sum(s["real"] for s in shapes)
+    answer_tokens = sum(s["answer_tokens"] for s in shapes)
+    update_seconds = sum(s["update"] for s in timed if s["shapes"] and s["update"] is not None)
+    params = next((s["params"] for s in steps if s["params"]), None)
+    gflops = update_gflops(params, answer_tokens, update_seconds) if params else None
+    median = _median(s["total"] for s in timed)
+    return {
+        "side": run["side"],
+        "status": run["status"],
+        "steps_done": len(steps),
+        "timed_steps": [s["step"] for s in timed],
+        "generation_mode": run.get("generation") or run.get("rollout"),
+        "generation_why": run.get("generation_why"),
+        "median_s": median,
+        "steps_per_s": 1.0 / median if median else None,
+        "parts_median_s": {
+            part: _median(s[part] for s in timed) for part in ("generation", "scoring", "update")
+        },
+        "lengths": length_stats(lengths, cap) if cap else length_stats(lengths, 10**9),
+        "max_new_tokens": cap,
+        "padding_share": 1.0 - real / slots if slots else None,
+        "token_slots": slots,
+        "real_tokens": real,
+        "answer_tokens": answer_tokens,
+        "shapes_source": shapes[0].get("source") if shapes else None,
+        "params": params,
+        "update_gflops": gflops,
+        "matmul_share": gflops / matmul_gflops if gflops is not None and matmul_gflops else None,
+        "peak_rss_bytes": run["peak_rss_bytes"],
+        "wall_s": run["wall_seconds"],
+    }
+
+
+def _median(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def targets(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
+    """Issue 25's long-job targets for each tepo side, as (condition, measured, met?)."""
+    trl = next((s for s in summaries if s["side"] == "trl"), None)
+    rows = []
+    for tepo in (s for s in summaries if s["side"].startswith("tepo")):
+        name, rss, share = tepo["side"], tepo["peak_rss_bytes"], tepo["matmul_share"]
+        rows.append((f"{name} peak RSS ≤ 4 GB", _gb(rss), rss <= TARGET_RSS_BYTES))
+        met = None if share is None else share >= TARGET_MATMUL_SHARE
+        rows.append((f"{name} update ≥ {TARGET_MATMUL_SHARE} of the matmul rate", _f(share), met))
+        speed = _ratio(tepo["steps_per_s"], trl["steps_per_s"]) if trl else None
+        if trl is not None and trl["status"] == "OOM" and tepo["status"] == "ok":
+            rows.append(
+                (f"{name} ≥ {TARGET_SPEEDUP:.0f}× TRL's steps/s", "TRL ran out of memory", None)
+            )
+        else:
+            met = None if speed is None else speed >= TARGET_SPEEDUP
+            rows.append((f"{name} ≥ {TARGET_SPEEDUP:.0f}× TRL's steps/s", _x(speed), met))
+        ratio = _ratio(rss, trl["peak_rss_bytes"]) if trl else None
+        met = None if ratio is None else ratio <= TARGET_RSS_RATIO
+        rows.append((f"{name} peak RSS ≤ {TARGET_RSS_RATIO}× TRL's", _x(ratio), met))
+    return rows
+
+
+def markdown(
+    job: Any,
+    summaries: Sequence[dict[str, Any]],
+    matmul: dict[str, Any],
+    memory_limit_bytes: int,
+    micro_batch_size: int,
+    versions: dict[str, str],
+) -> str:
+    """The table: one column per side."""
+    head = "| | " + " | ".join(s["side"] for s in summaries) + " |"
+    rule = "|---|" + "---:|" * len(summaries)
+
+    def row(label: str, cells: Sequence[str]) -> str:
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def each(function: Any) -> list[str]:
+        return [function(s) for s in summaries]
+
+    lengths = [s["lengths"] for s in summaries]
+    lines = [
+        f"## Long-answer job (issue 25): {job.steps} steps × {job.prompts_per_step} prompts × "
+        f"{job.generations} answers, ≤ {job.max_new_tokens} new tokens, T={job.temperature}, "
+        f"GRPO β=0, MATH-500 train split, {job.dtype} on {job.device} ({job.threads} threads)",
+        "",
+        f"Model: {job.model}. Memory limit per side: {memory_limit_bytes / 1e9:.0f} GB (process "
+        "tree RSS, watched; killed at the limit = OOM).",
+        "",
+        head,
+        rule,
+        row("status (steps finished)", each(lambda s: f"{s['status']} ({s['steps_done']})")),
+        row("generation", each(lambda s: str(s["generation_mode"] or "—"))),
+        row("median s/step", each(lambda s: _s(s["median_s"]))),
+        row("  generation, s", each(lambda s: _s(s["parts_median_s"]["generation"]))),
+        row("  scoring, s", each(lambda s: _s(s["parts_median_s"]["scoring"]))),
+        row("  update, s", each(lambda s: _s(s["parts_median_s"]["update"]))),
+        row("steps/s", each(lambda s: _s(s["steps_per_s"], 4))),
+        row("peak RSS", each(lambda s: _gb(s["peak_rss_bytes"]))),
+        row("answers", [str(x["count"]) for x in lengths]),
+        row("answer length mean", [_s(x["mean"], 1) for x in lengths]),
+        row("answer length p50 / p90 / max", [_lengths(x) for x in lengths]),
+        row("truncated share", [_pct(x["truncated"]) for x in lengths]),
+        row("update padding share", each(lambda s: _pct(s["padding_share"]))),
+        row(
+            "update token slots / real", each(lambda s: f"{s['token_slots']} / {s['real_tokens']}")
+        ),
+        row("update GFLOP/s on answer tokens", each(lambda s: _s(s["update_gflops"], 1))),
+        row(
+            f"… / matmul rate ({float(matmul['gflops']):.1f} GFLOP/s)",
+            each(lambda s: _s(s["matmul_share"])),
+        ),
+        "",
+    ]
+    trl = next((s for s in summaries if s["side"] == "trl"), None)
+    if trl is not None:
+        lines += [f"TRL's generation: {trl['generation_mode']} — {trl['generation_why']}.", ""]
+    lines += ["Targets (issue 25):", ""]
+    for condition, measured, met in targets(summaries):
+        mark = "not measured" if met is None else ("met" if met else "NOT met")
+        lines.append(f"- {condition}: {measured} — {mark}")
+    lines += [
+        "",
+        "How measured: s/step is the median over steps 2.. (step 1 when only one finished); "
+        "tepo's split from its metrics.jsonl (rollout, reward + score, update seconds), TRL's from "
+        "wrapped calls (generation = _generate, weight sync to its vLLM included; scoring = "
+        "_generate_and_score_completions − generation; update = compute_loss + backward + "
+        "optimizer). Truncated: length reached the cap. Padding share: padded token slots over "
+        "all slots the update's forward/backward computes (tepo: each micro-batch's rows cut to "
+        "their longest answer, each distinct prompt once with shared prompts — from the rows its "
+        f"micro-batches ran, trainer.micro_batch_size={micro_batch_size} by default; TRL: its "
+        "padded prompt + completion tensors). GFLOP/s = 6 × parameters × real answer tokens / "
+        "update seconds, over the same steps; matmul rate: the best of torch.mm "
+        f"{matmul['shape']} float32 timed before and after the sides, {matmul['threads']} "
+        "threads. Peak RSS: the side's process tree, sampled every 0.25 s (and wait4's "
+        "ru_maxrss, whichever is larger).",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _lengths(x: dict[str, Any]) -> str:
+    if not x["count"]:
+        return "—"
+    return f"{x['p50']:.0f} / {x['p90']:.0f} / {x['max']}"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _f(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f} %"
+
+
+def _gb(value: int | None) -> str:
+    return "—" if value is None else f"{value / 1e9:.2f} GB"

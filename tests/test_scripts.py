@@ -1,0 +1,185 @@
+"""Every script under scripts/ is smoke-run (its `--smoke` mode: model=tiny, a step or two, tiny
+sizes, the script's own code path end to end) and its output checked, so none rots unseen.
+
+gpu_check.py/.sh are run by tests/test_gpu_check.py and sweeps.sh by tests/test_sweeps.py; a new
+script must be added to SMOKE_TESTS (a test here or in another file), or
+test_every_script_has_a_smoke_run fails. bench_step.py's TRL side needs the `bench` extra
+(`make bench-install`): skipped without TRL, failed without it under TEPO_REQUIRE_BENCH=1 (CI).
+rollout=vllm runs need vLLM: skipped without it, failed without it under TEPO_REQUIRE_VLLM=1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+pytestmark = pytest.mark.slow
+
+# script -> the test that smoke-runs it ("file::test")
+SMOKE_TESTS = {
+    "bench_logprob.py": "tests/test_scripts.py::test_bench_logprob_smoke",
+    "bench_lora.py": "tests/test_scripts.py::test_bench_lora_smoke",
+    "bench_step.py": "tests/test_scripts.py::test_bench_step_short_smoke",
+    "bench_vllm.py": "tests/test_scripts.py::test_bench_vllm_smoke",
+    "check_references.py": "tests/test_scripts.py::test_check_references_smoke",
+    "compare_objectives.py": "tests/test_scripts.py::test_compare_objectives_smoke",
+    "gpu_check.py": "tests/test_gpu_check.py::test_every_path_runs_on_one_rank_and_on_all_gpus",
+    "gpu_check.sh": (
+        "tests/test_gpu_check.py::test_the_script_runs_checks_on_cpu_ranks_and_writes_its_table"
+    ),
+    "sweeps.sh": "tests/test_sweeps.py::test_joblib_sweep_and_report",
+}
+
+needs_trl = pytest.mark.skipif(
+    os.environ.get("TEPO_REQUIRE_BENCH") != "1" and importlib.util.find_spec("trl") is None,
+    reason="TRL (the bench extra: make bench-install) is not installed",
+)
+HAVE_VLLM = (
+    os.environ.get("TEPO_REQUIRE_VLLM") == "1" or importlib.util.find_spec("vllm") is not None
+)
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM (make install-vllm) is not installed")
+
+
+def run_script(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """Run scripts/<args>; a failure shows the script's output."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPTS)])}
+    result = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, (
+        f"{args} exit {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    )
+    return result
+
+
+def finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def test_every_script_has_a_smoke_run():
+    scripts = {p.name for p in SCRIPTS.iterdir() if p.is_file() and p.suffix in {".py", ".sh"}}
+    assert scripts == set(SMOKE_TESTS), (
+        "every script under scripts/ needs a smoke run in CI: add a --smoke mode and a test, and "
+        f"list it in SMOKE_TESTS; missing {sorted(scripts - set(SMOKE_TESTS))}, "
+        f"gone {sorted(set(SMOKE_TESTS) - scripts)}"
+    )
+    for script, test in SMOKE_TESTS.items():
+        path, name = test.split("::")
+        assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M), (script, test)
+        assert script in (ROOT / path).read_text(), f"{test} does not run {script}"
+
+
+def test_bench_logprob_smoke(tmp_path):
+    table = tmp_path / "table.md"
+    run_script("scripts/bench_logprob.py", "--smoke", "--markdown", str(table))
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| smoke (")]
+    assert [row.split("|")[2].strip() for row in rows] == ["naive", "torch"]
+    for row in rows:
+        fwd, fwd_bwd, peak = (float(cell) for cell in row.split("|")[3:6])
+        assert fwd > 0 and fwd_bwd >= fwd and peak >= 0
+
+
+def test_compare_objectives_smoke(tmp_path):
+    out = tmp_path / "compare"
+    run_script("scripts/compare_objectives.py", "--smoke", "--out", str(out))
+    rows = (out / "comparison.md").read_text().splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in rows] == ["grpo", "gspo"]
+    for row in rows:
+        assert "failed" not in row, row
+        assert re.search(r"\d\.\d\d → \d\.\d\d", row), row
+
+
+def test_check_references_smoke():
+    result = run_script("scripts/check_references.py", "--smoke", timeout=900)
+    assert "acceptance: PASS" in result.stdout
+    counts = re.findall(r"(\d+)/(\d+)\s+\(", result.stdout)
+    assert len(counts) >= 5  # gsm8k (three modes), math, math500, humaneval (+ bare), mbpp
+    assert all(int(total) == 5 for _, total in counts), result.stdout
+
+
+def test_bench_lora_smoke(tmp_path):
+    run_script("scripts/bench_lora.py", "--smoke", "--out", str(tmp_path))
+    runs = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    assert set(runs) == {"full", "lora_r8", "full_kl", "full_no_kl", "lora_r8_kl", "lora_r8_no_kl"}
+    assert runs["lora_r8"]["trainable_parameters"] < runs["full"]["trainable_parameters"]
+    for run in runs.values():
+        assert all(finite(run[k]) for k in ("median_step_seconds", "peak_rss_mb")), run
+    table = (tmp_path / "results.md").read_text()
+    assert "| trainable parameters |" in table and "the reference's cost" in table
+
+
+@needs_vllm
+def test_bench_vllm_smoke(tmp_path):
+    run_script("scripts/bench_vllm.py", "step", "--smoke", "--out", str(tmp_path / "step"))
+    rows = json.loads((tmp_path / "step" / "results.json").read_text())["rows"]
+    assert [row["backend"] for row in rows] == ["hf", "vllm"]
+    for row in rows:
+        assert row["steps"] == 2 and finite(row["median_step_seconds"]), row
+        assert finite(row["sync_seconds"]) and finite(row["mismatch_abs_max"]), row
+    # eval: the same tepo eval command per back-end; vllm alone keeps the smoke cheap
+    eval_args = ["eval", "--smoke", "--backends", "vllm", "--out", str(tmp_path / "eval")]
+    run_script("scripts/bench_vllm.py", *eval_args)
+    rows = json.loads((tmp_path / "eval" / "results.json").read_text())["rows"]
+    assert [(r["benchmark"].split()[0], r["backend"]) for r in rows] == [
+        ("gsm8k", "vllm"),
+        ("arith", "vllm"),
+    ]
+    assert [r["samples"] for r in rows] == [2, 10]
+    assert all(finite(r["samples_per_second"]) and 0 <= r["accuracy"] <= 1 for r in rows)
+
+
+@needs_trl
+def test_bench_step_short_smoke(tmp_path):
+    """The README's headline benchmark (scripts/bench_step.py), tepo vs TRL, with evaluation."""
+    run_script("scripts/bench_step.py", "--smoke", "--out", str(tmp_path))
+    results = json.loads((tmp_path / "results.json").read_text())
+    for side in ("tepo", "trl"):
+        summary = results["summary"][side]
+        assert summary["timed_steps"] == 1 and finite(summary["median_s"]), side
+        assert summary["peak_rss_bytes"] > 0 and 0 <= summary["accuracy_after"] <= 1
+    assert finite(results["ratios_tepo_over_trl"]["steps_per_s"])
+    assert "| peak RSS |" in (tmp_path / "results.md").read_text()
+
+
+@needs_trl
+def test_bench_step_long_smoke(tmp_path):
+    """`--job long` on the tiny model: tepo (rollout=vllm; rollout=hf without vLLM) beside TRL
+    (its colocated vLLM, or its generate), the length, padding, FLOP and memory columns."""
+    sides = ["tepo-vllm", "trl"] if HAVE_VLLM else ["tepo-hf", "trl"]
+    generation = "auto" if HAVE_VLLM else "generate"
+    args = ["--job", "long", "--smoke", "--sides", ",".join(sides), "--trl-generation", generation]
+    run_script("scripts/bench_step.py", *args, "--out", str(tmp_path))
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert max(m["gflops"] for m in results["matmul"]) > 0
+    summaries = {s["side"]: s for s in results["summary"]}
+    assert list(summaries) == sides
+    for run in results["runs"]:
+        summary = summaries[run["side"]]
+        assert summary["status"] == "ok" and summary["steps_done"] == 1, summary
+        lengths = summary["lengths"]
+        assert lengths["count"] == 2 * 4 and 1 <= lengths["mean"] <= lengths["max"] <= 24
+        assert lengths["p50"] <= lengths["p90"] <= lengths["max"]
+        assert 0 <= lengths["truncated"] <= 1
+        answers = sum(n for step in run["steps"] for n in step["answer_lengths"])
+        assert summary["answer_tokens"] == answers  # the update trains on every answer token
+        assert answers < summary["real_tokens"] <= summary["token_slots"]
+        assert 0 <= summary["padding_share"] < 1
+        assert summary["update_gflops"] > 0 and summary["matmul_share"] > 0
+        assert summary["peak_rss_bytes"] > 0 and finite(summary["median_s"])
+        parts = summary["parts_median_s"]
+        assert all(finite(parts[p]) for p in ("generation", "scoring", "update")), parts
+    assert summaries["trl"]["generation_mode"] in {"vllm", "generate"}
+    assert summaries["trl"]["generation_why"]
+    table = (tmp_path / "results.md").read_text()
+    for label in ("update padding share", "truncated share", "… / matmul rate", "peak RSS"):
+        assert f"| {label}" in table
