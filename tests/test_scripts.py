@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 SMOKE_TESTS = {
     "bench_logprob.py": "tests/test_scripts.py::test_bench_logprob_smoke",
     "bench_lora.py": "tests/test_scripts.py::test_bench_lora_smoke",
+    "bench_packing.py": "tests/test_scripts.py::test_bench_packing_smoke",
     "bench_step.py": "tests/test_scripts.py::test_bench_step_short_smoke",
     "bench_vllm.py": "tests/test_scripts.py::test_bench_vllm_smoke",
     "check_references.py": "tests/test_scripts.py::test_check_references_smoke",
@@ -87,6 +88,17 @@ def test_bench_logprob_smoke(tmp_path):
     for row in rows:
         fwd, fwd_bwd, peak = (float(cell) for cell in row.split("|")[3:6])
         assert fwd > 0 and fwd_bwd >= fwd and peak >= 0
+
+
+def test_bench_packing_smoke(tmp_path):
+    output = tmp_path / "packing.json"
+    result = run_script("scripts/bench_packing.py", "--smoke", "--output", str(output))
+    runs = json.loads(output.read_text())
+    assert set(runs) == {"padded", "packed"}
+    for run in runs.values():
+        assert finite(run["fwd_bwd_seconds"]) and run["peak_rss_gb"] > 0, run
+        assert run["real_answer_tokens"] < run["padded_answer_slots"]  # ragged answers
+    assert "| packed |" in result.stdout and "x the padded speed" in result.stdout
 
 
 def test_compare_objectives_smoke(tmp_path):
