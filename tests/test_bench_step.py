@@ -172,6 +172,8 @@ def test_tepo_update_shapes_count_each_micro_batch_cut_to_its_longest_answer():
     per_row = tepo_shapes(answers, [3, 4], [0, 0, 1, 1], 4, plan, shared_prompts=False)
     assert per_row.slots == 3 * (4 + 7) + (4 + 1)
     assert per_row.real == (3 + 3 + 4) + 14 + 4 + 1
+    packed = tepo_shapes(answers, [3, 4], [0, 0, 1, 1], 4, plan, shared_prompts=True, packed=True)
+    assert packed.slots == packed.real == shared.real and packed.padding_share == 0.0
 
 
 def test_padded_shapes_and_length_stats():

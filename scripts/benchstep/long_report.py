@@ -149,7 +149,7 @@ def markdown(
     summaries: Sequence[dict[str, Any]],
     matmul: dict[str, Any],
     memory_limit_bytes: int,
-    micro_batch_size: int,
+    micro_batches: str,
     versions: dict[str, str],
 ) -> str:
     """The table: one column per side."""
@@ -212,7 +212,7 @@ def markdown(
         "optimizer). Truncated: length reached the cap. Padding share: padded token slots over "
         "all slots the update's forward/backward computes (tepo: each micro-batch's rows cut to "
         "their longest answer, each distinct prompt once with shared prompts — from the rows its "
-        f"micro-batches ran, trainer.micro_batch_size={micro_batch_size} by default; TRL: its "
+        f"micro-batches ran ({micro_batches} by default), none with packing; TRL: its "
         "padded prompt + completion tensors). GFLOP/s = 6 × parameters × real answer tokens / "
         "update seconds, over the same steps; matmul rate: the best of torch.mm "
         f"{matmul['shape']} float32 timed before and after the sides, {matmul['threads']} "

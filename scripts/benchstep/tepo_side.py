@@ -66,10 +66,13 @@ class Probe:
         self.micro_batches = []
 
 
-def update_shapes(cfg: Any, experience: Any, micro_batches: list[list[int]]) -> dict[str, Any]:
+def update_shapes(
+    cfg: Any, engine_module: Any, experience: Any, micro_batches: list[list[int]]
+) -> dict[str, Any]:
     """The step's answer lengths and its update's token slots (benchstep.update_shapes). The plan
     is the rows the update ran (recorded); the fixed trainer.micro_batch_size split otherwise."""
     from benchstep.update_shapes import fixed_plan, tepo_shapes
+    from tepo_cli.models.packing import supports_packing
     from tepo_cli.models.shared_prompts import distinct_prompts
 
     batch = experience.batch
@@ -80,8 +83,9 @@ def update_shapes(cfg: Any, experience: Any, micro_batches: list[list[int]]) -> 
     prompt_lengths = [int(n) for n in prompt_mask[first].sum(dim=1).tolist()]
     recorded = bool(micro_batches)
     plan = micro_batches or fixed_plan(len(answers), cfg.trainer.micro_batch_size)
-    shared = cfg.model.share_prompts and not cfg.model.gradient_checkpointing
-    shapes = tepo_shapes(answers, prompt_lengths, owner.tolist(), width, plan, shared)
+    packed = cfg.model.packing and supports_packing(engine_module.lm)
+    shared = cfg.model.share_prompts and (packed or not cfg.model.gradient_checkpointing)
+    shapes = tepo_shapes(answers, prompt_lengths, owner.tolist(), width, plan, shared, packed)
     return {
         "answer_lengths": answers,
         "max_new_tokens": cfg.rollout.max_new_tokens,
@@ -90,6 +94,7 @@ def update_shapes(cfg: Any, experience: Any, micro_batches: list[list[int]]) -> 
         if recorded
         else f"fixed micro_batch_size={cfg.trainer.micro_batch_size}",
         "micro_batch_rows": [len(rows) for rows in plan],
+        "packed": packed,
     }
 
 
@@ -121,7 +126,7 @@ def install(probe: Probe) -> list[str]:
         result = original_update(cfg, engine, *args, **kwargs)
         seconds = time.perf_counter() - start
         experience = args[0] if args else kwargs["experience"]
-        shapes = update_shapes(cfg, experience, probe.micro_batches)
+        shapes = update_shapes(cfg, engine.module, experience, probe.micro_batches)
         probe.write_step(seconds, {**shapes, "params": probe.params})
         return result
 

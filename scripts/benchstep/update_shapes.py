@@ -4,10 +4,12 @@ The padding share of an update is the share of the token slots its forward/backw
 that hold padding: slots = Σ over micro-batches of the tensor shapes the model runs,
 real = the tokens that are not padding in them. Both sides are counted the same way:
 
-  tepo  each micro-batch is cut to its own longest answer (SequenceBatch.select); with shared
-        prompts (model.share_prompts, no gradient checkpointing) each distinct prompt runs once,
-        [P] left-padded columns, and its answers [rows, width] attend to its cache; otherwise
-        every row is [P + width].
+  tepo  with packing (model.packing, the default) a micro-batch is its real tokens in one row:
+        no padding, each distinct prompt once with shared prompts (model.share_prompts). Padded
+        (model.packing=false): each micro-batch is cut to its own longest answer
+        (SequenceBatch.select); with shared prompts (no gradient checkpointing) each distinct
+        prompt runs once, [P] left-padded columns, and its answers [rows, width] attend to its
+        cache; otherwise every row is [P + width].
   TRL   every micro-batch is [rows, P + C]: prompts left-padded to the batch's longest, answers
         right-padded to the generation batch's longest (its padded tensors, counted as they are).
 
@@ -50,10 +52,11 @@ def tepo_shapes(
     prompt_width: int,
     plan: Sequence[Sequence[int]],
     shared_prompts: bool,
+    packed: bool = False,
 ) -> UpdateShapes:
     """tepo's update over `plan` (row indices per micro-batch). `prompt_lengths[g]` is the real
     length of distinct prompt g, `prompt_of_row[i]` the prompt of row i, `prompt_width` the
-    step's left-padded prompt width P."""
+    step's left-padded prompt width P; `packed`: the real tokens in one row, no padding slots."""
     slots = real = answers = 0
     for rows in plan:
         width = max((answer_lengths[i] for i in rows), default=0)
@@ -64,7 +67,9 @@ def tepo_shapes(
             prompt_lengths[g] if shared_prompts else prompt_lengths[prompt_of_row[g]]
             for g in prompts
         )
-        slots += len(prompts) * prompt_width + len(rows) * width
+        slots += (
+            prompt_real + answer_real if packed else len(prompts) * prompt_width + len(rows) * width
+        )
         real += prompt_real + answer_real
         answers += answer_real
     return UpdateShapes(slots, real, answers, len(plan))
