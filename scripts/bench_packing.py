@@ -1,4 +1,5 @@
-"""Padded vs packed (`model.packing`): one forward+backward of the policy on ragged answers.
+"""Padded vs packed (`model.packing`), and packed with gradient checkpointing
+(`model.gradient_checkpointing`): one forward+backward of the policy on ragged answers.
 
 Each layout runs in its own process (its own peak RSS), on the same batch: `prompts` distinct
 prompts of `prompt_tokens` tokens (left-padded by a few tokens, as a rollout's are), `n` answers
@@ -22,7 +23,12 @@ import time
 from importlib import resources
 from pathlib import Path
 
-LAYOUTS = ("padded", "packed")
+# layout -> (model.packing, model.gradient_checkpointing)
+LAYOUTS = {
+    "padded": (False, False),
+    "packed": (True, False),
+    "packed+checkpointing": (True, True),
+}
 
 
 def main() -> None:
@@ -65,6 +71,8 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
 
     preset = resources.files("tepo_cli.conf") / "model" / f"{args.model}.yaml"
     config = ModelConfig.model_validate(OmegaConf.to_container(OmegaConf.load(str(preset))))
+    packing, checkpointing = LAYOUTS[args.layout]
+    config = config.model_copy(update={"gradient_checkpointing": checkpointing})
     model = load_model(config, load_tokenizer(config), torch.device("cpu"))
     generator = torch.Generator(device="cpu").manual_seed(0)
     rows = args.prompts * args.n
@@ -88,7 +96,7 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
         answer_mask,
         args.prompt_tokens,
     )
-    policy = Policy(model, KernelConfig(), packing=args.layout == "packed")
+    policy = Policy(model, KernelConfig(), packing=packing)
     seconds = []
     for _ in range(args.repeats):
         began = time.perf_counter()
@@ -106,7 +114,7 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
 
 
 def _report(results: dict[str, dict[str, float]]) -> None:
-    padded, packed = results["padded"], results["packed"]
+    padded = results["padded"]
     print(
         f"{padded['rows']} answers, {padded['real_answer_tokens']} real answer tokens in "
         f"{padded['padded_answer_slots']} padded slots"
@@ -116,10 +124,11 @@ def _report(results: dict[str, dict[str, float]]) -> None:
     for layout in LAYOUTS:
         run = results[layout]
         print(f"| {layout} | {run['fwd_bwd_seconds']:.2f} | {run['peak_rss_gb']:.2f} |")
-    speedup = padded["fwd_bwd_seconds"] / packed["fwd_bwd_seconds"]
-    print(
-        f"packed: {speedup:.2f}x the padded speed, {packed['peak_rss_gb'] / padded['peak_rss_gb']:.2f}x its peak RSS"
-    )
+    for layout in list(LAYOUTS)[1:]:
+        run = results[layout]
+        speedup = padded["fwd_bwd_seconds"] / run["fwd_bwd_seconds"]
+        memory = run["peak_rss_gb"] / padded["peak_rss_gb"]
+        print(f"{layout}: {speedup:.2f}x the padded speed, {memory:.2f}x its peak RSS")
 
 
 if __name__ == "__main__":

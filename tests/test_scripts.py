@@ -94,7 +94,7 @@ def test_bench_packing_smoke(tmp_path):
     output = tmp_path / "packing.json"
     result = run_script("scripts/bench_packing.py", "--smoke", "--output", str(output))
     runs = json.loads(output.read_text())
-    assert set(runs) == {"padded", "packed"}
+    assert set(runs) == {"padded", "packed", "packed+checkpointing"}
     for run in runs.values():
         assert finite(run["fwd_bwd_seconds"]) and run["peak_rss_gb"] > 0, run
         assert run["real_answer_tokens"] < run["padded_answer_slots"]  # ragged answers
