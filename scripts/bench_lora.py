@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +100,12 @@ def runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         plan += [("full_vllm", vllm), ("lora_r8_vllm", [*vllm, *LORA])]
     if args.smoke:
         plan = [(name, [*SMOKE, *overrides]) for name, overrides in plan]
-    results = []
     for name, overrides in plan:
         print(f"{name}: tepo train {' '.join(overrides)}", flush=True)
-        results.append(train(out, name, overrides))
-    return results
+    # Measured runs go one at a time (each alone on the machine); a smoke run's numbers mean
+    # nothing, so its runs go two at a time.
+    with ThreadPoolExecutor(max_workers=2 if args.smoke else 1) as pool:
+        return list(pool.map(lambda item: train(out, *item), plan))
 
 
 def table(results: list[dict[str, Any]]) -> str:
