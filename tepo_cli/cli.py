@@ -152,6 +152,8 @@ def _quiet_libraries() -> None:
 def _run_hydra(config_name: str, job: Callable[..., object], overrides: list[str]) -> None:
     import hydra
 
+    from tepo_cli.core import job_dirname  # noqa: F401  (the resolver of hydra.sweep.subdir)
+
     _quiet_libraries()
 
     sys.argv = [f"tepo {config_name}", *overrides]

@@ -22,6 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 TEPO = Path(sys.executable).parent / "tepo"
 
 
+def test_job_dirname_is_one_level_and_fits_a_file_name():
+    from tepo_cli.core.job_dirname import LIMIT, job_dirname
+
+    assert job_dirname("algo=mpo,seed=1") == "algo=mpo,seed=1"
+    assert job_dirname("reward.path=/home/me/parity.py,seed=0") == (
+        "reward.path=_home_me_parity.py,seed=0"
+    )
+    long_a, long_b = (f"plugins=[/{'x' * 300}/{end}.py]" for end in ("a", "b"))
+    name_a, name_b = job_dirname(long_a), job_dirname(long_b)
+    assert len(name_a.encode()) <= LIMIT and "/" not in name_a
+    assert name_a != name_b and name_a[:150] == name_b[:150]  # same head, the hash tells apart
+
+
 def test_joblib_workers_follows_joblib():
     assert [joblib_workers(n, 8) for n in (None, 1, 3, -1, -2, -20)] == [1, 1, 3, 8, 7, 1]
 
@@ -122,7 +135,11 @@ def test_submitit_local_sweep_is_reported(tmp_path):
         assert float(r["final_reward"]) == pytest.approx(sum(rewards) / len(rewards), abs=1e-12)
     (group,) = read_csv(tmp_path / "report" / "report.csv")
     assert (group["group"], group["finished"], group["final_reward_n"]) == ("all runs", "2", "2")
-    # reward.path's slashes make Hydra's job sub-directories nested: the report searched them.
+    # reward.path's slashes do not nest the jobs' directories (core/job_dirname.py): one level
     files = [p for p in out.rglob("config.yaml") if p.parent.name != ".hydra"]
+    assert {p.parent.parent for p in files} == {out}
+    assert all(
+        p.parent.name.startswith(("0_", "1_")) and "reward.path=_" in p.parent.name for p in files
+    )
     configs = [yaml.safe_load(p.read_text()) for p in files]
     assert len(configs) == 2 and {c["trainer"]["num_threads"] for c in configs} == {1}

@@ -36,7 +36,9 @@ def partitioned_loading(ds_config: dict[str, Any] | None) -> Iterator[None]:
 
 def partition(module: nn.Module, ds_config: dict[str, Any]) -> None:
     """Partition a module built whole (every rank built the same weights)."""
-    import deepspeed
+    from tepo_cli.core.deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed()
 
     deepspeed.zero.Init(module=module, config_dict_or_path=ds_config)
 

@@ -416,7 +416,9 @@ def _weights(lm: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]:
 def _gathered(params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[object]:
     if not any(hasattr(param, "ds_id") for param in params):
         return contextlib.nullcontext()
-    import deepspeed
+    from tepo_cli.core.deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed()
 
     return deepspeed.zero.GatheredParameters(params)
 

@@ -1,5 +1,6 @@
 """MLflow: a run in a SQLite store at `<run dir>/mlflow/mlflow.db` (artifacts beside it); view
-with `mlflow ui --backend-store-uri sqlite:///<run dir>/mlflow/mlflow.db`. MLflow 3 refuses its
+with `mlflow ui --backend-store-uri sqlite:///<run dir>/mlflow/mlflow.db` (the viewer is in the full
+`mlflow` package; the `mlflow` extra installs the client, mlflow-skinny). MLflow 3 refuses its
 file store (`./mlruns`, "maintenance mode") unless told otherwise, hence SQLite.
 `MLFLOW_TRACKING_URI`, when set, sends the run to that server instead (experiment:
 `MLFLOW_EXPERIMENT_NAME`, default `tepo`).

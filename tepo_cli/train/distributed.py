@@ -122,7 +122,9 @@ def _join_launched_group(collective_timeout_s: float) -> None:
     loop agrees on a checkpoint and broadcasts the warmed-up MTP modules before the engine exists.
     The back-end is the one deepspeed.initialize would pick (gloo on CPU, NCCL on CUDA); every
     collective of the group waits at most `collective_timeout_s`."""
-    import deepspeed
+    from tepo_cli.core.deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed()
 
     from tepo_cli.train import collectives
 

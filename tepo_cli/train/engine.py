@@ -74,7 +74,9 @@ def build_engine(
 
     `lr` (default trainer.lr) lets a second engine — the critic's — have its own learning rate.
     """
-    import deepspeed
+    from tepo_cli.core.deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed()
 
     if not torch.cuda.is_available():
         _skip_cpu_shm_op()

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-directory's resolver)
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS
 

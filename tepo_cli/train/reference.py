@@ -77,7 +77,9 @@ def build_reference(
 def partitioned_engine(module: torch.nn.Module, cfg: TrainConfig, world: int) -> Any:
     """`module` under a ZeRO-3 engine with no optimizer (DeepSpeed's ZeRO inference): its
     parameters are partitioned over the ranks when this returns."""
-    import deepspeed
+    from tepo_cli.core.deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed()
 
     dtype = next(module.parameters()).dtype
     zero: dict[str, Any] = {"stage": 3}
