@@ -140,13 +140,14 @@ def test_bench_vllm_smoke(tmp_path):
     for row in rows:
         assert row["steps"] == 2 and finite(row["median_step_seconds"]), row
         assert finite(row["sync_seconds"]) and finite(row["mismatch_abs_max"]), row
-    # eval: the same tepo eval command per back-end; vllm alone keeps the smoke cheap
-    eval_args = ["eval", "--smoke", "--backends", "vllm", "--out", str(tmp_path / "eval")]
+    # eval: the same tepo eval command per back-end (`tepo eval rollout=vllm` is
+    # tests/test_vllm_e2e.py's); hf keeps the smoke from starting two more engines
+    eval_args = ["eval", "--smoke", "--backends", "hf", "--out", str(tmp_path / "eval")]
     run_script("scripts/bench_vllm.py", *eval_args)
     rows = json.loads((tmp_path / "eval" / "results.json").read_text())["rows"]
     assert [(r["benchmark"].split()[0], r["backend"]) for r in rows] == [
-        ("gsm8k", "vllm"),
-        ("arith", "vllm"),
+        ("gsm8k", "hf"),
+        ("arith", "hf"),
     ]
     assert [r["samples"] for r in rows] == [2, 10]
     assert all(finite(r["samples_per_second"]) and 0 <= r["accuracy"] <= 1 for r in rows)
@@ -167,10 +168,11 @@ def test_bench_step_short_smoke(tmp_path):
 
 @needs_trl
 def test_bench_step_long_smoke(tmp_path):
-    """`--job long` on the tiny model: tepo (rollout=vllm; rollout=hf without vLLM) beside TRL
-    (its own generate: a second vLLM engine would double the smoke's cost; TRL's colocated vLLM
-    is the same script with one TRL flag), the length, padding, FLOP and memory columns."""
-    sides = ["tepo-vllm", "trl"] if HAVE_VLLM else ["tepo-hf", "trl"]
+    """`--job long` on the tiny model: tepo-hf beside TRL on its own generate, the length,
+    padding, FLOP and memory columns. The other sides are the same code with one flag each
+    (tepo-vllm: rollout=vllm, whose `tepo train` bench_vllm.py's smoke runs; TRL's colocated
+    vLLM: `--trl-generation vllm`), and a vLLM engine's start would double the smoke's cost."""
+    sides = ["tepo-hf", "trl"]
     args = ["--job", "long", "--smoke", "--sides", ",".join(sides), "--trl-generation", "generate"]
     run_script("scripts/bench_step.py", *args, "--out", str(tmp_path))
     results = json.loads((tmp_path / "results.json").read_text())
