@@ -30,15 +30,19 @@ install-vllm: install
 	fi
 
 # The experiment trackers of `logger=[tensorboard,mlflow,wandb,trackio]`: the `trackers` extra
-# (458 MiB of packages, 318 MiB of them MLflow with its scipy and scikit-learn).
+# (MLflow's client, mlflow-skinny, not the full package with its scikit-learn and server).
 install-trackers: install
 	$(BIN)/python -m pip install -c constraints.txt -e '.[trackers]'
 
 train: install
 	$(BIN)/tepo train $(ARGS)
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (2: the CI machine's cores; each worker and
+# what it starts keeps to its own cores, tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 test: install
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
