@@ -5,8 +5,10 @@ by the module (starting one costs seconds); tests that change weights put the or
 from __future__ import annotations
 
 import copy
+import mmap
 import os
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -294,3 +296,63 @@ def test_build_backend_returns_vllm_rollouts_on_the_policy_device(engine_and_mod
     tensors += [rollout.completion_mask, rollout.truncated, rollout.logprobs]
     assert {t.device.type for t in tensors} == {"meta"}
     assert len(rollout.texts) == 4
+
+
+def _kv_caches(worker) -> list[torch.Tensor]:
+    return list(worker.model_runner.kv_caches)
+
+
+def _fill_kv_caches(worker, value: float) -> None:
+    for cache in worker.model_runner.kv_caches:
+        cache.fill_(value)
+
+
+def _kv_cache_summary(worker) -> tuple[int, float]:
+    """(bytes of the distinct storages under the KV cache, the largest |value| in it)."""
+    storages = {c.untyped_storage().data_ptr(): c for c in worker.model_runner.kv_caches}
+    size = sum(c.untyped_storage().nbytes() for c in storages.values())
+    return size, max(float(c.abs().max()) for c in storages.values())
+
+
+def _resident_bytes() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_DONTNEED semantics: Linux")
+def test_sleep_on_the_cpu_gives_the_kv_cache_pages_back_and_the_engine_generates_the_same(
+    engine_and_model,
+):
+    """rollout.engine.sleep (auto: on) on the CPU: after the rollout the KV cache's pages go
+    back to the OS (the process's resident memory drops by the buffer's size) and read back as
+    zeros; the prefix cache is dropped with them, so the next generation, which would otherwise
+    reuse the cached prompt blocks, writes exactly what it wrote before. The cache is first filled
+    with 1e4 (every page resident, and poison for any block read without being written)."""
+    backend, _, _, _ = engine_and_model
+    assert backend.modes.release_kv_pages and backend.settings()["kv_pages_released"]
+    greedy = Sampling(n=1, greedy=True, max_new_tokens=8)
+    before = backend.generate(PROMPTS, greedy)  # the prompts' blocks are now in the prefix cache
+    backend.engine.collective_rpc(_fill_kv_caches, args=(1e4,))
+    [(size, largest)] = backend.engine.collective_rpc(_kv_cache_summary)
+    assert largest == 1e4 and size >= 2**30 - 2**20  # kv_cache_gib=1
+    resident = _resident_bytes()
+    backend.sleep()
+    assert resident - _resident_bytes() > 0.95 * size
+    assert backend.engine.collective_rpc(_kv_cache_summary) == [(size, 0.0)]
+    after = backend.generate(PROMPTS, greedy)
+    assert after.texts == before.texts
+    assert torch.equal(after.completion_ids, before.completion_ids)
+
+
+def test_sleep_on_the_cpu_is_the_kv_release_and_off_for_evaluation():
+    """The autos: on CUDA vLLM's sleep mode, on the CPU (Linux) the KV cache's pages; neither in
+    `tepo eval` unless asked; sleep=false turns both off."""
+    from tepo_cli.rollout.vllm_modes import resolve_modes, without_updates
+
+    cpu = resolve_modes(EngineConfig(), on_cuda=False)
+    assert (cpu.sleep, cpu.release_kv_pages) == (False, sys.platform.startswith("linux"))
+    cuda = resolve_modes(EngineConfig(), on_cuda=True)
+    assert (cuda.sleep, cuda.release_kv_pages) == (True, False)
+    evaluation = resolve_modes(without_updates(EngineConfig()), on_cuda=False)
+    assert not (evaluation.sleep or evaluation.release_kv_pages)
+    off = resolve_modes(EngineConfig(sleep=False), on_cuda=False)
+    assert not (off.sleep or off.release_kv_pages)

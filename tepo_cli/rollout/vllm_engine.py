@@ -40,6 +40,7 @@ from tepo_cli.core.errors import RunError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.models.lora import merged_weights
 from tepo_cli.rollout.base import Sampling, eos_ids
+from tepo_cli.rollout.kv_pages import release_kv_cache
 from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes
 
 NAME = "vllm"  # rollout.backend (conf/rollout/vllm.yaml)
@@ -70,6 +71,7 @@ class VllmBackend:
         self.engine = start_engine(cfg, lm, self._config_dir.name, seed, self.modes)
         self.sync(lm)
         self._warm_up(lm)
+        self._release_kv_pages()  # the zero-filled KV cache, resident since its allocation
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         from vllm.inputs import TokensPrompt
@@ -97,9 +99,17 @@ class VllmBackend:
         self.engine.reset_prefix_cache()
 
     def sleep(self) -> None:
-        """With sleep mode (`rollout.engine.sleep`): the weights to host memory and the KV cache
-        freed until the next sync or generation; otherwise nothing."""
+        """With `rollout.engine.sleep`: on CUDA vLLM's sleep mode (the weights to host memory and
+        the KV cache freed until the next sync or generation), on the CPU the KV cache's pages
+        back to the OS; otherwise nothing."""
         self._call(self._cycle.rest())
+        self._release_kv_pages()
+
+    def _release_kv_pages(self) -> None:
+        """On the CPU with sleep on: drop the prefix cache, then give the KV cache's pages back
+        (kv_pages.py). Skipped if vLLM still holds a request's blocks (it refuses the reset)."""
+        if self.modes.release_kv_pages and self.engine.reset_prefix_cache():
+            self.engine.collective_rpc(release_kv_cache)
 
     def settings(self) -> dict[str, bool]:
         """The engine's resolved speed modes, for the run's summary."""

