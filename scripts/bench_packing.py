@@ -10,6 +10,12 @@ as JSON.
     python scripts/bench_packing.py                      # SmolLM2-135M float32, 2 x 8 answers
     python scripts/bench_packing.py --prompts 4 --n 8 --prompt-tokens 44 --max-answer 16 --mean-answer 8
     python scripts/bench_packing.py --smoke              # the tiny model, seconds (CI)
+    python scripts/bench_packing.py --profile            # + where each layout's time goes
+
+`--profile` runs one more forward+backward per layout under torch.profiler and splits its
+operators' own CPU time into matmuls (mm, addmm, bmm: the projections, MLPs and lm-head chunks),
+attention (the scaled-dot-product kernels, forward and backward) and everything else (norms,
+activations, copies, fills, the log-prob arithmetic).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 # layout -> (model.packing, model.gradient_checkpointing)
 LAYOUTS = {
@@ -42,6 +49,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=Path("bench_packing.json"))
     parser.add_argument("--smoke", action="store_true", help="model=tiny, small shapes, 1 repeat")
+    parser.add_argument("--profile", action="store_true", help="split each layout's time by op")
     parser.add_argument("--layout", choices=LAYOUTS, help=argparse.SUPPRESS)  # one child's run
     args = parser.parse_args()
     if args.smoke:
@@ -104,13 +112,39 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
         (scores.logp.sum() + scores.entropy.sum()).backward()
         seconds.append(time.perf_counter() - began)
         policy.zero_grad(set_to_none=True)
+    shares = _profile(policy, batch) if args.profile else {}
     return {
+        **shares,
         "fwd_bwd_seconds": min(seconds),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "rows": rows,
         "real_answer_tokens": int(lengths.sum()),
         "padded_answer_slots": rows * width,
     }
+
+
+MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
+
+
+def _profile(policy: Any, batch: Any) -> dict[str, float]:
+    """Shares of one forward+backward's operator self time: matmul, attention, other."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        scores = policy(batch, 1.0, with_entropy=True)
+        (scores.logp.sum() + scores.entropy.sum()).backward()
+    policy.zero_grad(set_to_none=True)
+    times = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for event in prof.key_averages():
+        if event.key in MATMUL_OPS:
+            kind = "matmul"
+        elif "scaled_dot_product" in event.key or "varlen_attn" in event.key:
+            kind = "attention"
+        else:
+            kind = "other"
+        times[kind] += event.self_cpu_time_total
+    total = sum(times.values()) or 1.0
+    return {f"{kind}_share": value / total for kind, value in times.items()}
 
 
 def _report(results: dict[str, dict[str, float]]) -> None:
@@ -124,6 +158,13 @@ def _report(results: dict[str, dict[str, float]]) -> None:
     for layout in LAYOUTS:
         run = results[layout]
         print(f"| {layout} | {run['fwd_bwd_seconds']:.2f} | {run['peak_rss_gb']:.2f} |")
+    for layout in LAYOUTS:
+        run = results[layout]
+        if "matmul_share" in run:
+            print(
+                f"{layout}: time in matmuls {run['matmul_share']:.0%}, attention "
+                f"{run['attention_share']:.0%}, other {run['other_share']:.0%}"
+            )
     for layout in list(LAYOUTS)[1:]:
         run = results[layout]
         speedup = padded["fwd_bwd_seconds"] / run["fwd_bwd_seconds"]

@@ -92,13 +92,16 @@ def test_bench_logprob_smoke(tmp_path):
 
 def test_bench_packing_smoke(tmp_path):
     output = tmp_path / "packing.json"
-    result = run_script("scripts/bench_packing.py", "--smoke", "--output", str(output))
+    result = run_script("scripts/bench_packing.py", "--smoke", "--profile", "--output", str(output))
     runs = json.loads(output.read_text())
     assert set(runs) == {"padded", "packed", "packed+checkpointing"}
     for run in runs.values():
         assert finite(run["fwd_bwd_seconds"]) and run["peak_rss_gb"] > 0, run
+        shares = [run["matmul_share"], run["attention_share"], run["other_share"]]
+        assert abs(sum(shares) - 1) < 1e-9 and min(shares) > 0, run
         assert run["real_answer_tokens"] < run["padded_answer_slots"]  # ragged answers
     assert "| packed |" in result.stdout and "x the padded speed" in result.stdout
+    assert "packed: time in matmuls" in result.stdout
 
 
 def test_compare_objectives_smoke(tmp_path):
