@@ -57,7 +57,8 @@ class ModelConfig(Strict):
     gguf_file: str | None = None
     tokenizer: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    gradient_checkpointing: bool = False
+    # auto: only micro-batches over trainer.micro_batch_tokens (train/checkpointing.py)
+    gradient_checkpointing: AutoBool = "auto"
     share_prompts: bool = True
     packing: bool = True
     trust_remote_code: bool = False

@@ -72,6 +72,12 @@ def micro_batch_cost(
     return sum(completion[r] for r in rows) + sum(prompt[p] for p in {owner[r] for r in rows})
 
 
+def micro_batch_tokens(batch: SequenceBatch, rows: torch.Tensor) -> int:
+    """Real tokens of these rows as one micro-batch (what the budget is compared with)."""
+    completion, owner, prompt = row_tokens(batch, rows)
+    return micro_batch_cost(list(range(len(completion))), completion, owner, prompt)
+
+
 def plan(
     completion: list[int], owner: list[int], prompt: list[int], budget: int
 ) -> list[list[int]]:

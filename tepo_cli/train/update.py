@@ -29,8 +29,10 @@ from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.train import faults
+from tepo_cli.train.checkpointing import checkpointed, over_budget
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.guards import skipped_optimizer_steps
+from tepo_cli.train.micro_batches import micro_batch_tokens
 from tepo_cli.train.micro_batches import micro_batches as plan_micro_batches
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
@@ -130,6 +132,8 @@ def _optimizer_step(
     micro_batches = plan_micro_batches(
         experience.batch, minibatch, trainer.micro_batch_tokens, trainer.micro_batch_size
     )
+    costs = [micro_batch_tokens(experience.batch, rows) for rows in micro_batches]
+    checkpoint = over_budget(costs, cfg.model.gradient_checkpointing, trainer.micro_batch_tokens)
     mask = experience.batch.response_mask
     own_tokens = int(mask[minibatch].sum())
     own_norm = critic_own_norm = None
@@ -138,7 +142,10 @@ def _optimizer_step(
         counts = (num_tokens, num_seqs, world)
         mismatch = tally.mismatch if first_epoch else None  # each row counted once
         engine.set_gradient_accumulation_boundary(boundary)
-        metrics = _forward_backward(cfg, engine, experience, rows, *counts, tally.seconds, mismatch)
+        with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
+            metrics = _forward_backward(
+                cfg, engine, experience, rows, *counts, tally.seconds, mismatch
+            )
         if critic_engine is not None:
             critic_engine.set_gradient_accumulation_boundary(boundary)
             metrics.update(_critic_backward(cfg, critic_engine, experience, rows, *counts))
