@@ -84,7 +84,9 @@ def update_shapes(
     recorded = bool(micro_batches)
     plan = micro_batches or fixed_plan(len(answers), cfg.trainer.micro_batch_size)
     packed = cfg.model.packing and supports_packing(engine_module.lm)
-    shared = cfg.model.share_prompts and (packed or not cfg.model.gradient_checkpointing)
+    # Unpacked, a checkpointed micro-batch runs row by row (models/sequence_hidden.py); auto
+    # checkpoints only a lone over-budget row, where sharing has nothing to share.
+    shared = cfg.model.share_prompts and (packed or cfg.model.gradient_checkpointing is not True)
     shapes = tepo_shapes(answers, prompt_lengths, owner.tolist(), width, plan, shared, packed)
     return {
         "answer_lengths": answers,
