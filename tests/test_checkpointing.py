@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_micro_batches import _one_update
+from test_micro_batches import UPDATE_OVERRIDES, UPDATE_REWARDS, _one_update
 
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.train import update as update_module
@@ -68,18 +68,8 @@ def test_auto_recomputes_the_long_rows_micro_batches_and_keeps_the_update(
     """A 12-token budget: rows of 8 + 5 or 9 + 3 tokens run alone, some over the budget. With
     `auto` exactly those micro-batches recompute their layers in backward (one more grad-enabled
     MLP run each), and the update equals the one without checkpointing."""
-    common = [
-        "model=tiny",
-        "rollout.n=4",
-        "trainer.prompts_per_step=2",
-        "trainer.minibatches=2",
-        "trainer.lr=1.0",
-        "trainer.adam_eps=1000",
-        "trainer.grad_clip=0",
-        "algo.beta=0",
-        "trainer.micro_batch_tokens=12",
-    ]
-    rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 0], dtype=torch.float64)
+    common = [*UPDATE_OVERRIDES, "trainer.micro_batch_tokens=12"]
+    rewards = UPDATE_REWARDS
     runs = {}
     for mode in ("false", "auto"):
         cfg = load_train_config(

@@ -141,6 +141,21 @@ PRESETS = [
 ]
 
 
+# One update of `_rollout()` in two minibatches, Adam's step linear in the gradients (eps far above
+# them), no clipping, no KL: two such updates are equal exactly when their gradients are.
+UPDATE_OVERRIDES = [
+    "model=tiny",
+    "rollout.n=4",
+    "trainer.prompts_per_step=2",
+    "trainer.minibatches=2",
+    "trainer.lr=1.0",
+    "trainer.adam_eps=1000",
+    "trainer.grad_clip=0",
+    "algo.beta=0",
+]
+UPDATE_REWARDS = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 0], dtype=torch.float64)
+
+
 def _one_update(cfg, lm, rewards):
     """One update of a float64 copy of `lm` under `cfg`: (its metrics, its weights' step)."""
     torch.manual_seed(0)  # MTP modules and the value head start from the same draw
@@ -176,18 +191,8 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
     """Two minibatches (off-policy: old log-probs scored in micro-batches too) of 4 rows, split by
     a 12-token budget into 2-4 micro-batches of varying counts, against one micro-batch each. Adam's
     eps far above the gradients makes its step linear in them: equal weights, equal gradients."""
-    common = [
-        "model=tiny",
-        "rollout.n=4",
-        "trainer.prompts_per_step=2",
-        "trainer.minibatches=2",
-        "trainer.lr=1.0",
-        "trainer.adam_eps=1000",
-        "trainer.grad_clip=0",
-        "algo.beta=0",
-        *preset,
-    ]
-    rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 0], dtype=torch.float64)
+    common = [*UPDATE_OVERRIDES, *preset]
+    rewards = UPDATE_REWARDS
     fixed_cfg = load_train_config(
         compose_config("train", [*common, "trainer.micro_batch_tokens=null"])
     )
