@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,18 +103,34 @@ def mlflow_scalars(run_dir: Path) -> Series:
     }
 
 
-def wandb_records(run_dir: Path) -> list[Any]:
+def wandb_records(run_dir: Path, wait_s: float = 30.0) -> list[Any]:
     """Every record of the run's offline .wandb files, oldest process first (wandb's own
-    LevelDB-log reader and protobuf records)."""
+    LevelDB-log reader and protobuf records). wandb-core may still be writing a file when
+    `finish()` has returned (seen on a loaded machine: a resumed run's steps missing): each file
+    is read once it holds its run's exit record, the last thing `finish()` writes, waiting up to
+    `wait_s` seconds (after that, what is there)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        files = [_wandb_file_records(path) for path in _wandb_files(run_dir)]
+        finished = all(any(r.WhichOneof("record_type") == "exit" for r in f) for f in files)
+        if finished or time.monotonic() > deadline:
+            return [record for file_records in files for record in file_records]
+        time.sleep(0.2)
+
+
+def _wandb_files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def _wandb_file_records(path: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2
     from wandb.sdk.internal.datastore import DataStore
 
     records = []
-    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
-        store = DataStore()
-        store.open_for_scan(str(path))
-        while (data := store.scan_data()) is not None:
-            records.append(wandb_internal_pb2.Record.FromString(data))
+    store = DataStore()
+    store.open_for_scan(str(path))
+    while (data := store.scan_data()) is not None:
+        records.append(wandb_internal_pb2.Record.FromString(data))
     return records
 
 
