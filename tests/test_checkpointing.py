@@ -10,7 +10,7 @@ from test_micro_batches import UPDATE_OVERRIDES, UPDATE_REWARDS, _one_update
 
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.train import update as update_module
-from tepo_cli.train.checkpointing import checkpointed, over_budget
+from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, over_budget
 
 
 def test_auto_checkpoints_only_the_micro_batches_over_the_budget():
@@ -51,13 +51,13 @@ def _update_counting_recomputes(cfg, lm, rewards, monkeypatch):
     plans: list[list[bool]] = []
 
     def recorded(*args):
-        plans.append(over_budget(*args))
+        plans.append(checkpoint_plan(*args))
         return plans[-1]
 
     with monkeypatch.context() as patch:
         patch.setattr(mlp_type, "forward", counted)
         patch.setattr(lm.model.layers[0].mlp, "counted", True, raising=False)
-        patch.setattr(update_module, "over_budget", recorded)
+        patch.setattr(update_module, "checkpoint_plan", recorded)
         metrics, step = _one_update(cfg, lm, rewards)
     return metrics, step, sum(calls), [flag for plan in plans for flag in plan]
 

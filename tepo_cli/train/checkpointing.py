@@ -27,6 +27,8 @@ from transformers import PreTrainedModel
 
 from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.core.collective import collective_device
+from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.train.micro_batches import micro_batch_tokens
 
 
 def over_budget(costs: list[int], mode: AutoBool, budget: int | None) -> list[bool]:
@@ -38,6 +40,16 @@ def over_budget(costs: list[int], mode: AutoBool, budget: int | None) -> list[bo
     flags = torch.tensor(own, dtype=torch.int64, device=collective_device())
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return [bool(flag) for flag in flags.tolist()]
+
+
+def checkpoint_plan(
+    batch: SequenceBatch, micro_batches: list[torch.Tensor], mode: AutoBool, budget: int | None
+) -> list[bool]:
+    """`over_budget` for these micro-batches of `batch`; their tokens are counted only when `auto`
+    can checkpoint one (no work on the step otherwise)."""
+    if mode != "auto" or budget is None:
+        return [False] * len(micro_batches)
+    return over_budget([micro_batch_tokens(batch, rows) for rows in micro_batches], mode, budget)
 
 
 @contextlib.contextmanager

@@ -51,9 +51,8 @@ from tepo_cli.train.update import accumulation_steps
 def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     """A run ready for its first (or next) step, on this rank."""
     seed_everything(cfg.seed + topo.rank)
-    if (
-        cfg.rollout.backend == "vllm"
-    ):  # sleep=true where it cannot be: refused before any model loads
+    # rollout.engine.sleep=true where it cannot be: refused before any model loads
+    if cfg.rollout.backend == "vllm":
         resolve_modes(cfg.rollout.engine, on_cuda=topo.device.type == "cuda")
     return_freed_buffers(cfg.trainer.mmap_threshold_kb)
     task = build_task(cfg.benchmark)

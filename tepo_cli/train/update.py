@@ -29,10 +29,9 @@ from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.train import faults
-from tepo_cli.train.checkpointing import checkpointed, over_budget
+from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.guards import skipped_optimizer_steps
-from tepo_cli.train.micro_batches import micro_batch_tokens
 from tepo_cli.train.micro_batches import micro_batches as plan_micro_batches
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
@@ -132,8 +131,12 @@ def _optimizer_step(
     micro_batches = plan_micro_batches(
         experience.batch, minibatch, trainer.micro_batch_tokens, trainer.micro_batch_size
     )
-    costs = [micro_batch_tokens(experience.batch, rows) for rows in micro_batches]
-    checkpoint = over_budget(costs, cfg.model.gradient_checkpointing, trainer.micro_batch_tokens)
+    checkpoint = checkpoint_plan(
+        experience.batch,
+        micro_batches,
+        cfg.model.gradient_checkpointing,
+        trainer.micro_batch_tokens,
+    )
     mask = experience.batch.response_mask
     own_tokens = int(mask[minibatch].sum())
     own_norm = critic_own_norm = None
