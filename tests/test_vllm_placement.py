@@ -16,13 +16,7 @@ from pydantic import ValidationError
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.rollout import kv_pages
-from tepo_cli.rollout.vllm_engine import (
-    Placement,
-    _process_state_kept,
-    _rank_environment,
-    engine_arguments,
-    trainer_placement,
-)
+from tepo_cli.rollout.vllm_engine import _process_state_kept, engine_arguments
 from tepo_cli.rollout.vllm_modes import (
     Call,
     EngineModes,
@@ -30,6 +24,7 @@ from tepo_cli.rollout.vllm_modes import (
     resolve_modes,
     without_updates,
 )
+from tepo_cli.rollout.vllm_placement import Placement, rank_environment, trainer_placement
 
 CPU_MODES = EngineModes(
     cuda_graphs=False, sleep=False, per_request_seeds=False, release_kv_pages=kv_pages.supported()
@@ -87,10 +82,10 @@ def test_rank_variables_are_the_trainers_while_the_engine_starts(monkeypatch):
     LOCAL_RANK are the placement's while vLLM reads them, as they were afterwards."""
     monkeypatch.setenv("LOCAL_RANK", "5")
     monkeypatch.delenv("RANK", raising=False)
-    with _rank_environment(Placement(rank=2, local_rank=0)):
+    with rank_environment(Placement(rank=2, local_rank=0)):
         assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("2", "0")
     assert os.environ["LOCAL_RANK"] == "5" and "RANK" not in os.environ
-    with _rank_environment(None):
+    with rank_environment(None):
         assert os.environ["LOCAL_RANK"] == "5" and "RANK" not in os.environ
 
 
@@ -101,16 +96,16 @@ def test_an_engine_on_another_gpu_than_its_ranks_is_refused():
     from types import SimpleNamespace
 
     from tepo_cli.core.errors import RunError
-    from tepo_cli.rollout.vllm_engine import _check_device
+    from tepo_cli.rollout.vllm_placement import check_device
 
     def engine_on(device: str) -> SimpleNamespace:
         worker = SimpleNamespace(worker=SimpleNamespace(device=torch.device(device)))
         executor = SimpleNamespace(driver_worker=worker)
         return SimpleNamespace(llm_engine=SimpleNamespace(model_executor=executor))
 
-    _check_device(engine_on("cuda:1"), torch.device("cuda", 1))
+    check_device(engine_on("cuda:1"), torch.device("cuda", 1))
     with pytest.raises(RunError, match=r"started on cuda:0, but the rank trains on cuda:1"):
-        _check_device(engine_on("cuda:0"), torch.device("cuda", 1))
+        check_device(engine_on("cuda:0"), torch.device("cuda", 1))
 
 
 def test_on_cuda_the_engine_decodes_with_cuda_graphs_and_sleeps_during_the_update():

@@ -27,7 +27,6 @@ import random
 import tempfile
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,12 @@ from tepo_cli.models.lora import merged_weights
 from tepo_cli.rollout.base import Sampling, eos_ids
 from tepo_cli.rollout.kv_pages import release_kv_cache
 from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes
+from tepo_cli.rollout.vllm_placement import (
+    Placement,
+    check_device,
+    rank_environment,
+    trainer_placement,
+)
 
 NAME = "vllm"  # rollout.backend (conf/rollout/vllm.yaml)
 REQUIRES = "vllm"
@@ -231,30 +236,6 @@ def start_engine(
         return _engine(cfg, lm, model_dir, seed, modes)
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where a rank's engine runs: the trainer's rank in its process group and the local device
-    index the engine must use (the rank's current CUDA device, which train/distributed.py set to
-    the policy's; the launcher's LOCAL_RANK on CPU)."""
-
-    rank: int
-    local_rank: int
-
-
-def trainer_placement() -> Placement | None:
-    """This process's place in the trainer's process group; None outside one (`tepo eval`, or a
-    model loaded by hand), where vLLM's own single-process executor is the right one."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    if torch.cuda.is_available():
-        local_rank = torch.cuda.current_device()
-    else:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return Placement(dist.get_rank(), local_rank)
-
-
 def engine_arguments(
     cfg: EngineConfig,
     model_dir: str,
@@ -270,7 +251,7 @@ def engine_arguments(
     joins the process group that exists (torch.distributed is already initialised: vLLM adds its
     own subgroups, one rank each for tensor/pipeline/data parallelism, and destroys only those at
     shutdown, see `_default_group_kept`), reads its rank and device from RANK and LOCAL_RANK (set
-    to the trainer's by `_rank_environment`), and with one rank per model-parallel group runs no
+    to the trainer's by `rank_environment`), and with one rank per model-parallel group runs no
     collective while it generates, so ranks may make different numbers of calls. Without `external_launcher`, vLLM 0.32's uni-process
     executor takes rank 0 and device index 0 on every rank: all engines on cuda:0, and each
     rank's current CUDA device switched to it.
@@ -313,36 +294,14 @@ def _engine(
     placement = trainer_placement()
     dtype = next(lm.parameters()).dtype
     arguments = engine_arguments(cfg, model_dir, dtype, seed, placement, modes)
-    with _process_state_kept(), _rank_environment(placement):
+    with _process_state_kept(), rank_environment(placement):
         try:
             engine = LLM(**arguments)
         except Exception as error:
             raise RunError(_cannot_run(lm, error)) from error
     if placement is not None and torch.cuda.is_available():
-        _check_device(engine, torch.device("cuda", placement.local_rank))
+        check_device(engine, torch.device("cuda", placement.local_rank))
     return engine
-
-
-@contextlib.contextmanager
-def _rank_environment(placement: Placement | None) -> Iterator[None]:
-    """RANK and LOCAL_RANK as the external launcher reads them, the trainer's own for the time
-    the engine starts: a launcher that gives each rank one visible GPU, or a one-process run
-    whose variables were already forgotten (a sweep's second job), would otherwise point vLLM at
-    another rank or device."""
-    if placement is None:
-        yield
-        return
-    wanted = {"RANK": str(placement.rank), "LOCAL_RANK": str(placement.local_rank)}
-    saved = {key: os.environ.get(key) for key in wanted}
-    os.environ.update(wanted)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _engine_on_cuda() -> bool:
@@ -353,21 +312,6 @@ def _engine_on_cuda() -> bool:
     except ImportError:  # `_engine` refuses it with its own paragraph
         return torch.cuda.is_available()
     return bool(current_platform.is_cuda_alike())
-
-
-def _check_device(engine: Any, device: torch.device) -> None:
-    """Refuse an engine that landed on another GPU than its rank's (its weights would sit on
-    another rank's device): one paragraph now instead of device errors or an out-of-memory in
-    the first step."""
-    worker = getattr(getattr(engine.llm_engine, "model_executor", None), "driver_worker", None)
-    engine_device = getattr(getattr(worker, "worker", None), "device", None)
-    if engine_device is not None and torch.device(engine_device) != device:
-        raise RunError(
-            f"rollout=vllm: this rank's vLLM engine started on {engine_device}, but the rank "
-            f"trains on {device}. Every rank's engine must use the rank's own GPU; check that "
-            f"CUDA_VISIBLE_DEVICES is the same for every rank of a node and that the launcher "
-            f"sets LOCAL_RANK."
-        )
 
 
 @contextlib.contextmanager
