@@ -318,41 +318,64 @@ def _resident_bytes() -> int:
     return int(open("/proc/self/statm").read().split()[1]) * mmap.PAGESIZE
 
 
+def _engine_weights(worker) -> tuple[int, float, int]:
+    """(bytes of the engine model's parameters, their largest |value|, how many layers hold
+    repacked weights: a `cpu_linear` that is not the asleep stub)."""
+    from tepo_cli.rollout import cpu_sleep
+
+    model = worker.model_runner.model
+    params = {p.untyped_storage().data_ptr(): p for p in model.parameters() if p.numel()}
+    size = sum(p.untyped_storage().nbytes() for p in params.values())
+    largest = max(float(p.detach().abs().max()) for p in params.values())
+    linears = [m.cpu_linear for m in model.modules() if hasattr(m, "cpu_linear")]
+    return size, largest, sum(f is not cpu_sleep._asleep_linear for f in linears)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_DONTNEED semantics: Linux")
-def test_sleep_on_the_cpu_gives_the_kv_cache_pages_back_and_the_engine_generates_the_same(
+def test_sleep_on_the_cpu_gives_the_kv_cache_and_weights_back_and_the_engine_generates_the_same(
     engine_and_model,
 ):
-    """rollout.engine.sleep (auto: on) on the CPU: after the rollout the KV cache's pages go
-    back to the OS (the process's resident memory drops by the buffer's size) and read back as
-    zeros; the prefix cache is dropped with them, so the next generation, which would otherwise
-    reuse the cached prompt blocks, writes exactly what it wrote before. The cache is first filled
-    with 1e4 (every page resident, and poison for any block read without being written)."""
-    backend, _, _, _ = engine_and_model
-    assert backend.modes.release_kv_pages and backend.settings()["kv_pages_released"]
+    """rollout.engine.sleep (auto: on) on the CPU: after the rollout the KV cache's pages and the
+    engine's weights go back to the OS (the process's resident memory drops by the KV buffer's
+    and the parameters' size; every layer's repacked weights are dropped) and read back as zeros;
+    generating before the next sync is refused. The sync rebuilds the weights, and the prefix
+    cache was dropped with the KV pages, so the next generation, which would otherwise reuse the
+    cached prompt blocks, writes exactly what it wrote before. The cache is first filled with 1e4
+    (every page resident, and poison for any block read without being written)."""
+    backend, lm, _, _ = engine_and_model
+    assert backend.modes.cpu_sleep and backend.settings()["cpu_sleep"]
     greedy = Sampling(n=1, greedy=True, max_new_tokens=8)
     before = backend.generate(PROMPTS, greedy)  # the prompts' blocks are now in the prefix cache
     backend.engine.collective_rpc(_fill_kv_caches, args=(1e4,))
     [(size, largest)] = backend.engine.collective_rpc(_kv_cache_summary)
     assert largest == 1e4 and size >= 2**30 - 2**20  # kv_cache_gib=1
+    [(weight_bytes, weight_largest, live_linears)] = backend.engine.collective_rpc(_engine_weights)
+    assert weight_largest > 0 and live_linears >= 4 * lm.config.num_hidden_layers
     resident = _resident_bytes()
     backend.sleep()
-    assert resident - _resident_bytes() > 0.95 * size
+    assert resident - _resident_bytes() > 0.95 * (size + weight_bytes)
     assert backend.engine.collective_rpc(_kv_cache_summary) == [(size, 0.0)]
+    assert backend.engine.collective_rpc(_engine_weights) == [(weight_bytes, 0.0, 0)]
+    with pytest.raises(RunError, match=r"weights were released.*rollout\.engine\.sleep"):
+        backend.generate(PROMPTS, greedy)
+    backend.sync(lm)
+    [(_, weight_largest_after, live_after)] = backend.engine.collective_rpc(_engine_weights)
+    assert (weight_largest_after, live_after) == (weight_largest, live_linears)
     after = backend.generate(PROMPTS, greedy)
     assert after.texts == before.texts
     assert torch.equal(after.completion_ids, before.completion_ids)
 
 
-def test_sleep_on_the_cpu_is_the_kv_release_and_off_for_evaluation():
-    """The autos: on CUDA vLLM's sleep mode, on the CPU (Linux) the KV cache's pages; neither in
-    `tepo eval` unless asked; sleep=false turns both off."""
+def test_sleep_on_the_cpu_is_the_memory_release_and_off_for_evaluation():
+    """The autos: on CUDA vLLM's sleep mode, on the CPU (Linux) the engine's memory back to the
+    OS; neither in `tepo eval` unless asked; sleep=false turns both off."""
     from tepo_cli.rollout.vllm_modes import resolve_modes, without_updates
 
     cpu = resolve_modes(EngineConfig(), on_cuda=False)
-    assert (cpu.sleep, cpu.release_kv_pages) == (False, sys.platform.startswith("linux"))
+    assert (cpu.sleep, cpu.cpu_sleep) == (False, sys.platform.startswith("linux"))
     cuda = resolve_modes(EngineConfig(), on_cuda=True)
-    assert (cuda.sleep, cuda.release_kv_pages) == (True, False)
+    assert (cuda.sleep, cuda.cpu_sleep) == (True, False)
     evaluation = resolve_modes(without_updates(EngineConfig()), on_cuda=False)
-    assert not (evaluation.sleep or evaluation.release_kv_pages)
+    assert not (evaluation.sleep or evaluation.cpu_sleep)
     off = resolve_modes(EngineConfig(sleep=False), on_cuda=False)
-    assert not (off.sleep or off.release_kv_pages)
+    assert not (off.sleep or off.cpu_sleep)

@@ -152,7 +152,7 @@ def test_two_ranks_zero3_each_rank_syncs_its_engine(tmp_path):
     assert summary["rollout_engine"] == {
         "cuda_graphs": False,
         "sleep": False,
-        "kv_pages_released": True,
+        "cpu_sleep": True,
         "per_request_seeds": False,
     }
     scored = [records(record_dir, f"scored-{r}.jsonl") for r in (0, 1)]

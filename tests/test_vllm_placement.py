@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.rollout import kv_pages
+from tepo_cli.rollout import cpu_sleep
 from tepo_cli.rollout.vllm_engine import _process_state_kept, engine_arguments
 from tepo_cli.rollout.vllm_modes import (
     Call,
@@ -27,7 +27,7 @@ from tepo_cli.rollout.vllm_modes import (
 from tepo_cli.rollout.vllm_placement import Placement, rank_environment, trainer_placement
 
 CPU_MODES = EngineModes(
-    cuda_graphs=False, sleep=False, per_request_seeds=False, release_kv_pages=kv_pages.supported()
+    cuda_graphs=False, sleep=False, per_request_seeds=False, cpu_sleep=cpu_sleep.supported()
 )
 
 
@@ -132,9 +132,9 @@ def test_an_evaluation_engine_does_not_sleep_unless_asked():
 
 
 def test_sleep_on_a_cpu_without_page_release_is_refused_naming_the_key(monkeypatch):
-    """Off Linux the CPU has neither vLLM's sleep mode nor tepo's KV page release."""
-    monkeypatch.setattr(kv_pages, "supported", lambda: False)
-    assert not resolve_modes(EngineConfig(), on_cuda=False).release_kv_pages
+    """Off Linux the CPU has neither vLLM's sleep mode nor tepo's release of the engine's memory."""
+    monkeypatch.setattr(cpu_sleep, "supported", lambda: False)
+    assert not resolve_modes(EngineConfig(), on_cuda=False).cpu_sleep
     with pytest.raises(ConfigError, match=r"rollout\.engine\.sleep=true.*CPU.*sleep=auto") as e:
         resolve_modes(EngineConfig(sleep=True), on_cuda=False)
     assert "\n" not in str(e.value)

@@ -33,7 +33,7 @@ class LongSettings:
     memory_limit_bytes: int
     trl_generation: str  # auto | vllm | generate
     trl_python: str
-    kv_cache_gib: int = 2
+    kv_cache_gib: int = 1  # tepo's default (conf/rollout/vllm.yaml)
 
 
 def tepo_overrides(job: Job, rollout: str) -> list[str]:

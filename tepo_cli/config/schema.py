@@ -210,7 +210,7 @@ class EngineConfig(Strict):
     """A rollout engine's knobs (rollout=vllm: conf/rollout/vllm.yaml; autos: vllm_modes.py)."""
 
     max_model_len: int = Field(default=2048, ge=16)
-    kv_cache_gib: int = Field(default=2, ge=1)
+    kv_cache_gib: int = Field(default=1, ge=1)
     gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
     max_num_seqs: int = Field(default=256, ge=1)
     enforce_eager: AutoBool = "auto"  # auto: CUDA graphs on CUDA, eager on CPU

