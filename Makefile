@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tepo-installed
 
-.PHONY: install install-vllm install-trackers train test test-fast lint format clean bench-install bench-step
+.PHONY: install install-vllm install-trackers install-docs train test test-fast lint format clean bench-install bench-step docs docs-serve
 
 install: $(STAMP)
 
@@ -55,6 +55,17 @@ format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The documentation site (mkdocs.yml; the `docs` extra): built into site/, any broken link or
+# anchor an error; the configuration reference page is regenerated first (its mkdocs hook).
+install-docs: install
+	$(BIN)/python -m pip install -c constraints.txt -e '.[docs]'
+
+docs: install-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: install-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 # tepo vs TRL's GRPOTrainer (scripts/bench_step.py); TRL is the optional `bench` extra.
 bench-install: install
 	$(BIN)/python -m pip install -c constraints.txt -e '.[bench]'
@@ -63,4 +74,4 @@ bench-step: bench-install
 	$(BIN)/python scripts/bench_step.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

@@ -4,7 +4,7 @@
 # examples:
 #   smoke      tiny random model, GRPO and MPO x seeds 0 and 1, two local worker processes
 #              (hydra/launcher=joblib), then the report: about a minute on a 2-core CPU
-#   compare    the README's CPU comparison: five objectives x three seeds (recipe=cpu_compare)
+#   compare    the CPU comparison of docs/guides/sweeps.md: five objectives x three seeds (recipe=cpu_compare)
 #   slurm      a paper-scale sweep on a SLURM cluster, one GPU node per job (hydra/launcher=slurm)
 #   multinode  runs spanning two 8-GPU nodes, through the deepspeed launcher and a hostfile;
 #              a sweep of them is a loop of runs under one directory, reported together

@@ -14,7 +14,7 @@ SHORT = re.compile(r"§2\.(\d+)")
 
 def _sources() -> list[Path]:
     folders = ("tepo_cli", "conf", "recipes", "tests", "scripts")
-    found = [ROOT / "README.md"]
+    found = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
     for folder in folders:
         found += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".yaml", ".md")]
     return found

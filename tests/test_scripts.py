@@ -158,7 +158,7 @@ def test_bench_vllm_smoke(tmp_path):
 
 @needs_trl
 def test_bench_step_short_smoke(tmp_path):
-    """The README's headline benchmark (scripts/bench_step.py), tepo vs TRL, with evaluation."""
+    """The headline benchmark (scripts/bench_step.py; docs/guides/performance.md), tepo vs TRL, with evaluation."""
     run_script("scripts/bench_step.py", "--smoke", "--out", str(tmp_path))
     results = json.loads((tmp_path / "results.json").read_text())
     for side in ("tepo", "trl"):

@@ -1,4 +1,4 @@
-"""Two nodes on one machine, through DeepSpeed's own launcher as the README documents it:
+"""Two nodes on one machine, through DeepSpeed's own launcher as docs/guides/distributed.md documents it:
 
     deepspeed --no_ssh --hostfile H --num_nodes 2 --node_rank R --num_gpus 1 \\
         --master_addr 127.0.0.1 --master_port P --no_local_rank --module tepo_cli train \\

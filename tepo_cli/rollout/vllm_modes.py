@@ -1,5 +1,5 @@
-"""How fast the colocated vLLM engine runs, and what each choice costs (README, "Rollout with
-vLLM"): CUDA graphs, sleep mode during the update, and per-request seeds.
+"""How fast the colocated vLLM engine runs, and what each choice costs (docs/guides/rollout.md):
+CUDA graphs, sleep mode during the update, and per-request seeds.
 
 Pure functions of the config and the device, so the choices and the order of the engine calls
 are tested without an engine (tests/test_vllm_placement.py); `vllm_engine.py` carries them out.

@@ -6,7 +6,7 @@ answers that row, not the budget, would set the update's peak memory. `auto` (th
 checkpoints exactly those micro-batches (each layer keeps only its input and recomputes the rest
 in backward), so memory follows the budget whatever the answer length, and micro-batches within
 it pay nothing: measured on the long job, checkpointing every micro-batch at the default budget
-cost 30 % of the update and saved nothing at the peak (README, "Long answers"). `true`
+cost 30 % of the update and saved nothing at the peak (docs/guides/performance.md, "Long answers"). `true`
 checkpoints every micro-batch (set once, at load), `false` none.
 
 Under ZeRO-3 a recomputed layer gathers its parameters again in backward, a collective: the ranks

@@ -4,7 +4,7 @@
 `deepspeed --num_gpus N --no_local_rank --master_port P --module tepo_cli train <overrides>`
 (`--include localhost:<ids>` instead of `--num_gpus` on CUDA with CUDA_VISIBLE_DEVICES set)
 with the parent's run directory, and waits for it. Multi-node runs use the same launcher with a
-hostfile (see the README).
+hostfile (see docs/guides/distributed.md).
 """
 
 from __future__ import annotations

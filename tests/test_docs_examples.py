@@ -1,5 +1,6 @@
-"""The README's "write your own" examples run exactly as written (on the tiny model): each
-section's `<!-- file: ... -->` blocks are written out and its `<!-- command -->` lines run."""
+"""The documentation's "extending tepo" examples (docs/guides/extending.md) run exactly as written
+(on the tiny model): each section's `<!-- file: ... -->` blocks are written out and its
+`<!-- command -->` lines run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "extending.md"
 BLOCK = re.compile(r"<!-- (file: (?P<file>\S+)|command) -->\n```[a-z]*\n(?P<body>.*?)```", re.S)
 QUICK = [
     "model=tiny",
@@ -25,10 +26,10 @@ pytestmark = pytest.mark.slow
 
 
 def example(heading: str) -> tuple[dict[str, str], list[list[str]]]:
-    """The files and command lines of the README section under `heading`."""
-    text = README.read_text()
+    """The files and command lines of the page's section under `heading`."""
+    text = PAGE.read_text()
     start = text.index(f"\n{heading}\n") + len(heading) + 2
-    following = re.compile(r"^#{2,3} ", re.M).search(text, start)
+    following = re.compile(r"^## ", re.M).search(text, start)
     section = text[start : following.start() if following else None]
     blocks = list(BLOCK.finditer(section))
     files = {m["file"]: m["body"] for m in blocks if m["file"]}
@@ -74,10 +75,10 @@ def test_write_your_own_objective_example(tmp_path):
 def test_a_benchmark_of_your_own_example(tmp_path):
     """One module + one YAML (+ its data): the reference answers grade 2/2, and a training run
     draws from train.jsonl and evaluates on test.jsonl."""
-    files, commands = example("### A benchmark of your own")
+    files, commands = example("## A benchmark of your own")
     assert {"my_benchmark.py", "my_conf/benchmark/svamp.yaml"} <= set(files)
     assert [args[:2] for args in commands] == [["tepo", "eval"], ["tepo", "train"]]
-    run_example(tmp_path, "### A benchmark of your own", "trainer.eval_after=true")
+    run_example(tmp_path, "## A benchmark of your own", "trainer.eval_after=true")
     (evaluation,) = tmp_path.glob("outputs/eval/*/*/summary.json")
     summary = json.loads(evaluation.read_text())
     assert (summary["benchmark"], summary["grader"], summary["accuracy"]) == ("svamp", "arith", 1.0)
@@ -95,10 +96,10 @@ def test_a_benchmark_of_your_own_example(tmp_path):
 def test_a_rollout_back_end_of_your_own_example(tmp_path):
     """One module + one YAML: the trainer generates through the plugin's engine and corrects for
     its bfloat16 log-probs, which differ from its own float32 ones by float rounding, not more."""
-    files, commands = example("### A rollout back-end of your own")
+    files, commands = example("## A rollout back-end of your own")
     assert set(files) == {"bf16_engine.py", "my_conf/rollout/hf_bf16_logprobs.yaml"}
     assert [args[:2] for args in commands] == [["tepo", "train"]]
-    run_example(tmp_path, "### A rollout back-end of your own")
+    run_example(tmp_path, "## A rollout back-end of your own")
     (config,) = tmp_path.glob("outputs/train/*/*/config.yaml")
     assert "backend: hf_bf16_logprobs" in config.read_text()
     (metrics,) = tmp_path.rglob("metrics.jsonl")
