@@ -149,9 +149,7 @@ def test_cli_rejects_bad_input_without_traceback(tmp_path, args, fragment):
     assert result.returncode != 0
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    assert not (tmp_path / "outputs" / "train").exists() or not any(
-        (tmp_path / "outputs").rglob("metrics.jsonl")
-    )
+    assert list(tmp_path.iterdir()) == []  # no partial output: not even Hydra's run directory
 
 
 @pytest.mark.slow

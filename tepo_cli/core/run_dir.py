@@ -16,6 +16,9 @@ tensorboard/ mlflow/ wandb/ trackio/   the experiment trackers of `logger=[...]`
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 CONFIG = "config.yaml"
 STATUS = "status.json"
 METRICS = "metrics.jsonl"
@@ -35,3 +38,24 @@ LOG_FILES = (METRICS, SAMPLES, EVALS)
 # that writes the run's outputs (the trainer.nproc relaunch passes them; cli.py adds them on ranks
 # other than 0 whatever the launch command says).
 NO_HYDRA_OUTPUTS = ("hydra.output_subdir=null", "hydra/job_logging=stdout")
+
+
+def discard_if_unused(run_dir: Path, stop_at: Path | None = None) -> bool:
+    """Remove a run directory that holds nothing but what Hydra writes before the job starts
+    (`.hydra/` and an empty `<job>.log`): a run refused at start-up leaves no output behind. Empty
+    parents go too (`outputs/train/<date>/`), up to `stop_at` (default: the working directory).
+    A directory holding anything else — an earlier run's files, a resumed run's — is kept."""
+    if not run_dir.is_dir():
+        return False
+    for entry in run_dir.iterdir():
+        hydra_record = entry.name == HYDRA and entry.is_dir()
+        empty_log = entry.suffix == ".log" and entry.is_file() and entry.stat().st_size == 0
+        if not (hydra_record or empty_log):
+            return False
+    shutil.rmtree(run_dir)
+    stop = (stop_at or Path.cwd()).resolve()
+    parent = run_dir.resolve().parent
+    while parent != stop and stop in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+    return True

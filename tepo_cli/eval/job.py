@@ -26,7 +26,7 @@ from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-directory's resolver)
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
-from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY
+from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY, discard_if_unused
 from tepo_cli.rewards import Reward
 
 
@@ -45,6 +45,8 @@ def eval_job(cfg: DictConfig) -> None:
         check_benchmark(config.benchmark, config.reward)
         summary = run_eval(config, run_dir)
     except (ConfigError, RunError) as error:
+        if isinstance(error, ConfigError):
+            discard_if_unused(run_dir)  # refused at start-up: no output left behind
         print(f"tepo eval: {error}", file=sys.stderr)
         sys.exit(2 if isinstance(error, ConfigError) else 1)
     _print_table(summary, run_dir)

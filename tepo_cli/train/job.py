@@ -14,7 +14,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-directory's resolver)
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
-from tepo_cli.core.run_dir import CONFIG, METRICS
+from tepo_cli.core.run_dir import CONFIG, METRICS, discard_if_unused
 
 if TYPE_CHECKING:
     from tepo_cli.train.device_choice import DeviceChoice
@@ -51,6 +51,8 @@ def train_job(cfg: DictConfig) -> None:
         if status_owner:
             write_status(run_dir, "finished")
     except ConfigError as error:
+        if not status_owner:  # refused before the run started: no output left behind
+            discard_if_unused(run_dir)
         _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 2)
     except RunError as error:
         _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 1)
