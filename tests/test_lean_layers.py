@@ -104,3 +104,20 @@ def test_unknown_modules_are_left_alone():
     model = nn.Sequential(OtherNorm(), nn.Linear(3, 3))
     assert make_lean(model) == 0
     assert "forward" not in vars(model[0])
+
+
+def test_recipes_give_bitwise_the_gradients_of_kept_outputs(tiny_model):
+    """The recomputed outputs are the forward's to the bit (the same operations on the same
+    inputs), so keeping recipes instead of the outputs changes no gradient at all."""
+    with_recipes = copy.deepcopy(tiny_model)
+    make_lean(with_recipes)
+    kept = copy.deepcopy(with_recipes)
+    del kept.model.forward  # the decoder stack's own forward: its layers' outputs are kept
+    torch.manual_seed(3)
+    inputs = {"input_ids": torch.randint(3, 1000, (2, 11))}
+    recomputed = SAVED_OUTPUTS.recomputed_bytes
+    for model in (with_recipes, kept):
+        model(**inputs).logits.square().sum().backward()
+    assert SAVED_OUTPUTS.recomputed_bytes > recomputed  # only the first model used recipes
+    for (name, a), b in zip(with_recipes.named_parameters(), kept.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
