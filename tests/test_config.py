@@ -351,3 +351,22 @@ def test_a_runs_config_yaml_validates_again_as_written(compose_config, overrides
     again = load_train_config(yaml.safe_load(written))
     assert again.model_dump(mode="json") == config.model_dump(mode="json")
     assert again == config
+
+
+def test_an_auto_engine_length_holds_a_long_prompt_beside_the_longest_answer(compose_config):
+    """rollout.engine.max_model_len=auto: 2,048 prompt tokens + the answer limit the job asks for,
+    in training (rollout.max_new_tokens) and in `tepo eval` (eval.max_new_tokens, else the
+    benchmark's); a number given stays."""
+
+    def length(config):
+        return config.rollout.engine.max_model_len
+
+    train = ["rollout=vllm", "benchmark=math500"]
+    assert length(load_train_config(compose_config("train", train))) == 1024 + 2048
+    longer = [*train, "rollout.max_new_tokens=2048"]
+    assert length(load_train_config(compose_config("train", longer))) == 4096
+    fixed = [*train, "rollout.engine.max_model_len=3000"]
+    assert length(load_train_config(compose_config("train", fixed))) == 3000
+    assert length(load_eval_config(compose_config("eval", ["rollout=vllm"]))) == 16 + 2048
+    evaluation = ["rollout=vllm", "benchmark=gsm8k", "eval.max_new_tokens=300"]
+    assert length(load_eval_config(compose_config("eval", evaluation))) == 300 + 2048

@@ -63,22 +63,7 @@ def tepo_overrides(job: Job, rollout: str) -> list[str]:
         "trainer.save_every=0",
         "trainer.save_final=false",
         "trainer.progress=false",
-        *(_engine_length(job) if rollout == "vllm" else []),
     ]
-
-
-PROMPT_ROOM = (
-    2048  # tokens for the prompt beside the answers (MATH-500 train: longest 1,520 + chat)
-)
-ENGINE_DEFAULT_LENGTH = 2048  # conf/rollout/vllm.yaml rollout.engine.max_model_len
-
-
-def _engine_length(job: Job) -> list[str]:
-    """The engine's sequence limit, raised only when the job's answers would not fit beside a
-    prompt in tepo's default (the `--max-new-tokens 2048` variant); vLLM's key only (hf has no
-    such limit)."""
-    needed = job.max_new_tokens + PROMPT_ROOM
-    return [] if needed <= ENGINE_DEFAULT_LENGTH else [f"rollout.engine.max_model_len={needed}"]
 
 
 def run_side(

@@ -11,6 +11,7 @@ from tepo_cli.config.schema import (
     RewardConfig,
     RolloutConfig,
     Strict,
+    resolve_engine_length,
 )
 
 
@@ -40,3 +41,9 @@ class EvalConfig(Strict):
     eval: EvalOptions = Field(default_factory=EvalOptions)
     num_threads: int | None = Field(default=None, ge=1)
     plugins: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _engine_length(self) -> EvalConfig:
+        answers = self.eval.max_new_tokens or self.benchmark.max_new_tokens
+        resolve_engine_length(self.rollout.engine, answers)
+        return self

@@ -223,7 +223,7 @@ def _yaml(value: Any) -> str:
 def _allowed(field: FieldInfo) -> str:
     """Choices (Literal members) and bounds (ge/gt/le/lt), as the validator enforces them."""
     parts = [_yaml(choice) for choice in _choices(field.annotation)]
-    for constraint in field.metadata:
+    for constraint in [*field.metadata, *_member_constraints(field.annotation)]:
         for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
             bound = getattr(constraint, attr, None)
             if bound is not None:
@@ -231,6 +231,18 @@ def _allowed(field: FieldInfo) -> str:
         if getattr(constraint, "min_length", None):
             parts.append(f"length ≥ {constraint.min_length}")
     return ", ".join(parts)
+
+
+def _member_constraints(annotation: Any) -> list[Any]:
+    """The constraints of a union's `Annotated[int, Field(ge=...)]` members."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return []
+    found = []
+    for member in typing.get_args(annotation):
+        if typing.get_origin(member) is typing.Annotated:
+            for extra in typing.get_args(member)[1:]:
+                found += getattr(extra, "metadata", [extra])
+    return found
 
 
 def _choices(annotation: Any) -> list[Any]:

@@ -8,7 +8,7 @@ ranges, so the documentation is written once.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -209,7 +209,8 @@ _GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path"
 class EngineConfig(Strict):
     """A rollout engine's knobs (rollout=vllm: conf/rollout/vllm.yaml; autos: vllm_modes.py)."""
 
-    max_model_len: int = Field(default=2048, ge=16)
+    # auto: PROMPT_ROOM + the longest answer asked for (TrainConfig / EvalConfig resolve it)
+    max_model_len: Annotated[int, Field(ge=16)] | Literal["auto"] = "auto"
     kv_cache_gib: int = Field(default=1, ge=1)
     gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
     max_num_seqs: int = Field(default=256, ge=1)
@@ -217,6 +218,17 @@ class EngineConfig(Strict):
     prefix_caching: bool = True
     sleep: AutoBool = "auto"  # auto: on CUDA (vLLM's sleep mode is CUDA-only)
     per_request_seeds: bool = False
+
+
+PROMPT_ROOM = 2048  # tokens of prompt an auto max_model_len leaves beside the answers
+
+
+def resolve_engine_length(engine: EngineConfig, max_new_tokens: int) -> None:
+    """`rollout.engine.max_model_len=auto`: room for a PROMPT_ROOM-token prompt beside the longest
+    answer the job asks for (MATH-500's longest training prompt is 1,520 tokens before the chat
+    template), so a longer answer limit never needs the key raised by hand."""
+    if engine.max_model_len == "auto":
+        engine.max_model_len = max_new_tokens + PROMPT_ROOM
 
 
 class RolloutConfig(Strict):
@@ -354,6 +366,7 @@ class TrainConfig(Strict):
         if self.rollout.max_new_tokens is None:
             # One length story: the benchmark's answer length, unless training overrides it.
             self.rollout.max_new_tokens = self.benchmark.max_new_tokens
+        resolve_engine_length(self.rollout.engine, self.rollout.max_new_tokens)
         if self.trainer.lr is None:
             self.trainer.lr = LORA_LR if self.model.lora.enabled else FULL_FINE_TUNING_LR
         if self.model.source in ("reference", "replay"):

@@ -68,6 +68,11 @@ class VllmBackend:
     ) -> None:
         self.tokenizer = tokenizer
         self.eos = eos_ids(lm, tokenizer)
+        if cfg.max_model_len == "auto":
+            raise ValueError(
+                "rollout.engine.max_model_len=auto reached the engine unresolved: the job's "
+                "config resolves it from the answer length (config.schema.resolve_engine_length)"
+            )
         self.max_model_len = cfg.max_model_len
         self.modes = resolve_modes(cfg, _engine_on_cuda())
         self._cycle = SleepCycle(self.modes.sleep)
