@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shlex
@@ -138,3 +139,20 @@ def test_unknown_benchmark_and_grader_list_the_known_ones():
         match=r"reward=gsm9k is not a grader; the graders are: auto \(the benchmark's own\), arith, code, custom, gsm8k, math\.",
     ):
         check_benchmark(BenchmarkConfig(name="gsm8k"), RewardConfig(name="gsm9k"))
+
+
+def test_a_tracker_of_your_own_example(tmp_path):
+    """One plugin module: the tracker receives every number of each step, as metrics.jsonl holds
+    it, and the run's outcome."""
+    files, commands = example("## A tracker of your own")
+    assert set(files) == {"csv_tracker.py"}
+    assert [args[:2] for args in commands] == [["tepo", "train"]]
+    run_example(tmp_path, "## A tracker of your own")
+    (metrics,) = tmp_path.rglob("metrics.jsonl")
+    record = json.loads(metrics.read_text().splitlines()[0])
+    (table,) = tmp_path.rglob("csv/metrics.csv")
+    rows = {(int(step), key): float(value) for step, key, value in csv.reader(table.open())}
+    assert rows[(1, "reward_mean")] == record["reward_mean"]
+    assert rows[(1, "loss")] == record["loss"] and len(rows) > 20
+    (outcome,) = tmp_path.rglob("csv/outcome.txt")
+    assert outcome.read_text() == "finished"
