@@ -156,3 +156,16 @@ def test_a_tracker_of_your_own_example(tmp_path):
     assert rows[(1, "loss")] == record["loss"] and len(rows) > 20
     (outcome,) = tmp_path.rglob("csv/outcome.txt")
     assert outcome.read_text() == "finished"
+
+
+def test_your_own_reward_example(tmp_path):
+    """A function in a file is the grader: the run's rewards are its verdicts (0 or 1 here)."""
+    files, commands = example("## Your own reward")
+    assert set(files) == {"my_reward.py"}
+    assert [args[:2] for args in commands] == [["tepo", "train"]]
+    run_example(tmp_path, "## Your own reward")
+    (config,) = tmp_path.glob("outputs/train/*/*/config.yaml")
+    assert "name: custom" in config.read_text() and "function: score" in config.read_text()
+    (samples,) = tmp_path.rglob("samples.jsonl")
+    rewards = [json.loads(line)["reward"] for line in samples.read_text().splitlines()]
+    assert rewards and set(rewards) <= {0.0, 1.0}
