@@ -4,6 +4,8 @@ shared prompts on and off — and its layout holds only real tokens."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from test_shared_prompts import _batch, assert_same_gradient
@@ -11,6 +13,7 @@ from test_shared_prompts import _batch, assert_same_gradient
 from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.kernels.lean_layers import SAVED_OUTPUTS, make_lean
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.packing import pack
 from tepo_cli.models.shared_prompts import distinct_prompts
@@ -128,3 +131,26 @@ def test_packed_with_gradient_checkpointing_recomputes_and_equals_the_padded(
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-12)
     for name, grad in got[3].items():
         assert_same_gradient(grad, expected[3][name], name)
+
+
+def test_packed_lean_layers_keep_recipes_and_equal_the_padded(tiny_model, tiny_tokenizer):
+    """With the lean layers (kernel.lean_layers, the default) a packed row keeps recipes for the
+    inputs of q, k, v, gate, up, down and o_proj (the segments' attention output, as one
+    token-major tensor), and the log-probs and gradients stay the padded path's (float64; both
+    lean, whose norm runs in float64 where transformers' casts to float32)."""
+    tiny_model.double()
+    batch = _batch(tiny_model, tiny_tokenizer, n=3)
+    kernel = KernelConfig(backend="torch")
+    lean = copy.deepcopy(tiny_model)
+    make_lean(lean)
+    expected = _scores_and_grads(Policy(lean, kernel, True), batch, False)
+    before = SAVED_OUTPUTS.recomputed_bytes
+    got = _scores_and_grads(Policy(lean, kernel, True, packing=True), batch, False)
+    recomputed = SAVED_OUTPUTS.recomputed_bytes - before
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-12)
+    for name, grad in got[3].items():
+        assert_same_gradient(grad, expected[3][name], name)
+    config = tiny_model.config
+    per_token = config.num_hidden_layers * (6 * config.hidden_size + config.intermediate_size) * 8
+    assert recomputed % per_token == 0  # 6 x hidden: o_proj's input is a recipe too
+    assert recomputed // per_token > int(batch.response_mask.sum())  # answers and the prompts

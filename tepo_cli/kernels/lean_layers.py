@@ -39,10 +39,13 @@ DECODER_STACKS = {"LlamaModel", "Qwen2Model", "Qwen3Model", "MistralModel"}
 class _Recipe:
     """How to recompute one lean output in backward; computed once, shared by its consumers."""
 
-    __slots__ = ("make", "output", "value")
+    __slots__ = ("dtype", "make", "storage", "value")
 
     def __init__(self, output: torch.Tensor, make: Callable[[], torch.Tensor]) -> None:
-        self.output = weakref.ref(output)
+        # The storage, not the tensor: a consumer may keep only a view of the output (o_proj's
+        # input is a reshape), and the storage lives exactly as long as any view of it.
+        self.storage = weakref.ref(output.untyped_storage())
+        self.dtype = output.dtype
         self.make = make
         self.value: torch.Tensor | None = None
 
@@ -69,9 +72,9 @@ class _SavedOutputs:
             self.recipes[output.untyped_storage().data_ptr()] = _Recipe(output, make)
 
     def pack(self, tensor: torch.Tensor) -> Any:
-        recipe = self.recipes.get(tensor.untyped_storage().data_ptr())
-        output = recipe.output() if recipe is not None else None
-        if output is None or output.dtype != tensor.dtype:
+        storage = tensor.untyped_storage()
+        recipe = self.recipes.get(storage.data_ptr())
+        if recipe is None or recipe.storage() is not storage or recipe.dtype != tensor.dtype:
             self.kept_bytes += tensor.numel() * tensor.element_size()
             return tensor
         self.recomputed_bytes += tensor.numel() * tensor.element_size()

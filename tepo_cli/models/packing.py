@@ -32,6 +32,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from tepo_cli.kernels.lean_layers import SAVED_OUTPUTS
 from tepo_cli.models.shared_prompts import distinct_prompts
 
 
@@ -259,8 +260,11 @@ def packed_attention(
             enable_gqa=gqa,
         )
         return out[None], None
-    out = _segment_by_segment(query[0], key[0], value[0], layout, scaling, gqa)
-    return out.transpose(0, 1)[None], None
+    parts = _segment_by_segment(query[0], key[0], value[0], layout, scaling, gqa)
+    out = _token_major(parts)
+    # o_proj keeps its input for backward: a copy of what the segments' attention keeps anyway.
+    SAVED_OUTPUTS.register(out, lambda: _token_major(parts))  # lean_layers: kept as a recipe
+    return out, None
 
 
 def _flash_varlen_applies(queries: torch.Tensor) -> bool:
@@ -270,6 +274,12 @@ def _flash_varlen_applies(queries: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(queries.device)[0] >= 8
 
 
+def _token_major(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The segments' outputs [Hq, l, D] as one contiguous [1, L, Hq, D]: transformers' reshape
+    for o_proj is then a view, not a copy of its own."""
+    return torch.cat(parts, dim=1).transpose(0, 1).contiguous()[None]
+
+
 def _segment_by_segment(
     queries: torch.Tensor,
     keys: torch.Tensor,
@@ -277,9 +287,10 @@ def _segment_by_segment(
     layout: PackedLayout,
     scaling: float | None,
     gqa: bool,
-) -> torch.Tensor:
+) -> list[torch.Tensor]:
     """What varlen_attn computes, one segment at a time (CPU; float32/float64 on CUDA):
-    queries [Hq, L, D], keys/values [Hkv, L, D] → [Hq, L, D].
+    queries [Hq, L, D], keys/values [Hkv, L, D] → each segment's output [Hq, l, D] (what
+    scaled-dot-product attention keeps for its backward).
 
     The segments are `split` views, whose backward is one concatenation; slicing each segment
     would make its backward write a zero tensor of the whole row per segment.
@@ -301,7 +312,7 @@ def _segment_by_segment(
             enable_gqa=gqa,  # grouped key/value heads read in place, not copied per query head
         )
         outputs.append(out[0])
-    return torch.cat(outputs, dim=1)
+    return outputs
 
 
 def _counts(starts: tuple[int, ...]) -> list[int]:
