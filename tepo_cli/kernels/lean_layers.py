@@ -7,14 +7,15 @@ elementwise work. On SmolLM2 that is 2 x 576 + 1,536 of the ~13,000 floats a tok
 (~100 MB of a GRPO step's activations on the CPU benchmark job).
 
 Their outputs are kept a second time by the layers that consume them: q/k/v (and gate/up) keep
-the normalised input they multiply, down_proj keeps silu(gate) * up. Inside the decoder stack's
-forward a saved-tensor hook keeps those as recipes instead (`_SavedOutputs`): in backward the
-output is recomputed from what the lean function kept anyway (the norm's input, gate and up),
-once per layer and shared by its consumers. Another 2 x 576 + 1,536 floats per token and layer
-on SmolLM2 (~26 % of the update's activations on the long-answer job), for one more norm and
-one more silu-multiply per layer in backward. The recomputed values are bitwise the forward's
-(the same operations on the same inputs; the norm's weight is copied at forward time, so a
-ZeRO-3 partition released after the forward does not matter).
+the normalised input they multiply, down_proj keeps silu(gate) * up, and o_proj a copy of the
+packed attention's output (models/packing.py registers it). Inside the decoder stack's forward a
+saved-tensor hook keeps those as recipes instead (`_SavedOutputs`): in backward the output is
+recomputed from what is kept anyway (the norm's input, gate and up, the attention's segments),
+once per layer and shared by its consumers. On SmolLM2 that is another 3 x 576 + 1,536 floats per
+token and layer (the long-answer job's step-2 peak went from 4.19 to 3.89 GB with the first
+two), for one more norm and one more silu-multiply per layer in backward. The recomputed values
+are bitwise the forward's (the same operations on the same inputs; the norm's weight is copied
+at forward time, so a ZeRO-3 partition released after the forward does not matter).
 
 `make_lean(model)` swaps the forward of the modules whose code is known to match (the Llama family:
 Llama, Qwen2/3, Mistral, SmolLM); any other module keeps its own forward.
