@@ -136,7 +136,7 @@ def test_packed_with_gradient_checkpointing_recomputes_and_equals_the_padded(
 def test_packed_lean_layers_keep_recipes_and_equal_the_padded(tiny_model, tiny_tokenizer):
     """With the lean layers (kernel.lean_layers, the default) a packed row keeps recipes for the
     inputs of q, k, v, gate, up, down and o_proj (the segments' attention output, as one
-    token-major tensor), and the log-probs and gradients stay the padded path's (float64; both
+    token-major tensor) and for the segments' keys and values, and the log-probs and gradients stay the padded path's (float64; both
     lean, whose norm runs in float64 where transformers' casts to float32)."""
     tiny_model.double()
     batch = _batch(tiny_model, tiny_tokenizer, n=3)
@@ -145,12 +145,34 @@ def test_packed_lean_layers_keep_recipes_and_equal_the_padded(tiny_model, tiny_t
     make_lean(lean)
     expected = _scores_and_grads(Policy(lean, kernel, True), batch, False)
     before = SAVED_OUTPUTS.recomputed_bytes
-    got = _scores_and_grads(Policy(lean, kernel, True, packing=True), batch, False)
+    shapes = []
+    pack = SAVED_OUTPUTS.pack
+
+    def recording(tensor):
+        packed = pack(tensor)
+        if not isinstance(packed, torch.Tensor):
+            shapes.append(tuple(tensor.shape))
+        return packed
+
+    SAVED_OUTPUTS.pack = recording
+    try:
+        got = _scores_and_grads(Policy(lean, kernel, True, packing=True), batch, False)
+    finally:
+        SAVED_OUTPUTS.pack = pack
     recomputed = SAVED_OUTPUTS.recomputed_bytes - before
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-12)
     for name, grad in got[3].items():
         assert_same_gradient(grad, expected[3][name], name)
     config = tiny_model.config
-    per_token = config.num_hidden_layers * (6 * config.hidden_size + config.intermediate_size) * 8
-    assert recomputed % per_token == 0  # 6 x hidden: o_proj's input is a recipe too
-    assert recomputed // per_token > int(batch.response_mask.sum())  # answers and the prompts
+    kv_width = config.num_key_value_heads * config.hidden_size // config.num_attention_heads
+    # Per token and layer, float64: the inputs of q, k, v, gate, up and o_proj (6 x hidden),
+    # down_proj's (intermediate), and the segments' keys and values (2 x kv_width; an answer's
+    # prompt keys once more per answer, which only adds).
+    per_token = 6 * config.hidden_size + config.intermediate_size + 2 * kv_width
+    answer_tokens = int(batch.response_mask.sum())
+    assert recomputed > answer_tokens * config.num_hidden_layers * per_token * 8
+    head = config.hidden_size // config.num_attention_heads
+    row = [shape for shape in shapes if shape[-1] == config.hidden_size and len(shape) == 2]
+    assert len(row) == 6 * config.num_hidden_layers  # q, k, v, gate, up and o_proj, each layer
+    segments = [shape for shape in shapes if len(shape) == 4 and shape[-1] == head]
+    assert len(segments) >= 2 * 3 * config.num_hidden_layers  # keys and values of >= 3 answers

@@ -297,8 +297,8 @@ def _segment_by_segment(
     """
     query_parts = queries.split(_counts(layout.query_starts), dim=1)
     key_counts = _counts(layout.key_starts)
-    key_parts = keys.index_select(1, layout.key_index).split(key_counts, dim=1)
-    value_parts = values.index_select(1, layout.key_index).split(key_counts, dim=1)
+    key_parts = _segment_keys(keys, layout).split(key_counts, dim=1)
+    value_parts = _segment_keys(values, layout).split(key_counts, dim=1)
     outputs = []
     for q, k, v in zip(query_parts, key_parts, value_parts, strict=True):
         square = q.shape[1] == k.shape[1]
@@ -313,6 +313,15 @@ def _segment_by_segment(
         )
         outputs.append(out[0])
     return outputs
+
+
+def _segment_keys(rows: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
+    """Each segment's keys (or values) side by side: an answer's prompt, then its own. With
+    shared prompts a prompt is repeated for each of its answers, so attention would keep every
+    copy for backward; it keeps a recipe instead (lean_layers), and the row's own keys."""
+    selected = rows.index_select(1, layout.key_index)
+    SAVED_OUTPUTS.register(selected, lambda: rows.index_select(1, layout.key_index))
+    return selected
 
 
 def _counts(starts: tuple[int, ...]) -> list[int]:
