@@ -177,3 +177,17 @@ def test_the_engine_start_keeps_the_trainers_matmul_precision():
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_the_engine_length_never_exceeds_the_models_context():
+    """An auto max_model_len (2,048 prompt tokens + the answers) may ask for more than a small
+    model's context; vLLM would refuse to start, so the engine takes the model's."""
+    from types import SimpleNamespace
+
+    from tepo_cli.rollout.vllm_engine import _engine_length
+
+    lm = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2048))
+    assert _engine_length(EngineConfig(max_model_len=2054), lm) == 2048
+    assert _engine_length(EngineConfig(max_model_len=1024), lm) == 1024
+    with pytest.raises(ValueError, match="unresolved"):
+        _engine_length(EngineConfig(), lm)

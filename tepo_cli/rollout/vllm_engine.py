@@ -68,11 +68,7 @@ class VllmBackend:
     ) -> None:
         self.tokenizer = tokenizer
         self.eos = eos_ids(lm, tokenizer)
-        if cfg.max_model_len == "auto":
-            raise ValueError(
-                "rollout.engine.max_model_len=auto reached the engine unresolved: the job's "
-                "config resolves it from the answer length (config.schema.resolve_engine_length)"
-            )
+        cfg = cfg.model_copy(update={"max_model_len": _engine_length(cfg, lm)})
         self.max_model_len = cfg.max_model_len
         self.modes = resolve_modes(cfg, _engine_on_cuda())
         self._cycle = SleepCycle(self.modes.sleep)
@@ -221,6 +217,19 @@ class VllmBackend:
             raise
         except Exception as error:
             raise RunError(_cannot_run(lm, error)) from error
+
+
+def _engine_length(cfg: EngineConfig, lm: PreTrainedModel) -> int:
+    """`rollout.engine.max_model_len`, never past the model's own context
+    (`max_position_embeddings`, which vLLM refuses to exceed): an auto length of 2,048 prompt
+    tokens plus the answers may ask for more than a small model was built for."""
+    if cfg.max_model_len == "auto":
+        raise ValueError(
+            "rollout.engine.max_model_len=auto reached the engine unresolved: the job's config "
+            "resolves it from the answer length (config.schema.resolve_engine_length)"
+        )
+    context = getattr(lm.config, "max_position_embeddings", None)
+    return min(cfg.max_model_len, context) if isinstance(context, int) else cfg.max_model_len
 
 
 def write_model_config(lm: PreTrainedModel, directory: Path) -> None:
