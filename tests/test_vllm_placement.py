@@ -184,10 +184,10 @@ def test_the_engine_length_never_exceeds_the_models_context():
     model's context; vLLM would refuse to start, so the engine takes the model's."""
     from types import SimpleNamespace
 
-    from tepo_cli.rollout.vllm_engine import _engine_length
+    from tepo_cli.rollout.vllm_model import engine_length
 
     lm = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2048))
-    assert _engine_length(EngineConfig(max_model_len=2054), lm) == 2048
-    assert _engine_length(EngineConfig(max_model_len=1024), lm) == 1024
+    assert engine_length(EngineConfig(max_model_len=2054), lm) == 2048
+    assert engine_length(EngineConfig(max_model_len=1024), lm) == 1024
     with pytest.raises(ValueError, match="unresolved"):
-        _engine_length(EngineConfig(), lm)
+        engine_length(EngineConfig(), lm)

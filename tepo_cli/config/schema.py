@@ -8,11 +8,9 @@ ranges, so the documentation is written once.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     field_validator,
@@ -22,10 +20,13 @@ from pydantic import (
 
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.config.auto_bool import AutoBool
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from tepo_cli.config.rollout_schema import (  # noqa: F401  (imported from here across tepo)
+    PROMPT_ROOM,
+    EngineConfig,
+    RolloutConfig,
+    resolve_engine_length,
+)
+from tepo_cli.config.strict import Strict
 
 
 class LoraConfig(Strict):
@@ -204,63 +205,6 @@ def _without(data: dict[str, Any], keys: Any) -> dict[str, Any]:
 
 _GRPO_KNOBS = {"scale", "eps"}
 _GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path", "save_critic"}
-
-
-class EngineConfig(Strict):
-    """A rollout engine's knobs (rollout=vllm: conf/rollout/vllm.yaml; autos: vllm_modes.py)."""
-
-    # auto: PROMPT_ROOM + the longest answer asked for (TrainConfig / EvalConfig resolve it)
-    max_model_len: Annotated[int, Field(ge=16)] | Literal["auto"] = "auto"
-    kv_cache_gib: int = Field(default=1, ge=1)
-    gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
-    max_num_seqs: int = Field(default=256, ge=1)
-    enforce_eager: AutoBool = "auto"  # auto: CUDA graphs on CUDA, eager on CPU
-    prefix_caching: bool = True
-    sleep: AutoBool = "auto"  # auto: on CUDA (vLLM's sleep mode is CUDA-only)
-    per_request_seeds: bool = False
-
-
-PROMPT_ROOM = 2048  # tokens of prompt an auto max_model_len leaves beside the answers
-
-
-def resolve_engine_length(engine: EngineConfig, max_new_tokens: int) -> None:
-    """`rollout.engine.max_model_len=auto`: room for a PROMPT_ROOM-token prompt beside the longest
-    answer the job asks for (MATH-500's longest training prompt is 1,520 tokens before the chat
-    template), so a longer answer limit never needs the key raised by hand."""
-    if engine.max_model_len == "auto":
-        engine.max_model_len = max_new_tokens + PROMPT_ROOM
-
-
-class RolloutConfig(Strict):
-    backend: str = "hf"  # a module of tepo_cli/rollout/ (checked by rollout.check_backend)
-    n: int = Field(default=8, ge=1)
-    temperature: float = Field(default=0.7, gt=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    # None: the benchmark's max_new_tokens (TrainConfig resolves it, so the trainer reads an int)
-    max_new_tokens: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=64, ge=1)
-    correction: Literal["auto", "none", "token_tis", "seq_mask"] = "auto"
-    correction_cap: float = Field(default=3.0, gt=1.0)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-
-    @model_validator(mode="after")
-    def _check_correction(self) -> RolloutConfig:
-        if self.backend == "hf" and self.correction not in ("auto", "none"):
-            raise ValueError(
-                f"rollout.correction={self.correction} corrects the gap between a rollout engine's "
-                "log-probs and the trainer's, but with rollout=hf the trainer's own model "
-                "generates: there is no gap. Use rollout.correction=auto or none with hf."
-            )
-        return self
-
-    @property
-    def correction_mode(self) -> str:
-        """auto = TRL's default (sequence mask, C = 3) for an engine that is not the trainer,
-        none for hf (docs/objectives.md §0.8)."""
-        if self.correction != "auto":
-            return self.correction
-        return "none" if self.backend == "hf" else "seq_mask"
 
 
 class DeepSpeedConfig(Strict):

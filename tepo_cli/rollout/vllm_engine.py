@@ -20,7 +20,6 @@ each rank's current device switched to it); see `engine_arguments`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import random
@@ -37,9 +36,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tepo_cli.config.schema import EngineConfig, RolloutConfig
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.rollout import Rollout
-from tepo_cli.models.lora import merged_weights
 from tepo_cli.rollout.base import Sampling, eos_ids
 from tepo_cli.rollout.cpu_sleep import release_kv_cache, release_weights
+from tepo_cli.rollout.vllm_model import engine_length, policy_weights, write_model_config
 from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes
 from tepo_cli.rollout.vllm_placement import (
     Placement,
@@ -68,7 +67,7 @@ class VllmBackend:
     ) -> None:
         self.tokenizer = tokenizer
         self.eos = eos_ids(lm, tokenizer)
-        cfg = cfg.model_copy(update={"max_model_len": _engine_length(cfg, lm)})
+        cfg = cfg.model_copy(update={"max_model_len": engine_length(cfg, lm)})
         self.max_model_len = cfg.max_model_len
         self.modes = resolve_modes(cfg, _engine_on_cuda())
         self._cycle = SleepCycle(self.modes.sleep)
@@ -107,7 +106,9 @@ class VllmBackend:
         weights) is dropped. A sleeping engine gets its weights' memory back first and its KV
         cache only after the load (`SleepCycle`)."""
         self._call(self._cycle.before_sync())
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": _weights(lm)})
+        self.engine.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": policy_weights(lm)}
+        )
         self._weights_released = False
         self._call(self._cycle.after_sync())
         self.engine.reset_prefix_cache()
@@ -217,31 +218,6 @@ class VllmBackend:
             raise
         except Exception as error:
             raise RunError(_cannot_run(lm, error)) from error
-
-
-def _engine_length(cfg: EngineConfig, lm: PreTrainedModel) -> int:
-    """`rollout.engine.max_model_len`, never past the model's own context
-    (`max_position_embeddings`, which vLLM refuses to exceed): an auto length of 2,048 prompt
-    tokens plus the answers may ask for more than a small model was built for."""
-    if cfg.max_model_len == "auto":
-        raise ValueError(
-            "rollout.engine.max_model_len=auto reached the engine unresolved: the job's config "
-            "resolves it from the answer length (config.schema.resolve_engine_length)"
-        )
-    context = getattr(lm.config, "max_position_embeddings", None)
-    return min(cfg.max_model_len, context) if isinstance(context, int) else cfg.max_model_len
-
-
-def write_model_config(lm: PreTrainedModel, directory: Path) -> None:
-    """The files vLLM builds the model from: config.json (architecture, shapes) and the generation
-    config. No weights (they arrive through `sync`), no tokenizer (prompts arrive as ids)."""
-    config = copy.deepcopy(lm.config)
-    config.architectures = [type(lm).__name__]
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # a GGUF source's; the weights synced are plain tensors
-    config.save_pretrained(directory)
-    if lm.generation_config is not None:
-        lm.generation_config.save_pretrained(directory)
 
 
 def start_engine(
@@ -378,29 +354,6 @@ def _default_group_kept() -> Iterator[None]:
         yield
     finally:
         torch.distributed.destroy_process_group = destroy
-
-
-def _weights(lm: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's parameters by their transformers names, one at a time; with LoRA, each
-    adapted layer's weight merged (the engine holds the plain model). ZeRO-3 partitions are
-    gathered (a collective: every rank syncs, in the same order) and copied out before the next
-    is gathered.
-
-    Tied parameters are sent under each of their names (`lm_head.weight` beside
-    `model.embed_tokens.weight`): vLLM reloads layer by layer, and a layer that receives nothing
-    keeps its dummy values — with SmolLM2 the LM head would sample near-uniformly.
-    """
-    return merged_weights(lm, _gathered)
-
-
-def _gathered(params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[object]:
-    if not any(hasattr(param, "ds_id") for param in params):
-        return contextlib.nullcontext()
-    from tepo_cli.core.deepspeed_import import import_deepspeed
-
-    deepspeed = import_deepspeed()
-
-    return deepspeed.zero.GatheredParameters(params)
 
 
 def _cannot_run(lm: PreTrainedModel, error: Exception) -> str:
