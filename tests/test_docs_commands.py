@@ -1,0 +1,101 @@
+"""Every `tepo train` and `tepo eval` command the README and the documentation site show composes
+and validates as written: the keys exist, the group choices exist, the values are allowed. A key
+renamed in the code and not in the pages fails here, before a reader copies it.
+
+The commands are read from the pages' code blocks (a `$ ` prompt, backslash continuations and
+trailing comments understood). A `-m` sweep is checked one value at a time for each swept key.
+Not checked here, because other tests run them whole: the commands of the "extending tepo" page
+(tests/test_docs_examples.py writes their files and runs them) and those shown with their output
+(tests/test_docs_outputs.py compares what they print). `<date>/<time>` placeholders stand for a run
+directory; they are not a key's value the schema could refuse.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import open_dict
+
+from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
+from tepo_cli.config.validate import load_eval_config, load_train_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+RUN_ELSEWHERE = {ROOT / "docs" / "guides" / "extending.md"}  # tests/test_docs_examples.py
+CODE_BLOCK = re.compile(r"(?P<marker><!-- output -->\n)?```[a-z]*\n(?P<body>.*?)```", re.S)
+# `tepo train ...` (after an optional `$ ` prompt), or DeepSpeed's launcher starting the same job:
+# `deepspeed ... --module tepo_cli train ...`.
+COMMAND = re.compile(r"^(?:\$ )?tepo (?P<job>(?:train|eval)(?: .*)?)$")
+LAUNCHER = re.compile(r"^deepspeed .*--module tepo_cli (?P<job>(?:train|eval)(?: .*)?)$")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(page, command line) of every tepo train/eval command in a code block of the pages."""
+    found = []
+    for page in PAGES:
+        if page in RUN_ELSEWHERE:
+            continue
+        for block in CODE_BLOCK.finditer(page.read_text()):
+            if block["marker"]:
+                continue  # shown with its output: tests/test_docs_outputs.py
+            body = re.sub(r"\\\n\s*", " ", block["body"])
+            for line in body.splitlines():
+                match = COMMAND.match(line.strip()) or LAUNCHER.match(line.strip())
+                if match:
+                    found.append((str(page.relative_to(ROOT)), f"tepo {match['job']}"))
+    return found
+
+
+def _configs(args: list[str]) -> list[list[str]]:
+    """The override lists one command composes: itself, or, for a `-m` sweep, one list per
+    swept value (each key's values in turn, the other keys at their first value)."""
+    if "-m" not in args and "--multirun" not in args:
+        return [args]
+    args = [arg for arg in args if arg not in ("-m", "--multirun")]
+    swept = {
+        i: arg.split("=", 1)[1].split(",")
+        for i, arg in enumerate(args)
+        if "=" in arg and "," in arg and not re.search(r"=\s*[\[{'\"]", arg)
+    }
+    first = [
+        f"{arg.split('=', 1)[0]}={swept[i][0]}" if i in swept else arg for i, arg in enumerate(args)
+    ]
+    lists = [first]
+    for i, values in swept.items():
+        key = args[i].split("=", 1)[0]
+        lists += [[*first[:i], f"{key}={value}", *first[i + 1 :]] for value in values[1:]]
+    return lists
+
+
+def test_the_pages_show_commands_of_both_kinds():
+    commands = [command for _, command in documented_commands()]
+    assert len(commands) >= 30
+    assert any(c.startswith("tepo eval") for c in commands)
+    assert any(" -m " in c for c in commands)
+    assert any("trainer.nproc=16" in c for c in commands)  # the multi-node launcher's command
+
+
+@pytest.mark.parametrize(
+    ("page", "command"), documented_commands(), ids=lambda v: re.sub(r"\s+", " ", v)[:60]
+)
+def test_a_documented_command_composes_and_validates(page, command):
+    args = shlex.split(command, comments=True)
+    subcommand, overrides = args[1], args[2:]
+    if "--help" in overrides:
+        return  # prints and exits; tests/test_docs_site.py checks what --help says
+    overrides = [arg.replace("<date>/<time>", "2026-01-01/00-00-00") for arg in overrides]
+    for config_overrides in _configs(overrides):
+        config_overrides = quote_weight_specs(config_overrides)  # as tepo_cli/cli.py does
+        check_override_keys(subcommand, config_overrides)
+        with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
+            cfg = compose(
+                config_name=subcommand, overrides=config_overrides, return_hydra_config=True
+            )
+        with open_dict(cfg):
+            del cfg["hydra"]  # Hydra's own settings; its sweep keys resolve only in a real sweep
+        load = load_train_config if subcommand == "train" else load_eval_config
+        load(cfg)  # raises ConfigError: one paragraph naming the key
