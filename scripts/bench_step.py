@@ -91,9 +91,18 @@ LONG_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 512,
     "temperature": 1.0,
     "sides": "tepo-hf,tepo-vllm,trl",
+    # TRL at its own defaults for memory (GRPOConfig: per_device_train_batch_size 8, gradient
+    # checkpointing on): with the whole batch in one forward it runs out of memory.
+    "trl_micro_batch": 8,
+    "trl_gradient_checkpointing": True,
 }
 SMOKE_DEFAULTS: dict[str, Any] = {"steps": 2, "max_new_tokens": 8, "eval_size": 10}
-LONG_SMOKE_DEFAULTS: dict[str, Any] = {"steps": 1, "max_new_tokens": 24, "generations": 4}
+LONG_SMOKE_DEFAULTS: dict[str, Any] = {
+    "steps": 1,
+    "max_new_tokens": 24,
+    "generations": 4,
+    "trl_micro_batch": 4,  # two TRL micro-batches: its accumulation path runs too
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,6 +143,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--gradient-checkpointing", action="store_true", help="on both sides")
+    p.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        help="TRL's sequences per forward/backward, accumulated to one optimizer step a "
+        "generation (default: the whole batch; long: 8, TRL's per_device_train_batch_size)",
+    )
+    p.add_argument(
+        "--trl-gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        help="TRL's gradient checkpointing (default: as --gradient-checkpointing; long: on, "
+        "TRL's own default)",
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads per trainer (default: all cores)")
     p.add_argument("--no-eval", action="store_true", help="skip the accuracy evaluation")
     p.add_argument("--trl-python", default=sys.executable, help="interpreter with trl installed")
@@ -152,6 +173,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     allowed = set(LONG_SIDES) if args.job == "long" else {"tepo", "trl"}
     if not set(args.sides) <= allowed or not args.sides:
         p.error(f"--sides of --job {args.job} takes a comma-separated subset of {sorted(allowed)}")
+    batch = args.prompts_per_step * args.generations
+    if args.trl_micro_batch is not None and (
+        args.trl_micro_batch < 1 or batch % args.trl_micro_batch
+    ):
+        p.error(
+            f"--trl-micro-batch {args.trl_micro_batch} must divide the step's {batch} sequences "
+            "(--prompts-per-step x --generations)"
+        )
     if args.memory_limit_gb is None:
         args.memory_limit_gb = min(20.0, 0.85 * available_memory_gb())
     if args.memory_limit_gb <= 0:
@@ -220,6 +249,8 @@ def make_job(args: argparse.Namespace, out: Path) -> Job:
         dtype=args.dtype,
         threads=threads,
         gradient_checkpointing=args.gradient_checkpointing,
+        trl_micro_batch=args.trl_micro_batch or 0,
+        trl_gradient_checkpointing=args.trl_gradient_checkpointing,
     )
 
 

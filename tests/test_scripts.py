@@ -199,6 +199,14 @@ def test_bench_step_long_smoke(tmp_path):
         assert all(finite(parts[p]) for p in ("generation", "scoring", "update")), parts
     assert summaries["trl"]["generation_mode"] == "generate"
     assert summaries["trl"]["generation_why"]
+    # TRL at its own memory defaults: the smoke's 8 sequences in two micro-batches of 4, one
+    # optimizer step (the step count above), gradient checkpointing on.
+    (trl_run,) = [run for run in results["runs"] if run["side"] == "trl"]
+    assert [step["shapes"]["micro_batches"] for step in trl_run["steps"]] == [2]
     table = (tmp_path / "results.md").read_text()
+    assert (
+        "4 sequences per forward/backward (2 accumulated per optimizer step), gradient "
+        "checkpointing on" in table
+    )
     for label in ("update padding share", "truncated share", "… / matmul rate", "peak RSS"):
         assert f"| {label}" in table

@@ -42,11 +42,21 @@ class Job:
     dtype: str = "float32"
     threads: int = 2
     gradient_checkpointing: bool = False
+    # TRL's side only: sequences per forward/backward (0: the whole step's batch at once), and its
+    # gradient checkpointing (None: as `gradient_checkpointing`). The long job runs TRL at its own
+    # defaults for both (8, on), without which it runs out of memory (benchstep/long_job.py).
+    trl_micro_batch: int = 0
+    trl_gradient_checkpointing: bool | None = None
 
     @property
     def batch(self) -> int:
         """Sequences per step (prompts x generations): one forward/backward on both sides."""
         return self.prompts_per_step * self.generations
+
+    @property
+    def trl_accumulation(self) -> int:
+        """TRL's gradient_accumulation_steps: micro-batches of `trl_micro_batch` per step."""
+        return self.batch // self.trl_micro_batch if self.trl_micro_batch else 1
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -198,7 +198,18 @@ def markdown(
     ]
     trl = next((s for s in summaries if s["side"] == "trl"), None)
     if trl is not None:
-        lines += [f"TRL's generation: {trl['generation_mode']} — {trl['generation_why']}.", ""]
+        micro = job.trl_micro_batch or job.batch
+        checkpointing = (
+            job.gradient_checkpointing
+            if job.trl_gradient_checkpointing is None
+            else job.trl_gradient_checkpointing
+        )
+        lines += [
+            f"TRL's generation: {trl['generation_mode']} — {trl['generation_why']}. Its update: "
+            f"{micro} sequences per forward/backward ({job.trl_accumulation} accumulated per "
+            f"optimizer step), gradient checkpointing {'on' if checkpointing else 'off'}.",
+            "",
+        ]
     lines += ["Targets (issue 25):", ""]
     for condition, measured, met in targets(summaries):
         mark = "not measured" if met is None else ("met" if met else "NOT met")

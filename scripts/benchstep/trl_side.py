@@ -180,8 +180,10 @@ def grpo_config(job: Job, run_dir: Path, generation: str = "generate") -> Any:
         **vllm,
         output_dir=str(run_dir),
         max_steps=job.steps,
-        per_device_train_batch_size=job.batch,
-        gradient_accumulation_steps=1,
+        # One generation of the whole step's batch, trained in trl_accumulation micro-batches
+        # and one optimizer step (TRL derives steps_per_generation from these).
+        per_device_train_batch_size=job.batch // job.trl_accumulation,
+        gradient_accumulation_steps=job.trl_accumulation,
         num_generations=job.generations,
         generation_batch_size=job.batch,
         shuffle_dataset=False,  # tepo's stream order; the stream itself is seeded
@@ -207,7 +209,12 @@ def grpo_config(job: Job, run_dir: Path, generation: str = "generate") -> Any:
         use_cpu=job.device == "cpu",
         bf16=bf16,
         fp16=False,
-        gradient_checkpointing=job.gradient_checkpointing,  # TRL's default is True; tepo's False
+        # TRL's default is True, tepo's auto; the short job runs both without it.
+        gradient_checkpointing=(
+            job.gradient_checkpointing
+            if job.trl_gradient_checkpointing is None
+            else job.trl_gradient_checkpointing
+        ),
         model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32},
         logging_steps=1,
         report_to="none",
