@@ -381,7 +381,19 @@ def evaluate_all(job: Job, runs: dict[str, list[dict[str, Any]]], out: Path) -> 
 def versions(trl: str | None) -> dict[str, str]:
     found = {name: _version(name) for name in ("tepo", "torch", "transformers", "deepspeed")}
     found["trl"] = trl or "not run"
+    found["cpu"] = cpu_model()  # memory and speed differ by processor: a figure names its own
     return found
+
+
+def cpu_model() -> str:
+    """The processor's model name (/proc/cpuinfo; platform's answer elsewhere)."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
 
 
 def vllm_version() -> str:
