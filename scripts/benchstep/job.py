@@ -54,9 +54,21 @@ class Job:
         return self.prompts_per_step * self.generations
 
     @property
+    def trl_sequences(self) -> int:
+        """TRL's per_device_train_batch_size: sequences per forward/backward."""
+        return self.trl_micro_batch or self.batch
+
+    @property
     def trl_accumulation(self) -> int:
-        """TRL's gradient_accumulation_steps: micro-batches of `trl_micro_batch` per step."""
-        return self.batch // self.trl_micro_batch if self.trl_micro_batch else 1
+        """TRL's gradient_accumulation_steps: its micro-batches per optimizer step."""
+        return self.batch // self.trl_sequences
+
+    @property
+    def trl_checkpointing(self) -> bool:
+        """TRL's gradient_checkpointing."""
+        if self.trl_gradient_checkpointing is None:
+            return self.gradient_checkpointing
+        return self.trl_gradient_checkpointing
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -198,16 +198,10 @@ def markdown(
     ]
     trl = next((s for s in summaries if s["side"] == "trl"), None)
     if trl is not None:
-        micro = job.trl_micro_batch or job.batch
-        checkpointing = (
-            job.gradient_checkpointing
-            if job.trl_gradient_checkpointing is None
-            else job.trl_gradient_checkpointing
-        )
         lines += [
             f"TRL's generation: {trl['generation_mode']} — {trl['generation_why']}. Its update: "
-            f"{micro} sequences per forward/backward ({job.trl_accumulation} accumulated per "
-            f"optimizer step), gradient checkpointing {'on' if checkpointing else 'off'}.",
+            f"{job.trl_sequences} sequences per forward/backward ({job.trl_accumulation} accumulated "
+            f"per optimizer step), gradient checkpointing {'on' if job.trl_checkpointing else 'off'}.",
             "",
         ]
     lines += ["Targets (issue 25):", ""]

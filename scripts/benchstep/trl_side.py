@@ -182,7 +182,7 @@ def grpo_config(job: Job, run_dir: Path, generation: str = "generate") -> Any:
         max_steps=job.steps,
         # One generation of the whole step's batch, trained in trl_accumulation micro-batches
         # and one optimizer step (TRL derives steps_per_generation from these).
-        per_device_train_batch_size=job.batch // job.trl_accumulation,
+        per_device_train_batch_size=job.trl_sequences,
         gradient_accumulation_steps=job.trl_accumulation,
         num_generations=job.generations,
         generation_batch_size=job.batch,
@@ -210,11 +210,7 @@ def grpo_config(job: Job, run_dir: Path, generation: str = "generate") -> Any:
         bf16=bf16,
         fp16=False,
         # TRL's default is True, tepo's auto; the short job runs both without it.
-        gradient_checkpointing=(
-            job.gradient_checkpointing
-            if job.trl_gradient_checkpointing is None
-            else job.trl_gradient_checkpointing
-        ),
+        gradient_checkpointing=job.trl_checkpointing,
         model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32},
         logging_steps=1,
         report_to="none",

@@ -183,7 +183,6 @@ def chunked_backward(
     for r0 in range(0, n_active, rows):
         r1 = min(n_active, r0 + rows)
         n = r1 - r0
-        row_targets = targets[r0:r1]
         for v0 in range(0, vocab, tile):
             v1 = min(vocab, v0 + tile)
             w_tile = weight[v0:v1].to(cd)
@@ -200,14 +199,7 @@ def chunked_backward(
                 torch.exp(block, out=p)
                 block.mul_(g_ent[r0:r1].unsqueeze(1)).add_(row_factor[r0:r1].unsqueeze(1))
                 block.mul_(p)
-            # The one-hot part, in place: block becomes M - Y (in the block's scaling), no
-            # one-hot tensor. One entry a row; a row whose target lies outside this tile adds
-            # -0.0 to a clamped column, which leaves every value as it was. No host sync (a
-            # `.nonzero()` here stalled the GPU's queue once per tile).
-            in_tile = (row_targets >= v0) & (row_targets < v1)
-            columns = (row_targets - v0).clamp_(0, v1 - v0 - 1).unsqueeze(1)
-            correction = torch.where(in_tile, one_hot[r0:r1], 0.0).neg_().unsqueeze(1)
-            block.scatter_add_(1, columns, correction)
+            _subtract_one_hot(block, targets[r0:r1], one_hot[r0:r1], v0)
             if acc_h is not None:
                 acc_h[r0:r1].addmm_(block, w_tile)
             if acc_w is not None and w_operand is not None:
@@ -222,6 +214,19 @@ def chunked_backward(
     if acc_w is not None:
         grad_weight = acc_w.to(weight.dtype)
     return grad_hidden, grad_weight
+
+
+def _subtract_one_hot(
+    block: torch.Tensor, targets: torch.Tensor, one_hot: torch.Tensor, v0: int
+) -> None:
+    """block[i, targets[i] - v0] -= one_hot[i] where that target lies in the block's tile
+    (vocabulary entries v0 ..): the block becomes M - Y in its scaling, with no one-hot tensor.
+    A row whose target lies outside the tile adds -0.0 to a clamped column, which leaves every
+    value as it was; no host sync (a `.nonzero()` here stalled the GPU's queue once per tile)."""
+    width = block.shape[1]
+    in_tile = (targets >= v0) & (targets < v0 + width)
+    columns = (targets - v0).clamp_(0, width - 1).unsqueeze(1)
+    block.scatter_add_(1, columns, torch.where(in_tile, one_hot, 0.0).neg_().unsqueeze(1))
 
 
 def _backward_operands(
