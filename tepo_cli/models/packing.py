@@ -93,12 +93,62 @@ def pack(
     host = torch.cat([lengths.reshape(-1), first, owner]).tolist()  # the one host sync
     prompt_lengths, answer_lengths = host[:rows], host[rows : 2 * rows]
     first_rows, owners = host[2 * rows : 2 * rows + len(first)], host[2 * rows + len(first) :]
+    segments = _segments(first_rows, owners, prompt_lengths, answer_lengths, width, prompt_width)
+    sources, keys, prompt_start, answer_start, cursor = segments
+    query_counts = [len(part) for part in sources]
+    key_counts = [len(k) if isinstance(k, range) else len(k[0]) + len(k[1]) for k in keys]
+    key_index = [i for k in keys for part in ((k,) if isinstance(k, range) else k) for i in part]
+    source = torch.tensor([i for part in sources for i in part], device="cpu")
+    query_starts = tuple(itertools.accumulate(query_counts, initial=0))
+    key_starts = tuple(itertools.accumulate(key_counts, initial=0))
+    column_state, answer_state = _state_columns(
+        owners,
+        prompt_start,
+        answer_start,
+        prompt_lengths,
+        answer_lengths,
+        prompt_width,
+        width,
+        cursor,
+    )
 
-    # Segment order: each distinct prompt, then its rows' answers in row order.
+    def moved(values: list[int] | tuple[int, ...] | torch.Tensor, dtype=torch.long) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=dtype, device="cpu").to(device, non_blocking=True)
+
+    source = moved(source)
+    return PackedLayout(
+        source=source,
+        positions=position_ids.reshape(-1).index_select(0, source),
+        key_index=moved(key_index),
+        cu_queries=moved(query_starts, torch.int32),
+        cu_keys=moved(key_starts, torch.int32),
+        query_starts=query_starts,
+        key_starts=key_starts,
+        max_queries=max(query_counts),
+        max_keys=max(key_counts),
+        answer_state=moved(answer_state),
+        column_state=moved(column_state),
+    )
+
+
+Segments = tuple[list[range], list[range | tuple[range, range]], list[int], list[int], int]
+
+
+def _segments(
+    first_rows: list[int],
+    owners: list[int],
+    prompt_lengths: list[int],
+    answer_lengths: list[int],
+    width: int,
+    prompt_width: int,
+) -> Segments:
+    """The packed row's segments in order (each distinct prompt, then its rows' answers in row
+    order): each segment's flat padded indices, its keys' packed indices (an answer's: its
+    prompt's, then its own), each prompt's and answer's packed start, and the row's length."""
     members: list[list[int]] = [[] for _ in first_rows]
     for row, prompt in enumerate(owners):
         members[prompt].append(row)
-    prompt_start, answer_start = [0] * len(first_rows), [0] * rows
+    prompt_start, answer_start = [0] * len(first_rows), [0] * len(owners)
     sources: list[range] = []  # flat padded index of each packed token, segment by segment
     keys: list[range | tuple[range, range]] = []
     cursor = 0
@@ -118,51 +168,41 @@ def pack(
                 )
                 keys.append((own_prompt, range(cursor, cursor + length)))
             cursor += length
-    query_counts = [len(part) for part in sources]
-    key_counts = [len(k) if isinstance(k, range) else len(k[0]) + len(k[1]) for k in keys]
-    key_index = [i for k in keys for part in ((k,) if isinstance(k, range) else k) for i in part]
-    source = torch.tensor([i for part in sources for i in part], device="cpu")
-    query_starts = tuple(itertools.accumulate(query_counts, initial=0))
-    key_starts = tuple(itertools.accumulate(key_counts, initial=0))
+    return sources, keys, prompt_start, answer_start, cursor
 
-    # Where each padded column's state lies in the packed row (`cursor`: the zero row).
-    states = torch.full((rows, width), cursor, dtype=torch.long, device="cpu")
+
+def _state_columns(
+    owners: list[int],
+    prompt_start: list[int],
+    answer_start: list[int],
+    prompt_lengths: list[int],
+    answer_lengths: list[int],
+    prompt_width: int,
+    width: int,
+    zero_row: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each padded column's state lies in the packed row (`zero_row` on padding): at every
+    column but the last, [N, P + T − 1] (the state at column c predicts token c + 1), and at the
+    columns that predict the completion tokens, [N, T]."""
+    states = torch.full((len(owners), width), zero_row, dtype=torch.long, device="cpu")
     for row, prompt in enumerate(owners):
-        length = prompt_lengths[row]
-        begin = prompt_start[prompt]
-        states[row, prompt_width - length : prompt_width] = torch.arange(
-            begin, begin + length, device="cpu"
-        )
-        length = answer_lengths[row]
-        begin = answer_start[row]
-        states[row, prompt_width : prompt_width + length] = torch.arange(
-            begin, begin + length, device="cpu"
-        )
-    column_state = states[:, : width - 1]  # the state at column c predicts token c + 1
+        _place(states[row, :prompt_width], prompt_start[prompt], prompt_lengths[row], right=True)
+        _place(states[row, prompt_width:], answer_start[row], answer_lengths[row], right=False)
+    column_state = states[:, : width - 1]
     answer_state = column_state[:, prompt_width - 1 :].clone()
     # A state past an answer's end predicts nothing scored: the zero row.
     answer_state[
         torch.arange(width - prompt_width, device="cpu")
         >= torch.tensor(answer_lengths, device="cpu")[:, None]
-    ] = cursor
+    ] = zero_row
+    return column_state, answer_state
 
-    def moved(values: list[int] | tuple[int, ...] | torch.Tensor, dtype=torch.long) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=dtype, device="cpu").to(device, non_blocking=True)
 
-    source = moved(source)
-    return PackedLayout(
-        source=source,
-        positions=position_ids.reshape(-1).index_select(0, source),
-        key_index=moved(key_index),
-        cu_queries=moved(query_starts, torch.int32),
-        cu_keys=moved(key_starts, torch.int32),
-        query_starts=query_starts,
-        key_starts=key_starts,
-        max_queries=max(query_counts),
-        max_keys=max(key_counts),
-        answer_state=moved(answer_state),
-        column_state=moved(column_state),
-    )
+def _place(columns: torch.Tensor, begin: int, length: int, right: bool) -> None:
+    """Packed indices begin .. begin + length into the last (`right`, a left-padded prompt) or
+    first (a right-padded answer) `length` of these columns."""
+    where = slice(columns.shape[0] - length, None) if right else slice(0, length)
+    columns[where] = torch.arange(begin, begin + length, device="cpu")
 
 
 def packed_forward(

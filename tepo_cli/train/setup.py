@@ -64,12 +64,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     zero3 = partitioned_load_config(cfg, topo)
-    lm = load_model(cfg.model, tokenizer, topo.device, zero3)
-    tf32 = set_tf32(cfg.kernel.tf32, next(lm.parameters()).dtype, topo.device)
-    if cfg.kernel.tf32 is True and not tf32 and topo.is_main:
-        _warn("kernel.tf32=true has no effect on the CPU: TF32 is a CUDA matmul mode")
-    if cfg.kernel.lean_layers:
-        make_lean(lm)
+    lm, tf32 = _load_lm(cfg, tokenizer, topo, zero3)
     model = build_policy(cfg, lm)
     # The MTP modules and the critic are copies of the LM's layers without adapters: fully trained.
     critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
@@ -110,6 +105,20 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     )
     run.trackers = start_trackers(cfg, run_dir, topo, state)
     return run
+
+
+def _load_lm(
+    cfg: TrainConfig, tokenizer: Any, topo: Topology, zero3: dict[str, Any] | None
+) -> tuple[Any, bool]:
+    """The policy's language model on this rank's device (partitioned under `zero3`), with the
+    kernel's settings applied: TF32 (whether it is on) and the lean layers."""
+    lm = load_model(cfg.model, tokenizer, topo.device, zero3)
+    tf32 = set_tf32(cfg.kernel.tf32, next(lm.parameters()).dtype, topo.device)
+    if cfg.kernel.tf32 is True and not tf32 and topo.is_main:
+        _warn("kernel.tf32=true has no effect on the CPU: TF32 is a CUDA matmul mode")
+    if cfg.kernel.lean_layers:
+        make_lean(lm)
+    return lm, tf32
 
 
 def partitioned_load_config(cfg: TrainConfig, topo: Topology) -> dict[str, Any] | None:

@@ -127,16 +127,7 @@ def _optimizer_step(
         # stay as they were.
         tally.sums["empty_minibatches"] += 1
         return
-    trainer = cfg.trainer
-    micro_batches = plan_micro_batches(
-        experience.batch, minibatch, trainer.micro_batch_tokens, trainer.micro_batch_size
-    )
-    checkpoint = checkpoint_plan(
-        experience.batch,
-        micro_batches,
-        cfg.model.gradient_checkpointing,
-        trainer.micro_batch_tokens,
-    )
+    micro_batches, checkpoint = _plan(cfg, experience, minibatch)
     mask = experience.batch.response_mask
     own_tokens = int(mask[minibatch].sum())
     own_norm = critic_own_norm = None
@@ -169,6 +160,24 @@ def _optimizer_step(
     _keep_norm(tally.grad_norms, engine.get_global_grad_norm(), own_norm)
     if critic_engine is not None:
         _keep_norm(tally.critic_norms, critic_engine.get_global_grad_norm(), critic_own_norm)
+
+
+def _plan(
+    cfg: TrainConfig, experience: Experience, minibatch: torch.Tensor
+) -> tuple[list[torch.Tensor], list[bool]]:
+    """The minibatch's micro-batches (by token budget, train/micro_batches.py) and which of them
+    recompute their layers in backward (train/checkpointing.py)."""
+    trainer = cfg.trainer
+    micro_batches = plan_micro_batches(
+        experience.batch, minibatch, trainer.micro_batch_tokens, trainer.micro_batch_size
+    )
+    checkpoint = checkpoint_plan(
+        experience.batch,
+        micro_batches,
+        cfg.model.gradient_checkpointing,
+        trainer.micro_batch_tokens,
+    )
+    return micro_batches, checkpoint
 
 
 def _keep_norm(norms: list[float], reported: float | None, own: float | None) -> None:
