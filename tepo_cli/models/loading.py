@@ -27,6 +27,7 @@ from transformers import (
 from tepo_cli.config.schema import ModelConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.models.gguf_convert import converted_checkpoint
+from tepo_cli.models.lora import recompute_context
 from tepo_cli.models.zero_init import is_partitioned, partition, partitioned_loading
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a directory holding a LoRA adapter
@@ -105,7 +106,12 @@ def load_model(
         model.generation_config.top_p = None
         model.generation_config.temperature = None
     if cfg.gradient_checkpointing is True:  # auto: per micro-batch (train/checkpointing.py)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={
+                "use_reentrant": False,
+                "context_fn": recompute_context(model),  # LoRA dropout as in the forward
+            }
+        )
     model.config.use_cache = True
     return model
 

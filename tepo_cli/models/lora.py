@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -86,6 +87,36 @@ def adapters_off(lm: nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+
+
+def recompute_context(model: nn.Module) -> Callable[[], tuple[Any, Any]]:
+    """`context_fn` for torch's non-reentrant checkpoint of a layer of `model`: the layer that
+    runs again in backward sees every dropout module in the mode it had in the forward.
+
+    LoRA dropout acts only in the forward that records gradients (`dropout_in_training`: train
+    mode there, eval mode again after it), so a layer recomputed in backward would otherwise
+    run without it and differ from its forward — a wrong gradient, silently (checkpoint
+    restores the random state, not the modules' modes). The modules are looked up at each
+    forward: adapters may be added after checkpointing is set up (`model.gradient_checkpointing
+    =true` at load)."""
+
+    def context_fn() -> tuple[Any, Any]:
+        dropouts = [module for module in model.modules() if isinstance(module, nn.Dropout)]
+        return contextlib.nullcontext(), _modes(dropouts, [m.training for m in dropouts])
+
+    return context_fn
+
+
+@contextlib.contextmanager
+def _modes(modules: list[nn.Module], modes: list[bool]) -> Iterator[None]:
+    before = [module.training for module in modules]
+    for module, mode in zip(modules, modes, strict=True):
+        module.training = mode
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, before, strict=True):
+            module.training = mode
 
 
 def lora_dropouts(lm: nn.Module) -> list[nn.Module]:
