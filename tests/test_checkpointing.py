@@ -1,12 +1,13 @@
 """Gradient checkpointing per micro-batch (train/checkpointing.py): `auto` recomputes only the
-micro-batches over the token budget (a row longer than it, alone), the update is the one without
-checkpointing (float64), and the layers' flags are as they were after each micro-batch."""
+micro-batches over the token budget (a row longer than it, alone) and the prompt passes, the update
+is the one without checkpointing (float64), and the layers' flags are as they were after each
+micro-batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_micro_batches import UPDATE_OVERRIDES, UPDATE_REWARDS, _one_update
+from test_micro_batches import UPDATE_OVERRIDES, UPDATE_REWARDS, _one_update, _recording
 
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.train import update as update_module
@@ -49,6 +50,7 @@ def _update_counting_recomputes(cfg, lm, rewards, monkeypatch):
         return original(module, *args, **kwargs)
 
     plans: list[list[bool]] = []
+    passes: list[object] = []
 
     def recorded(*args):
         plans.append(checkpoint_plan(*args))
@@ -58,17 +60,20 @@ def _update_counting_recomputes(cfg, lm, rewards, monkeypatch):
         patch.setattr(mlp_type, "forward", counted)
         patch.setattr(lm.model.layers[0].mlp, "counted", True, raising=False)
         patch.setattr(update_module, "checkpoint_plan", recorded)
+        patch.setattr(update_module, "_prompt_pass", _recording(update_module._prompt_pass, passes))
         metrics, step = _one_update(cfg, lm, rewards)
-    return metrics, step, sum(calls), [flag for plan in plans for flag in plan]
+    flags = [flag for plan in plans for flag in plan]
+    return metrics, step, sum(calls), flags, len(passes)
 
 
 def test_auto_recomputes_the_long_rows_micro_batches_and_keeps_the_update(
     compose_config, tiny_model, monkeypatch
 ):
-    """A 12-token budget: rows of 8 + 5 or 9 + 3 tokens run alone, some over the budget. With
-    `auto` exactly those micro-batches recompute their layers in backward (one more grad-enabled
-    MLP run each), and the update equals the one without checkpointing."""
-    common = [*UPDATE_OVERRIDES, "trainer.micro_batch_tokens=12"]
+    """A 6-token budget: answers of 7-9 tokens run alone, over the budget. With `auto` exactly
+    those micro-batches recompute their layers in backward (one more grad-enabled MLP run each),
+    and so does each minibatch's prompt pass (its prompts run once for all its micro-batches,
+    kept from the first to the last); the update equals the one without checkpointing."""
+    common = [*UPDATE_OVERRIDES, "trainer.micro_batch_tokens=6"]
     rewards = UPDATE_REWARDS
     runs = {}
     for mode in ("false", "auto"):
@@ -76,13 +81,47 @@ def test_auto_recomputes_the_long_rows_micro_batches_and_keeps_the_update(
             compose_config("train", [*common, f"model.gradient_checkpointing={mode}"])
         )
         runs[mode] = _update_counting_recomputes(cfg, tiny_model, rewards, monkeypatch)
-    (off, off_step, off_calls, off_flags) = runs["false"]
-    (auto, auto_step, auto_calls, auto_flags) = runs["auto"]
+    (off, off_step, off_calls, off_flags, off_passes) = runs["false"]
+    (auto, auto_step, auto_calls, auto_flags, auto_passes) = runs["auto"]
     assert not any(off_flags)
     assert len(auto_flags) == len(off_flags)  # the same micro-batches
     assert 0 < sum(auto_flags) < len(auto_flags)  # some micro-batches over the budget, not all
-    assert auto_calls == off_calls + sum(auto_flags)  # each of those recomputed once in backward
+    assert off_passes == auto_passes == 2  # one prompt pass in each of the two minibatches
+    # Each checkpointed micro-batch and each prompt pass recomputed once in backward.
+    assert auto_calls == off_calls + sum(auto_flags) + auto_passes
     assert off_step.norm() > 0
     assert float((auto_step - off_step).norm() / off_step.norm()) < 1e-9
     assert auto["loss"] == pytest.approx(off["loss"], rel=1e-9)
     assert auto["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-9)
+
+
+def test_a_recomputed_layer_applies_lora_dropout_as_its_forward_did(tiny_model, tiny_tokenizer):
+    """LoRA dropout acts only in the forward that records gradients, the policy being in eval
+    mode otherwise; a layer recomputed in backward must apply the same dropout (same mask: the
+    random state is restored) or its gradient is the gradient of another function."""
+    from test_shared_prompts import _batch
+
+    from tepo_cli.config.schema import KernelConfig, LoraConfig
+    from tepo_cli.train.policy import Policy
+
+    tiny_model.double()
+    batch = _batch(tiny_model, tiny_tokenizer, n=2)
+    policy = Policy(tiny_model, KernelConfig(backend="torch"), packing=True)
+    policy.add_adapters(LoraConfig(r=4, dropout=0.5), base_model=None)
+    with torch.no_grad():  # B starts at zero: give the adapters a gradient through A too
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.1)
+
+    def gradients(checkpoint: bool, seed: int = 0) -> dict[str, torch.Tensor]:
+        policy.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        with checkpointed(policy, checkpoint):
+            policy(batch, 0.7).logp.sum().backward()
+        return {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+    kept, recomputed, other_mask = gradients(False), gradients(True), gradients(False, seed=1)
+    assert kept.keys() == recomputed.keys() and kept
+    assert any(not torch.equal(kept[n], other_mask[n]) for n in kept)  # the dropout acts
+    for name, grad in recomputed.items():
+        torch.testing.assert_close(grad, kept[name], rtol=1e-9, atol=1e-12, msg=name)

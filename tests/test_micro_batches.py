@@ -18,7 +18,9 @@ from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.prompt_pass import PromptPass
 from tepo_cli.train import experience as exp
+from tepo_cli.train import update as update_module
 from tepo_cli.train.advantage import critic_targets
 from tepo_cli.train.critic_files import build_critic
 from tepo_cli.train.distributed import setup_topology, teardown
@@ -98,36 +100,64 @@ def _rollout(lengths: list[int] = COMPLETION) -> Rollout:
 def test_row_tokens_count_each_distinct_prompt_once():
     batch = SequenceBatch.from_rollout(_rollout())
     parts = micro_batches(batch, torch.arange(8, device="cpu"), 25, 16)
-    assert sorted(torch.cat(parts).tolist()) == list(range(8))
-    assert [p.tolist() for p in parts] == plan(COMPLETION, OWNER, PROMPT, 25)
-    assert [p.tolist() for p in micro_batches(batch, torch.arange(8), None, 3)] == [
-        [0, 1, 2],
-        [3, 4, 5],
-        [6, 7],
-    ]
+    assert sorted(torch.cat(parts.rows).tolist()) == list(range(8))
+    assert [p.tolist() for p in parts.rows] == plan(COMPLETION, OWNER, PROMPT, 25)
+    assert not parts.prompt_pass
+    assert parts.costs == [micro_batch_cost(p, COMPLETION, OWNER, PROMPT) for p in parts.rows]
+    fixed = micro_batches(batch, torch.arange(8), None, 3)
+    assert [p.tolist() for p in fixed.rows] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert fixed.costs is None and not fixed.prompt_pass
 
 
-def _rank_plan(rank: int, init: str, out: str) -> None:
+def test_with_a_prompt_pass_the_micro_batches_hold_answers_only():
+    """Prompts included, the rows need several micro-batches: with a prompt pass they are
+    planned again on their answers alone (the prompts run once, beside them)."""
+    batch = SequenceBatch.from_rollout(_rollout())
+    parts = micro_batches(batch, torch.arange(8, device="cpu"), 21, 16, prompt_pass=True)
+    no_prompts = [0] * len(PROMPT)
+    assert parts.prompt_pass
+    assert [p.tolist() for p in parts.rows] == plan(COMPLETION, OWNER, no_prompts, 21)
+    assert len(parts.rows) < len(plan(COMPLETION, OWNER, PROMPT, 21))
+    assert parts.costs == [_answer_tokens(p) for p in parts.rows]
+    # Rows that fit one micro-batch with their prompts keep them in it: nothing to share.
+    short = SequenceBatch.from_rollout(_rollout([1] * 8))
+    alone = micro_batches(short, torch.arange(8, device="cpu"), 21, 16, prompt_pass=True)
+    assert len(alone.rows) == 1 and not alone.prompt_pass
+    # The fixed-count mode: a prompt pass when there are several micro-batches.
+    assert micro_batches(batch, torch.arange(8), None, 3, prompt_pass=True).prompt_pass
+    assert not micro_batches(batch, torch.arange(8), None, 8, prompt_pass=True).prompt_pass
+
+
+def _answer_tokens(rows: list[int]) -> int:
+    return sum(COMPLETION[row] for row in rows)
+
+
+def _rank_plan(rank: int, init: str, out: str, prompt_pass: bool) -> None:
     """One of two gloo ranks: rank 0 holds long answers, rank 1 one-token answers."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     try:
         batch = SequenceBatch.from_rollout(_rollout(COMPLETION if rank == 0 else [1] * 8))
-        parts = micro_batches(batch, torch.arange(8, device="cpu"), 25, 16)
-        Path(f"{out}.{rank}").write_text(json.dumps([p.tolist() for p in parts]))
+        parts = micro_batches(batch, torch.arange(8, device="cpu"), 25, 16, prompt_pass)
+        result = {"rows": [p.tolist() for p in parts.rows], "prompt_pass": parts.prompt_pass}
+        Path(f"{out}.{rank}").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
-def test_ranks_with_uneven_tokens_agree_on_the_micro_batch_count(tmp_path):
-    """Alone, rank 1's 24 tokens fit one micro-batch; it splits finer to run as many as rank 0."""
+@pytest.mark.parametrize("prompt_pass", [False, True], ids=["prompts-in-rows", "prompt-pass"])
+def test_ranks_with_uneven_tokens_agree_on_the_micro_batch_count(tmp_path, prompt_pass):
+    """Alone, rank 1's 24 tokens fit one micro-batch; it splits finer to run as many as rank 0,
+    and runs a prompt pass when rank 0 does (every forward is a collective under ZeRO-3)."""
     alone = plan([1] * 8, OWNER, PROMPT, 25)
     assert len(alone) == 1 < len(plan(COMPLETION, OWNER, PROMPT, 25))
     out = str(tmp_path / "plan")
-    mp.spawn(_rank_plan, args=(str(tmp_path / "init"), out), nprocs=2)
+    mp.spawn(_rank_plan, args=(str(tmp_path / "init"), out, prompt_pass), nprocs=2)
     plans = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
-    assert plans[0] == plan(COMPLETION, OWNER, PROMPT, 25)
-    assert len(plans[1]) == len(plans[0])
-    assert sorted(row for part in plans[1] for row in part) == list(range(8))
+    prompts = [0] * len(PROMPT) if prompt_pass else PROMPT
+    assert plans[0]["rows"] == plan(COMPLETION, OWNER, prompts, 25)
+    assert len(plans[1]["rows"]) == len(plans[0]["rows"])
+    assert plans[0]["prompt_pass"] == plans[1]["prompt_pass"] == prompt_pass
+    assert sorted(row for part in plans[1]["rows"] for row in part) == list(range(8))
 
 
 PRESETS = [
@@ -184,13 +214,24 @@ def _one_update(cfg, lm, rewards):
         teardown()
 
 
+def _recording(prompt_pass, passes: list[PromptPass]):
+    def recorded(*args, **kwargs):
+        result = prompt_pass(*args, **kwargs)
+        if result is not None:
+            passes.append(result)
+        return result
+
+    return recorded
+
+
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: "-".join(p))
 def test_token_budget_update_equals_the_fixed_count_update_in_float64(
-    preset, compose_config, tiny_model
+    preset, compose_config, tiny_model, monkeypatch
 ):
     """Two minibatches (off-policy: old log-probs scored in micro-batches too) of 4 rows, split by
-    a 12-token budget into 2-4 micro-batches of varying counts, against one micro-batch each. Adam's
-    eps far above the gradients makes its step linear in them: equal weights, equal gradients."""
+        a 12-token budget into 2-4 micro-batches of varying counts, their prompts run once per minibatch
+    (a prompt pass, models/prompt_pass.py), against one micro-batch each. Adam's
+        eps far above the gradients makes its step linear in them: equal weights, equal gradients."""
     common = [*UPDATE_OVERRIDES, *preset]
     rewards = UPDATE_REWARDS
     fixed_cfg = load_train_config(
@@ -200,7 +241,12 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
         compose_config("train", [*common, "trainer.micro_batch_tokens=12"])
     )
     fixed, fixed_step = _one_update(fixed_cfg, tiny_model, rewards)
-    tokens, token_step = _one_update(token_cfg, tiny_model, rewards)
+    passes: list[PromptPass] = []  # the token-budget update's: its prompts run once a minibatch
+    with monkeypatch.context() as patch:
+        patch.setattr(update_module, "_prompt_pass", _recording(update_module._prompt_pass, passes))
+        tokens, token_step = _one_update(token_cfg, tiny_model, rewards)
+    critic = "advantage=gae" in preset
+    assert len(passes) == 2 * (1 + critic)  # two minibatches, the policy's and the critic's
     assert fixed.keys() == tokens.keys()
     for key in ("loss", "value_loss", "mtp_aux_loss", "clip_frac", "entropy"):
         if key in fixed:

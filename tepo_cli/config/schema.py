@@ -62,6 +62,8 @@ class ModelConfig(Strict):
     gradient_checkpointing: AutoBool = "auto"
     share_prompts: bool = True
     packing: bool = True
+    # With packing and shared prompts: a minibatch's prompts run once for all its micro-batches
+    prompt_pass: bool = True
     trust_remote_code: bool = False
     hidden_size: int = Field(default=64, ge=8)
     intermediate_size: int = Field(default=128, ge=8)

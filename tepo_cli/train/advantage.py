@@ -13,6 +13,7 @@ from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
+from tepo_cli.models.prompt_pass import read_prompts, reads_prompt_pass
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.micro_batches import micro_batches
 from tepo_cli.train.sampling import Groups
@@ -59,9 +60,19 @@ def critic_targets(
     width = batch.response_mask.shape[1]
     trainer = cfg.trainer
     all_rows = torch.arange(len(batch), device="cpu")
-    plan = micro_batches(batch, all_rows, trainer.micro_batch_tokens, trainer.micro_batch_size)
-    parts = [widen(critic(batch.select(rows)), width) for rows in plan]
-    values = torch.cat(parts)[torch.argsort(torch.cat(plan))].to(torch.float32)
+    plan = micro_batches(
+        batch,
+        all_rows,
+        trainer.micro_batch_tokens,
+        trainer.micro_batch_size,
+        prompt_pass=cfg.model.prompt_pass and reads_prompt_pass(critic),
+    )
+    prompts = critic(batch, prompt_pass_rows=all_rows) if plan.prompt_pass else None
+    parts = [
+        widen(critic(batch.select(rows), prompts=read_prompts(prompts, rows)), width)
+        for rows in plan.rows
+    ]
+    values = torch.cat(parts)[torch.argsort(torch.cat(plan.rows))].to(torch.float32)
     mask = batch.response_mask
     advantages, returns = gae(
         token_rewards(rewards.to(values.dtype), mask), values, mask, settings.gamma, settings.lam

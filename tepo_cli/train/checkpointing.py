@@ -9,6 +9,9 @@ it pay nothing: measured on the long job, checkpointing every micro-batch at the
 cost 30 % of the update and saved nothing at the peak (docs/guides/performance.md, "Long answers"). `true`
 checkpoints every micro-batch (set once, at load), `false` none.
 
+A prompt pass (the minibatch's prompts run once for all its micro-batches, models/prompt_pass.py)
+is checkpointed under `auto` and `true` (`prompt_pass_checkpointed`).
+
 Under ZeRO-3 a recomputed layer gathers its parameters again in backward, a collective: the ranks
 agree which micro-batches are checkpointed (one all-reduce MAX per minibatch), so micro-batch i is
 checkpointed on every rank or on none.
@@ -27,8 +30,8 @@ from transformers import PreTrainedModel
 
 from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.core.collective import collective_device
-from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.train.micro_batches import micro_batch_tokens
+from tepo_cli.models.lora import recompute_context
+from tepo_cli.train.micro_batches import Plan
 
 
 def over_budget(costs: list[int], mode: AutoBool, budget: int | None) -> list[bool]:
@@ -42,14 +45,18 @@ def over_budget(costs: list[int], mode: AutoBool, budget: int | None) -> list[bo
     return [bool(flag) for flag in flags.tolist()]
 
 
-def checkpoint_plan(
-    batch: SequenceBatch, micro_batches: list[torch.Tensor], mode: AutoBool, budget: int | None
-) -> list[bool]:
-    """`over_budget` for these micro-batches of `batch`; their tokens are counted only when `auto`
-    can checkpoint one (no work on the step otherwise)."""
-    if mode != "auto" or budget is None:
-        return [False] * len(micro_batches)
-    return over_budget([micro_batch_tokens(batch, rows) for rows in micro_batches], mode, budget)
+def checkpoint_plan(plan: Plan, mode: AutoBool, budget: int | None) -> list[bool]:
+    """`over_budget` for the micro-batches of `plan` (by their real tokens as they run)."""
+    if mode != "auto" or budget is None or plan.costs is None:
+        return [False] * len(plan.rows)
+    return over_budget(plan.costs, mode, budget)
+
+
+def prompt_pass_checkpointed(mode: AutoBool) -> bool:
+    """A prompt pass (models/prompt_pass.py) is kept from the first micro-batch of its minibatch
+    to the last, beside each micro-batch's activations, which the budget alone should bound: its
+    layers are checkpointed (recomputed once, in the last backward) unless checkpointing is off."""
+    return mode is not False
 
 
 @contextlib.contextmanager
@@ -57,7 +64,8 @@ def checkpointed(lm: PreTrainedModel, enabled: bool) -> Iterator[None]:
     """`lm`'s layers checkpointed (non-reentrant) for what runs inside — a micro-batch's forward
     and backward — and as they were after. The layers' own flags are set, as transformers'
     `gradient_checkpointing_enable` does, without its input-gradient hook, which would be added
-    again at every call (non-reentrant checkpointing does not need it)."""
+    again at every call (non-reentrant checkpointing does not need it); a recomputed layer
+    applies its dropout as in the forward (`recompute_context`, models/lora.py)."""
     if not enabled:
         yield
         return
@@ -66,8 +74,9 @@ def checkpointed(lm: PreTrainedModel, enabled: bool) -> Iterator[None]:
         (m.gradient_checkpointing, getattr(m, "_gradient_checkpointing_func", None))
         for m in modules
     ]
+    recompute = functools.partial(checkpoint, use_reentrant=False, context_fn=recompute_context(lm))
     for module in modules:
-        module._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+        module._gradient_checkpointing_func = recompute
         module.gradient_checkpointing = True
     try:
         yield

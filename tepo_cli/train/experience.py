@@ -14,6 +14,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch, widen
+from tepo_cli.models.prompt_pass import read_prompts, reads_prompt_pass
 from tepo_cli.train.advantage import Advantages
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.micro_batches import micro_batches
@@ -90,8 +91,20 @@ def _add_scores(
     }
     trainer = cfg.trainer
     all_rows = torch.arange(len(batch), device="cpu")
-    plan = micro_batches(batch, all_rows, trainer.micro_batch_tokens, trainer.micro_batch_size)
-    for rows in plan:
+    plan = micro_batches(
+        batch,
+        all_rows,
+        trainer.micro_batch_tokens,
+        trainer.micro_batch_size,
+        prompt_pass=cfg.model.prompt_pass and reads_prompt_pass(policy),
+    )
+    # Each distinct prompt once for all the micro-batches (models/prompt_pass.py), per model.
+    old_prompts = ref_prompts = None
+    if plan.prompt_pass and need_old:
+        old_prompts = policy(batch, prompt_pass_rows=all_rows)
+    if plan.prompt_pass and reference is not None:
+        ref_prompts = reference(batch, prompt_pass_rows=all_rows)
+    for rows in plan.rows:
         part = batch.select(rows)
         if need_old:
             scores = policy(
@@ -100,14 +113,18 @@ def _add_scores(
                 with_entropy=cfg.algo.needs_old_entropy,
                 with_entropy_term=cfg.algo.needs_old_entropy_term,
                 with_mtp=cfg.algo.mtp_depths > 0,
+                prompts=read_prompts(old_prompts, rows),
             )
             for name in ("logp", "entropy", "entropy_term", "mtp_logp"):
                 value = getattr(scores, name)
                 if value is not None:
                     parts[name].append(widen(value, width))
         if reference is not None:
-            parts["ref"].append(widen(reference(part, cfg.rollout.temperature).logp, width))
-    back = torch.argsort(torch.cat(plan))  # the plan's row order back to the batch's
+            scores = reference(
+                part, cfg.rollout.temperature, prompts=read_prompts(ref_prompts, rows)
+            )
+            parts["ref"].append(widen(scores.logp, width))
+    back = torch.argsort(torch.cat(plan.rows))  # the plan's row order back to the batch's
     joined = {name: torch.cat(values)[back] if values else None for name, values in parts.items()}
     experience.old_logp = joined["logp"]
     experience.old_entropy = joined["entropy"]

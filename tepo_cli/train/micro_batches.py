@@ -13,12 +13,20 @@ deterministic: ties go to the lower index), so the micro-batches carry similar t
 longer than the budget ends up alone in a micro-batch of its own, never dropped. The plan is a pure
 function of the rows' token counts (no RNG), so a resumed step plans the same micro-batches.
 
+With a prompt pass (models/prompt_pass.py: packing with shared prompts) the minibatch's distinct
+prompts run once for all its micro-batches, which then hold answers only: when the prompts-included
+plan needs two micro-batches or more, the minibatch is planned again on its answers' tokens alone,
+and its prompts run once beside them. One micro-batch keeps its prompts in its own row (nothing to
+share; a prompt pass would only add a forward).
+
 Under data parallelism every rank must run the same number of micro-batches (under ZeRO-3 every
-forward is a collective): `agreed_count` takes the largest count over ranks (one all-reduce), and
-ranks with fewer tokens split finer to meet it.
+forward is a collective), and the prompt pass on every rank or on none: `agreed` takes the
+largest count over ranks (one all-reduce), and ranks with fewer tokens split finer to meet it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -100,27 +108,52 @@ def plan(
         count += 1
 
 
-def agreed_count(count: int) -> int:
-    """The largest micro-batch count over ranks (one all-reduce), `count` itself on one rank."""
+def agreed(counts: list[int]) -> list[int]:
+    """The largest of each count over ranks (one all-reduce), `counts` themselves on one rank."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return count
-    tensor = torch.tensor([count], dtype=torch.int64, device=collective_device())
+        return counts
+    tensor = torch.tensor(counts, dtype=torch.int64, device=collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
+    return [int(count) for count in tensor.tolist()]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A minibatch's micro-batches: `rows` (host indices into the batch) of each; `prompt_pass`:
+    the distinct prompts run once, in a prompt pass, and the micro-batches hold answers only;
+    `costs`: each micro-batch's real tokens as it runs (None in the fixed-count mode)."""
+
+    rows: list[torch.Tensor]
+    prompt_pass: bool = False
+    costs: list[int] | None = None
 
 
 def micro_batches(
-    batch: SequenceBatch, rows: torch.Tensor, budget: int | None, size: int
-) -> list[torch.Tensor]:
+    batch: SequenceBatch,
+    rows: torch.Tensor,
+    budget: int | None,
+    size: int,
+    prompt_pass: bool = False,
+) -> Plan:
     """These rows of the batch in micro-batches: by token budget (`budget` tokens, the same count
-    on every rank), or `size` rows each when `budget` is None (the fixed-count mode)."""
+    on every rank), or `size` rows each when `budget` is None (the fixed-count mode). With
+    `prompt_pass` (the model can read one), a minibatch of several micro-batches runs its
+    prompts once (module docstring)."""
     if budget is None:
-        return list(rows.split(size))
+        parts = list(rows.split(size))
+        return Plan(parts, prompt_pass and len(parts) > 1)
     completion, owner, prompt = row_tokens(batch, rows)
-    count = agreed_count(len(plan(completion, owner, prompt, budget)))
+    count = len(plan(completion, owner, prompt, budget))
+    answers_only = len(plan(completion, owner, [0] * len(prompt), budget)) if prompt_pass else 0
+    count, answers_only = agreed([count, answers_only])
+    use_pass = count > 1 and answers_only > 0  # the same on every rank
+    if use_pass:  # the prompts run once, beside the micro-batches: their answers planned alone
+        count, prompt = answers_only, [0] * len(prompt)
     # Each rank holds as many rows as the others (prompts_per_step / nproc groups of rollout.n),
     # so the agreed count never exceeds this rank's rows.
-    return [
-        rows[torch.tensor(part, dtype=torch.long, device="cpu")]
-        for part in assign(completion, owner, prompt, count)
-    ]
+    parts = assign(completion, owner, prompt, count)
+    return Plan(
+        rows=[rows[torch.tensor(part, dtype=torch.long, device="cpu")] for part in parts],
+        prompt_pass=use_pass,
+        costs=[micro_batch_cost(part, completion, owner, prompt) for part in parts],
+    )

@@ -22,6 +22,8 @@ from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.lora import add_adapters, dropout_in_training, lora_dropouts
 from tepo_cli.models.mtp import MtpStack, SharedPrompts
 from tepo_cli.models.mtp_loss import mtp_present
+from tepo_cli.models.packing import ExternalPrompts
+from tepo_cli.models.prompt_pass import PromptPass, run_prompt_pass
 from tepo_cli.models.sequence_hidden import sequence_hidden
 from tepo_cli.models.shared_prompts import distinct_prompts
 
@@ -72,6 +74,11 @@ class Policy(nn.Module):
         self.adapted = False  # LoRA adapters in `lm` (add_adapters)
         self._lora_dropouts: list[nn.Module] = []
 
+    @property
+    def decoder(self) -> PreTrainedModel:
+        """The transformers model whose decoder stack runs the sequences."""
+        return self.lm
+
     def add_adapters(self, settings: LoraConfig, base_model: str | None) -> None:
         """LoRA adapters into the LM (models/lora.py), after the MTP modules copied its layers:
         those train whole."""
@@ -82,15 +89,27 @@ class Policy(nn.Module):
     def forward(
         self,
         batch: SequenceBatch,
-        temperature: float,
+        temperature: float = 1.0,
         with_entropy: bool = False,
         with_entropy_term: bool = False,
         with_mtp: bool = False,
-    ) -> Scores:
-        """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules.
-        LoRA dropout (model.lora.dropout) acts only when gradients are recorded."""
+        prompts: ExternalPrompts | None = None,
+        prompt_pass_rows: torch.Tensor | None = None,
+    ) -> Scores | PromptPass:
+        """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules;
+        `prompts`: the rows' prompts from a prompt pass (models/prompt_pass.py), packing only.
+        With `prompt_pass_rows` (host indices into `batch`), run the prompt pass of those rows
+        instead and return it (a call of the module, as DeepSpeed's engine and ZeRO-3's hooks
+        expect of every forward). LoRA dropout (model.lora.dropout) acts only when gradients are
+        recorded."""
         with dropout_in_training(self._lora_dropouts):
-            return self._score(batch, temperature, with_entropy, with_entropy_term, with_mtp)
+            if prompt_pass_rows is not None:
+                return run_prompt_pass(
+                    self.lm, batch, prompt_pass_rows, self.lm.get_input_embeddings()
+                )
+            return self._score(
+                batch, temperature, with_entropy, with_entropy_term, with_mtp, prompts
+            )
 
     def _score(
         self,
@@ -99,6 +118,7 @@ class Policy(nn.Module):
         with_entropy: bool,
         with_entropy_term: bool,
         with_mtp: bool,
+        prompts: ExternalPrompts | None = None,
     ) -> Scores:
         if with_mtp and self.mtp is None:
             raise ValueError("with_mtp=True needs a policy built with MTP modules (mtp_depths)")
@@ -106,7 +126,13 @@ class Policy(nn.Module):
         # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
         hidden = sequence_hidden(
-            self.lm, batch, embedded, self.share_prompts, full=with_mtp, packing=self.packing
+            self.lm,
+            batch,
+            embedded,
+            self.share_prompts,
+            full=with_mtp,
+            packing=self.packing,
+            prompts=prompts,
         )
         valid = batch.response_mask
         width = valid.shape[1]

@@ -20,13 +20,22 @@ from transformers import PreTrainedModel
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.lora import adapters_off
+from tepo_cli.models.packing import ExternalPrompts
+from tepo_cli.models.prompt_pass import PromptPass
 from tepo_cli.train.policy import Policy, Scores
 
 
 class Reference(Protocol):
-    """Scores completions with the reference policy's log-probs (no gradient)."""
+    """Scores completions with the reference policy's log-probs (no gradient); `prompts` and
+    `prompt_pass_rows` as for `Policy.forward` (a prompt pass of the reference's own)."""
 
-    def __call__(self, batch: SequenceBatch, temperature: float) -> Scores: ...
+    def __call__(
+        self,
+        batch: SequenceBatch,
+        temperature: float = 1.0,
+        prompts: ExternalPrompts | None = None,
+        prompt_pass_rows: torch.Tensor | None = None,
+    ) -> Scores | PromptPass: ...
 
 
 class AdaptersOff:
@@ -36,9 +45,17 @@ class AdaptersOff:
         self.policy = policy
 
     @torch.no_grad()
-    def __call__(self, batch: SequenceBatch, temperature: float) -> Scores:
+    def __call__(
+        self,
+        batch: SequenceBatch,
+        temperature: float = 1.0,
+        prompts: ExternalPrompts | None = None,
+        prompt_pass_rows: torch.Tensor | None = None,
+    ) -> Scores | PromptPass:
         with adapters_off(self.policy.lm):
-            return self.policy(batch, temperature)
+            return self.policy(
+                batch, temperature, prompts=prompts, prompt_pass_rows=prompt_pass_rows
+            )
 
 
 class PartitionedReference:
@@ -50,8 +67,14 @@ class PartitionedReference:
         self.engine = engine
 
     @torch.no_grad()
-    def __call__(self, batch: SequenceBatch, temperature: float) -> Scores:
-        return self.engine(batch, temperature)
+    def __call__(
+        self,
+        batch: SequenceBatch,
+        temperature: float = 1.0,
+        prompts: ExternalPrompts | None = None,
+        prompt_pass_rows: torch.Tensor | None = None,
+    ) -> Scores | PromptPass:
+        return self.engine(batch, temperature, prompts=prompts, prompt_pass_rows=prompt_pass_rows)
 
 
 def build_reference(

@@ -28,10 +28,12 @@ from tepo_cli.algos.gae import value_loss
 from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
+from tepo_cli.models.prompt_pass import PromptPass, reads_prompt_pass
 from tepo_cli.train import faults
-from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed
+from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.guards import skipped_optimizer_steps
+from tepo_cli.train.micro_batches import Plan
 from tepo_cli.train.micro_batches import micro_batches as plan_micro_batches
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
@@ -57,7 +59,8 @@ class _Tally:
     Each optimizer step's metric is independent of how its minibatch was split: the additive
     ones (`ADDITIVE`: loss terms under global normalisers) are summed over its micro-batches, the
     others (fractions, means) weighted by each micro-batch's share of the minibatch's valid
-    tokens on this rank."""
+    tokens on this rank. `prompt_pass_tokens`: the tokens of this rank's prompt pass (0 without
+    one), per optimizer step."""
 
     sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -127,23 +130,30 @@ def _optimizer_step(
         # stay as they were.
         tally.sums["empty_minibatches"] += 1
         return
-    micro_batches, checkpoint = _plan(cfg, experience, minibatch)
+    plan, checkpoint = _plan(cfg, engine, experience, minibatch)
+    prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
+    tally.sums["prompt_pass_tokens"] += 0 if prompts is None else prompts.tokens
+    critic_prompts = _prompt_pass(cfg, critic_engine, experience, minibatch, plan, tally.seconds)
     mask = experience.batch.response_mask
     own_tokens = int(mask[minibatch].sum())
     own_norm = critic_own_norm = None
-    for index, rows in enumerate(micro_batches):
-        boundary = index == len(micro_batches) - 1
+    for index, rows in enumerate(plan.rows):
+        boundary = index == len(plan.rows) - 1
         counts = (num_tokens, num_seqs, world)
         mismatch = tally.mismatch if first_epoch else None  # each row counted once
         engine.set_gradient_accumulation_boundary(boundary)
         with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
             metrics = _forward_backward(
-                cfg, engine, experience, rows, *counts, tally.seconds, mismatch
+                cfg, engine, experience, rows, *counts, tally.seconds, mismatch, prompts, boundary
             )
         if critic_engine is not None:
             critic_engine.set_gradient_accumulation_boundary(boundary)
-            metrics.update(_critic_backward(cfg, critic_engine, experience, rows, *counts))
-        share = int(mask[rows].sum()) / own_tokens if own_tokens else 1 / len(micro_batches)
+            metrics.update(
+                _critic_backward(
+                    cfg, critic_engine, experience, rows, *counts, critic_prompts, boundary
+                )
+            )
+        share = int(mask[rows].sum()) / own_tokens if own_tokens else 1 / len(plan.rows)
         for key, value in metrics.items():
             tally.sums[key] += value if key in ADDITIVE else value * share
         faults.maybe_kill("update")
@@ -163,21 +173,40 @@ def _optimizer_step(
 
 
 def _plan(
-    cfg: TrainConfig, experience: Experience, minibatch: torch.Tensor
-) -> tuple[list[torch.Tensor], list[bool]]:
-    """The minibatch's micro-batches (by token budget, train/micro_batches.py) and which of them
-    recompute their layers in backward (train/checkpointing.py)."""
+    cfg: TrainConfig, engine: Any, experience: Experience, minibatch: torch.Tensor
+) -> tuple[Plan, list[bool]]:
+    """The minibatch's micro-batches (by token budget, train/micro_batches.py, with a prompt
+    pass where the policy reads one) and which of them recompute their layers in backward
+    (train/checkpointing.py)."""
     trainer = cfg.trainer
-    micro_batches = plan_micro_batches(
-        experience.batch, minibatch, trainer.micro_batch_tokens, trainer.micro_batch_size
-    )
-    checkpoint = checkpoint_plan(
+    plan = plan_micro_batches(
         experience.batch,
-        micro_batches,
-        cfg.model.gradient_checkpointing,
+        minibatch,
         trainer.micro_batch_tokens,
+        trainer.micro_batch_size,
+        prompt_pass=cfg.model.prompt_pass and reads_prompt_pass(engine.module),
     )
-    return micro_batches, checkpoint
+    checkpoint = checkpoint_plan(plan, cfg.model.gradient_checkpointing, trainer.micro_batch_tokens)
+    return plan, checkpoint
+
+
+def _prompt_pass(
+    cfg: TrainConfig,
+    engine: Any,
+    experience: Experience,
+    minibatch: torch.Tensor,
+    plan: Plan,
+    seconds: dict[str, float],
+) -> PromptPass | None:
+    """The minibatch's distinct prompts through `engine`'s model once, for all its micro-batches
+    (models/prompt_pass.py), when the plan has a prompt pass and the model reads one."""
+    if engine is None or not (plan.prompt_pass and reads_prompt_pass(engine.module)):
+        return None
+    began = time.perf_counter()
+    with checkpointed(engine.module, prompt_pass_checkpointed(cfg.model.gradient_checkpointing)):
+        prompts = engine(experience.batch, prompt_pass_rows=minibatch)
+    seconds["forward_seconds"] += time.perf_counter() - began
+    return prompts
 
 
 def _keep_norm(norms: list[float], reported: float | None, own: float | None) -> None:
@@ -228,8 +257,12 @@ def _forward_backward(
     world: int,
     seconds: dict[str, float],
     tally: MismatchTally | None = None,
+    prompts: PromptPass | None = None,
+    last: bool = True,
 ) -> dict[str, float]:
-    """The objective on one micro-batch (plus MPO's auxiliary MTP loss) and its backward."""
+    """The objective on one micro-batch (plus MPO's auxiliary MTP loss) and its backward; with
+    `prompts`, its answers read the minibatch's prompt pass (`last`: the minibatch's last
+    micro-batch, whose backward runs the prompt pass's)."""
     began = time.perf_counter()
     part = experience.batch.select(rows)
     width = part.response_mask.shape[1]
@@ -240,6 +273,7 @@ def _forward_backward(
         with_entropy=True,
         with_entropy_term=algo.needs_old_entropy_term and experience.old_logp is None,
         with_mtp=algo.mtp_depths > 0,
+        prompts=None if prompts is None else prompts.for_rows(rows, last),
     )
     old = _old_scores(experience, rows, width, scores)
     advantages = experience.advantages  # [N], or [N, T] from a critic
@@ -267,6 +301,8 @@ def _forward_backward(
         loss = _with_mtp_terms(cfg, loss, scores, part.response_mask, num_tokens, metrics)
     if faults.armed("nan_loss"):
         loss = loss * float("nan")
+    if prompts is not None and last:
+        loss = prompts.with_grads(loss)
     forward_done = time.perf_counter()
     seconds["forward_seconds"] += forward_done - began
     engine.backward(loss * world, scale_wrt_gas=False)
@@ -332,11 +368,14 @@ def _critic_backward(
     num_tokens: float,
     num_seqs: float,
     world: int,
+    prompts: PromptPass | None = None,
+    last: bool = True,
 ) -> dict[str, float]:
-    """The critic's value-clipped loss on these rows, aggregated as the policy term (§0.1)."""
+    """The critic's value-clipped loss on these rows, aggregated as the policy term (§0.1);
+    `prompts` and `last` as for the policy (`_forward_backward`)."""
     part = experience.batch.select(rows)
     width = part.response_mask.shape[1]
-    values = critic_engine(part)
+    values = critic_engine(part, prompts=None if prompts is None else prompts.for_rows(rows, last))
     per_token, clipped = value_loss(
         values,
         experience.old_values[rows, :width],
@@ -352,6 +391,8 @@ def _critic_backward(
         num_seqs=num_seqs,
         max_len=cfg.rollout.max_new_tokens,
     )
+    if prompts is not None and last:
+        loss = prompts.with_grads(loss)
     critic_engine.backward(loss * world, scale_wrt_gas=False)
     count = int(mask.sum())
     return {

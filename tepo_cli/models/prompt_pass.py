@@ -1,0 +1,185 @@
+"""The prompt pass: each distinct prompt of a minibatch computed once for all its micro-batches.
+
+Token-budget micro-batches (train/micro_batches.py) spread a group's answers over several
+forward/backward passes, and the packed forward (models/packing.py) computes each distinct prompt
+once in every micro-batch that holds one of its answers. On long prompts that is a large share of
+the update: on the long-answer job (MATH prompts of ~300 tokens, 1,024-token micro-batches) it was
+37 % of the update's token slots. With a prompt pass the minibatch's distinct prompts run once, in
+one packed row; each layer's keys and values (after the rotary embedding) and the prompt tokens'
+final hidden states are kept, and every micro-batch packs its answers only, which attend to their
+prompt's keys and values (`ExternalPrompts`). The same attention over the same keys and values:
+the same log-probs and gradients, up to float rounding (tests/test_prompt_pass.py, float64).
+
+Gradient. The prompt pass's outputs reach the objective through every micro-batch, and each
+micro-batch has a backward of its own (gradient accumulation). Every micro-batch but the last
+reads detached copies of them (the leaves), whose gradients accumulate; the last reads the prompt
+pass's outputs themselves, and its loss carries the leaves' gradients into them (`with_grads`),
+so the prompt pass's own backward runs once, inside the last micro-batch's backward. Each
+parameter thus gets its gradient in one backward per micro-batch, as DeepSpeed's gradient hooks
+expect (ZeRO-1/2 reduce every parameter once, at the accumulation boundary), and on every rank
+the prompt pass's backward runs exactly once (a zero gradient where no micro-batch read it), so
+ZeRO-3's re-gathers in backward are entered the same number of times everywhere.
+
+Memory. Its activations would be kept from the first micro-batch to the last, beside each
+micro-batch's own; the caller checkpoints its layers instead (each keeps its input and runs again
+in the last backward: one more forward of the prompts per minibatch), unless gradient
+checkpointing is off. What stays is small: each layer's keys and values of the prompt tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import PreTrainedModel
+
+from tepo_cli.models.packing import (
+    ExternalPrompts,
+    KeyCapture,
+    pack,
+    packed_forward,
+    supports_packing,
+)
+from tepo_cli.models.shared_prompts import distinct_prompts
+
+if TYPE_CHECKING:
+    from tepo_cli.core.sequences import SequenceBatch
+
+
+@dataclass
+class PromptPass:
+    """The distinct prompts of some rows of a batch, run once: `outputs` (each layer's keys and
+    values [Hkv, Lp, D], then the final hidden states [Lp, H]) and where each row's prompt starts
+    in the prompt row. `leaves` are the outputs' detached copies that all micro-batches but the
+    last read (None when no gradient is recorded); `sums` the gradients they received, summed
+    over those micro-batches in at least float32 (a bf16 sum of several micro-batches would round
+    at each one, where DeepSpeed accumulates parameter gradients in float32)."""
+
+    outputs: tuple[torch.Tensor, ...]
+    layers: int
+    start_of_row: dict[int, int]
+    leaves: tuple[torch.Tensor, ...] | None
+    sums: list[torch.Tensor | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.leaves is None:
+            return
+        self.sums = [None] * len(self.leaves)
+        for index, leaf in enumerate(self.leaves):
+            if leaf.requires_grad:
+                leaf.register_post_accumulate_grad_hook(functools.partial(self._take, index))
+
+    def _take(self, index: int, leaf: torch.Tensor) -> None:
+        """After a micro-batch's backward: its gradient into the sum, the leaf's freed."""
+        assert leaf.grad is not None
+        total = self.sums[index]
+        if total is None:
+            dtype = torch.promote_types(leaf.dtype, torch.float32)
+            self.sums[index] = leaf.grad.to(dtype, copy=True)
+        else:
+            total.add_(leaf.grad)
+        leaf.grad = None
+
+    @property
+    def tokens(self) -> int:
+        """The prompt tokens it ran: each distinct prompt once."""
+        return int(self.outputs[-1].shape[0])
+
+    def for_rows(self, rows: torch.Tensor, last: bool) -> ExternalPrompts:
+        """What the micro-batch of these batch rows reads: the outputs themselves in the last
+        micro-batch of the minibatch (and without gradient), the leaves before it."""
+        tensors = self.outputs if last or self.leaves is None else self.leaves
+        return ExternalPrompts(
+            keys=tensors[: self.layers],
+            values=tensors[self.layers : 2 * self.layers],
+            hidden=tensors[-1],
+            row_starts=tuple(self.start_of_row[row] for row in rows.tolist()),
+        )
+
+    def with_grads(self, loss: torch.Tensor) -> torch.Tensor:
+        """The last micro-batch's loss (same value), whose backward also carries the gradients
+        the earlier micro-batches left on the leaves into the prompt pass (zero where none)."""
+        if self.leaves is None:
+            return loss
+        grads = tuple(
+            torch.zeros_like(output) if total is None else total.to(output.dtype)
+            for output, total in zip(self.outputs, self.sums, strict=True)
+        )
+        return _AddGradients.apply(loss, grads, *self.outputs)
+
+
+class _AddGradients(torch.autograd.Function):
+    """Identity on the loss; in backward, fixed gradients for the other inputs. They were
+    computed by earlier backward passes of the same accumulation cycle (the same loss scale),
+    so they are added as they are, whatever gradient reaches the loss."""
+
+    @staticmethod
+    def forward(ctx: Any, loss: torch.Tensor, grads: tuple[torch.Tensor, ...], *outputs: Any):
+        ctx.grads = grads
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        grads, ctx.grads = ctx.grads, None
+        return (grad, None, *grads)
+
+
+def read_prompts(prompts: PromptPass | None, rows: torch.Tensor) -> ExternalPrompts | None:
+    """What a micro-batch scored without gradient reads of a prompt pass (None: no pass)."""
+    return None if prompts is None else prompts.for_rows(rows, last=True)
+
+
+def reads_prompt_pass(module: torch.nn.Module) -> bool:
+    """Whether `module` (a policy or a critic) can read a prompt pass: its `decoder` packs
+    sequences (model.packing, a decoder that supports it) with shared prompts."""
+    decoder = getattr(module, "decoder", None)
+    return bool(
+        getattr(module, "packing", False)
+        and getattr(module, "share_prompts", False)
+        and decoder is not None
+        and supports_packing(decoder)
+    )
+
+
+def run_prompt_pass(
+    model: PreTrainedModel, batch: SequenceBatch, rows: torch.Tensor, embedding: torch.nn.Module
+) -> PromptPass:
+    """The distinct prompts of `rows` (host indices into `batch`) through `model`'s decoder,
+    one packed row; `embedding` is its input embedding. With gradient recording on, the result
+    has leaves for the micro-batches before the last. Checkpointing is the caller's (the layers'
+    own flags, as for any forward)."""
+    from tepo_cli.models.sequence_hidden import checkpointing_on, layers_in_train_mode
+
+    width = batch.prompt_width
+    device = batch.input_ids.device
+    index = rows.to(device)
+    ids = batch.input_ids.index_select(0, index)[:, :width]
+    mask = batch.attention_mask.index_select(0, index)[:, :width]
+    first, owner = distinct_prompts(ids, mask)
+    ids, mask = ids.index_select(0, first), mask.index_select(0, first)
+    positions = batch.position_ids.index_select(0, index)[:, :width].index_select(0, first)
+    layout = pack(mask, positions, ids, width, share_prompts=False)
+    capture = KeyCapture()
+    layout = dataclasses.replace(layout, capture=capture)
+    grad = torch.is_grad_enabled()
+    with layers_in_train_mode(model, checkpointing_on(model) and grad):
+        hidden = packed_forward(model, layout, embedding(ids))[:-1]  # without the zero row
+    layers = len(capture.keys)
+    outputs = (
+        *(capture.keys[layer] for layer in range(layers)),
+        *(capture.values[layer] for layer in range(layers)),
+        hidden,
+    )
+    host = torch.cat([mask.sum(dim=1), owner]).tolist()  # one host sync
+    starts = list(itertools.accumulate(host[: len(first)], initial=0))
+    start_of_row = {
+        row: starts[prompt] for row, prompt in zip(rows.tolist(), host[len(first) :], strict=True)
+    }
+    leaves = None
+    if grad:
+        leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in outputs)
+    return PromptPass(outputs, layers, start_of_row, leaves)
