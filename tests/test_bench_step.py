@@ -174,6 +174,12 @@ def test_tepo_update_shapes_count_each_micro_batch_cut_to_its_longest_answer():
     assert per_row.real == (3 + 3 + 4) + 14 + 4 + 1
     packed = tepo_shapes(answers, [3, 4], [0, 0, 1, 1], 4, plan, shared_prompts=True, packed=True)
     assert packed.slots == packed.real == shared.real and packed.padding_share == 0.0
+    # A prompt pass over the minibatch: prompts 0 and 1 once there, the micro-batches' answers.
+    passed = tepo_shapes(
+        answers, [3, 4], [0, 0, 1, 1], 4, plan, True, packed=True, prompt_passes=[[0, 1, 2, 3]]
+    )
+    assert passed.slots == passed.real == (3 + 4) + (5 + 2 + 7) + 1
+    assert passed.answer_tokens == 15 and passed.micro_batches == 2
 
 
 def test_padded_shapes_and_length_stats():

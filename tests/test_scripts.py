@@ -31,6 +31,7 @@ SMOKE_TESTS = {
     "bench_lora.py": "tests/test_scripts.py::test_bench_lora_smoke",
     "bench_packing.py": "tests/test_scripts.py::test_bench_packing_smoke",
     "bench_step.py": "tests/test_scripts.py::test_bench_step_short_smoke",
+    "bench_update.py": "tests/test_scripts.py::test_bench_update_smoke",
     "bench_vllm.py": "tests/test_scripts.py::test_bench_vllm_smoke",
     "check_references.py": "tests/test_scripts.py::test_check_references_smoke",
     "compare_objectives.py": "tests/test_scripts.py::test_compare_objectives_smoke",
@@ -102,6 +103,21 @@ def test_bench_packing_smoke(tmp_path):
         assert run["real_answer_tokens"] < run["padded_answer_slots"]  # ragged answers
     assert "| packed |" in result.stdout and "x the padded speed" in result.stdout
     assert "packed: time in matmuls" in result.stdout
+
+
+def test_bench_update_smoke(tmp_path):
+    output = tmp_path / "update.json"
+    result = run_script("scripts/bench_update.py", "--smoke", "--output", str(output))
+    runs = json.loads(output.read_text())
+    assert set(runs) == {"prompts-in-every-micro-batch", "prompt-pass"}
+    for run in runs.values():
+        assert finite(run["update_seconds"]) and run["peak_rss_gb"] > 0, run
+        assert finite(run["update_gflops"]) and finite(run["matmul_gflops"]), run
+    # The prompts ran once: fewer micro-batches hold the same answers.
+    assert (
+        runs["prompt-pass"]["micro_batches"] < runs["prompts-in-every-micro-batch"]["micro_batches"]
+    )
+    assert "x the speed of prompts-in-every-micro-batch" in result.stdout
 
 
 def test_compare_objectives_smoke(tmp_path):

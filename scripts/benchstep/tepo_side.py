@@ -31,7 +31,9 @@ class Probe:
         self.sink = sink
         self.sums: dict[str, float] = {}
         self.engine_wrapped = False
+        self.policy_engine: Any = None
         self.micro_batches: list[list[int]] = []
+        self.prompt_passes: list[list[int]] = []  # the rows of each minibatch that ran one
         self.params: int | None = None
 
     def add(self, key: str, seconds: float) -> None:
@@ -58,16 +60,33 @@ class Probe:
 
         return recorded
 
+    def record_prompt_passes(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Keep the minibatch rows of each prompt pass `_prompt_pass` runs for the policy."""
+
+        @functools.wraps(function)
+        def recorded(cfg: Any, engine: Any, experience: Any, minibatch: Any, *args: Any):
+            result = function(cfg, engine, experience, minibatch, *args)
+            if result is not None and engine is self.policy_engine:
+                self.prompt_passes.append([int(i) for i in minibatch.tolist()])
+            return result
+
+        return recorded
+
     def write_step(self, update_seconds: float, shapes: dict[str, Any] | None = None) -> None:
         record = {"probe_update_seconds": update_seconds, **self.sums, **(shapes or {})}
         with self.sink.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         self.sums = {}
         self.micro_batches = []
+        self.prompt_passes = []
 
 
 def update_shapes(
-    cfg: Any, engine_module: Any, experience: Any, micro_batches: list[list[int]]
+    cfg: Any,
+    engine_module: Any,
+    experience: Any,
+    micro_batches: list[list[int]],
+    prompt_passes: list[list[int]] | None = None,
 ) -> dict[str, Any]:
     """The step's answer lengths and its update's token slots (benchstep.update_shapes). The plan
     is the rows the update ran (recorded); the fixed trainer.micro_batch_size split otherwise."""
@@ -87,7 +106,10 @@ def update_shapes(
     # Unpacked, a checkpointed micro-batch runs row by row (models/sequence_hidden.py); auto
     # checkpoints only a lone over-budget row, where sharing has nothing to share.
     shared = cfg.model.share_prompts and (packed or cfg.model.gradient_checkpointing is not True)
-    shapes = tepo_shapes(answers, prompt_lengths, owner.tolist(), width, plan, shared, packed)
+    passes = prompt_passes or []
+    shapes = tepo_shapes(
+        answers, prompt_lengths, owner.tolist(), width, plan, shared, packed, passes
+    )
     return {
         "answer_lengths": answers,
         "max_new_tokens": cfg.rollout.max_new_tokens,
@@ -97,6 +119,7 @@ def update_shapes(
         else f"fixed micro_batch_size={cfg.trainer.micro_batch_size}",
         "micro_batch_rows": [len(rows) for rows in plan],
         "packed": packed,
+        "prompt_passes": len(passes),
     }
 
 
@@ -113,10 +136,15 @@ def install(probe: Probe) -> list[str]:
         )
     else:
         missing.append("tepo_cli.train.update._forward_backward")
+    if hasattr(update_module, "_prompt_pass"):
+        update_module._prompt_pass = probe.record_prompt_passes(update_module._prompt_pass)
+    else:
+        missing.append("tepo_cli.train.update._prompt_pass")
     original_update = recipe.update
 
     @functools.wraps(original_update)
     def timed_update(cfg: Any, engine: Any, *args: Any, **kwargs: Any) -> Any:
+        probe.policy_engine = engine
         if not probe.engine_wrapped:
             engine.backward = probe.wrap(engine.backward, "backward_seconds")
             engine.step = probe.wrap(engine.step, "engine_step_seconds")
@@ -128,7 +156,9 @@ def install(probe: Probe) -> list[str]:
         result = original_update(cfg, engine, *args, **kwargs)
         seconds = time.perf_counter() - start
         experience = args[0] if args else kwargs["experience"]
-        shapes = update_shapes(cfg, engine.module, experience, probe.micro_batches)
+        shapes = update_shapes(
+            cfg, engine.module, experience, probe.micro_batches, probe.prompt_passes
+        )
         probe.write_step(seconds, {**shapes, "params": probe.params})
         return result
 

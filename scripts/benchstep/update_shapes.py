@@ -5,7 +5,9 @@ that hold padding: slots = Σ over micro-batches of the tensor shapes the model 
 real = the tokens that are not padding in them. Both sides are counted the same way:
 
   tepo  with packing (model.packing, the default) a micro-batch is its real tokens in one row:
-        no padding, each distinct prompt once with shared prompts (model.share_prompts). Padded
+        no padding, each distinct prompt once with shared prompts (model.share_prompts) — or,
+        when the minibatch ran a prompt pass (model.prompt_pass, models/prompt_pass.py), its
+        answers only, each distinct prompt of the minibatch counted once, in the pass. Padded
         (model.packing=false): each micro-batch is cut to its own longest answer
         (SequenceBatch.select); with shared prompts (no gradient checkpointing) each distinct
         prompt runs once, [P] left-padded columns, and its answers [rows, width] attend to its
@@ -53,16 +55,25 @@ def tepo_shapes(
     plan: Sequence[Sequence[int]],
     shared_prompts: bool,
     packed: bool = False,
+    prompt_passes: Sequence[Sequence[int]] = (),
 ) -> UpdateShapes:
     """tepo's update over `plan` (row indices per micro-batch). `prompt_lengths[g]` is the real
     length of distinct prompt g, `prompt_of_row[i]` the prompt of row i, `prompt_width` the
-    step's left-padded prompt width P; `packed`: the real tokens in one row, no padding slots."""
+    step's left-padded prompt width P; `packed`: the real tokens in one row, no padding slots;
+    `prompt_passes`: the rows of each minibatch that ran one (packed: its distinct prompts once,
+    its micro-batches' answers alone)."""
     slots = real = answers = 0
+    passed = {row for rows in prompt_passes for row in rows}
+    for rows in prompt_passes:
+        prompt_real = sum(prompt_lengths[g] for g in {prompt_of_row[i] for i in rows})
+        slots, real = slots + prompt_real, real + prompt_real
     for rows in plan:
         width = max((answer_lengths[i] for i in rows), default=0)
         width = max(width, 1)  # select() keeps one column when every answer is empty
         answer_real = sum(answer_lengths[i] for i in rows)
         prompts = sorted({prompt_of_row[i] for i in rows}) if shared_prompts else list(rows)
+        if set(rows) <= passed:
+            prompts = []  # the minibatch's prompt pass ran them
         prompt_real = sum(
             prompt_lengths[g] if shared_prompts else prompt_lengths[prompt_of_row[g]]
             for g in prompts

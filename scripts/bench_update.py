@@ -1,0 +1,214 @@
+"""The update phase alone, on the long-answer job's shapes: tepo's `update` (every micro-batch's
+forward and backward through the DeepSpeed engine, then the optimizer step) on a fixed batch, in
+variants that differ by config overrides, each in its own process (its own peak RSS).
+
+The batch is the long-answer job's (`bench_step.py --job long`) step 1 as measured at commit
+8e581ec: 2 prompts of 301 and 339 tokens (MATH problems in SmolLM2's chat template; left-padded to
+the longer) x 8 answers of the lengths that step sampled (mean 276, 5 of 16 at the 512 cap). Token
+ids are random (the update's cost does not depend on them), the rewards fixed (GRPO advantages,
+β = 0, on-policy, one optimizer step).
+
+    python scripts/bench_update.py                  # prompt pass vs prompts in every micro-batch
+    python scripts/bench_update.py --repeats 3 --variants prompt-pass
+    python scripts/bench_update.py --smoke          # model=tiny, small shapes (CI)
+
+Per variant: the update's seconds (best of `--repeats`, each after one warm-up update), its
+forward/backward/optimizer split, the micro-batches it ran, peak RSS, and the rate on real answer
+tokens, 6 x parameters x answer tokens / update seconds, beside an fp32 `torch.mm` of the model's
+MLP shape timed in the same process (the long job's reference, benchstep/matmul.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# variant -> tepo config overrides on top of the job's
+VARIANTS = {
+    "prompts-in-every-micro-batch": ["model.prompt_pass=false"],
+    "prompt-pass": [],
+}
+# The long job's step 1 at 8e581ec (docs/results/bench_step_long): answer lengths, prompt lengths.
+ANSWERS = [512, 111, 512, 512, 17, 78, 512, 214, 25, 111, 243, 512, 108, 405, 147, 398]
+PROMPTS = [301, 339]
+JOB = [
+    "algo=grpo",
+    "algo.beta=0",
+    "rollout.n=8",
+    "trainer.prompts_per_step=2",
+    "rollout.max_new_tokens=512",
+    "rollout.temperature=1.0",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2_135m", help="a conf/model preset")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--output", type=Path, default=Path("bench_update.json"))
+    parser.add_argument("--smoke", action="store_true", help="model=tiny, short answers, 1 repeat")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)  # one child's run
+    args = parser.parse_args()
+    if args.smoke:
+        args.model, args.repeats = "tiny", 1
+    if args.variant:
+        print(json.dumps(_run(args)))
+        return
+    names = [name.strip() for name in args.variants.split(",") if name.strip()]
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    results = {}
+    for name in names:
+        command = [sys.executable, __file__, *sys.argv[1:], "--variant", name]
+        child = subprocess.run(command, capture_output=True, text=True)
+        if child.returncode != 0:
+            sys.exit(f"bench_update: variant {name} failed:\n{child.stdout}\n{child.stderr}")
+        results[name] = json.loads(child.stdout.strip().splitlines()[-1])
+    _report(results)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _shapes(smoke: bool) -> tuple[list[int], list[int]]:
+    if smoke:
+        return [9, 1, 4, 12, 2, 8, 3, 6, 12, 5, 7, 1, 2, 11, 4, 3], [14, 9]
+    return ANSWERS, PROMPTS
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from benchstep.matmul import matmul_gflops
+    from hydra import compose, initialize_config_module
+
+    from tepo_cli.algos.advantage import group_advantages
+    from tepo_cli.config.validate import load_train_config
+    from tepo_cli.core.sequences import SequenceBatch
+    from tepo_cli.kernels.lean_layers import make_lean
+    from tepo_cli.models.loading import load_model, load_tokenizer
+    from tepo_cli.train.distributed import setup_topology, teardown
+    from tepo_cli.train.engine import build_engine
+    from tepo_cli.train.experience import Experience
+    from tepo_cli.train.setup import build_policy
+    from tepo_cli.train.update import accumulation_steps, update
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    smoke = ["trainer.micro_batch_tokens=24"] if args.smoke else []  # several micro-batches
+    overrides = [f"model={args.model}", *JOB, *smoke, *VARIANTS[args.variant]]
+    with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
+        cfg = load_train_config(compose(config_name="train", overrides=overrides))
+    answers, prompts = _shapes(args.smoke)
+    tokenizer = load_tokenizer(cfg.model)
+    lm = load_model(cfg.model, tokenizer, torch.device("cpu"))
+    if cfg.kernel.lean_layers:
+        make_lean(lm)
+    rollout = _rollout(answers, prompts, lm.config.vocab_size)
+    batch = SequenceBatch.from_rollout(rollout)
+    rewards = torch.tensor([float(i % 3 == 0) for i in range(len(answers))], device="cpu")
+    advantages = group_advantages(rewards, cfg.rollout.n)
+    experience = Experience([], rollout, batch, rewards, rewards.bool(), advantages)
+    setup_topology(num_threads=None)
+    try:
+        policy = build_policy(cfg, lm)
+        engine = build_engine(policy, cfg, accumulation_steps(cfg), 1)
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        update(cfg, engine, experience, generator)  # warm-up: allocator, oneDNN, AdamW state
+        runs = []
+        for _ in range(args.repeats):
+            began = time.perf_counter()
+            metrics = update(cfg, engine, experience, generator)
+            runs.append((time.perf_counter() - began, metrics))
+    finally:
+        teardown()
+    seconds, metrics = min(runs, key=lambda run: run[0])
+    params = sum(p.numel() for p in lm.parameters())
+    hidden, inner = lm.config.hidden_size, lm.config.intermediate_size
+    matmul = matmul_gflops(2048, hidden, inner)
+    gflops = 6.0 * params * sum(answers) / seconds / 1e9
+    return {
+        "update_seconds": seconds,
+        "forward_seconds": metrics["forward_seconds"],
+        "backward_seconds": metrics["backward_seconds"],
+        "optimizer_seconds": metrics["optimizer_seconds"],
+        "micro_batches": _micro_batches(cfg, batch),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "answer_tokens": sum(answers),
+        "prompt_tokens": sum(prompts),
+        "params": params,
+        "update_gflops": gflops,
+        "matmul_gflops": matmul["gflops"],
+        "matmul_share": gflops / matmul["gflops"],
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _rollout(answers: list[int], prompts: list[int], vocab: int) -> Any:
+    """Left-padded prompts (each repeated for its answers), right-padded answers, random ids."""
+    import torch
+
+    from tepo_cli.core.rollout import Rollout
+
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    n = len(answers) // len(prompts)
+    width, longest = max(prompts), max(answers)
+    prompt_ids = torch.randint(1, vocab, (len(prompts), width), generator=generator)
+    prompt_mask = torch.arange(width, device="cpu")[None] >= width - torch.tensor(prompts)[:, None]
+    answer_ids = torch.randint(1, vocab, (len(answers), longest), generator=generator)
+    answer_mask = torch.arange(longest, device="cpu")[None] < torch.tensor(answers)[:, None]
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(n, dim=0),
+        prompt_mask=prompt_mask.long().repeat_interleave(n, dim=0),
+        completion_ids=answer_ids * answer_mask,
+        completion_mask=answer_mask,
+        texts=[""] * len(answers),
+        truncated=torch.tensor(answers, device="cpu") >= longest,
+    )
+
+
+def _micro_batches(cfg: Any, batch: Any) -> int:
+    import torch
+
+    from tepo_cli.train.micro_batches import micro_batches
+
+    rows = torch.arange(len(batch), device="cpu")
+    trainer = cfg.trainer
+    plan = micro_batches(
+        batch, rows, trainer.micro_batch_tokens, trainer.micro_batch_size, cfg.model.prompt_pass
+    )
+    return len(plan.rows)
+
+
+def _report(results: dict[str, dict[str, Any]]) -> None:
+    first = next(iter(results.values()))
+    print(
+        f"{first['answer_tokens']} answer tokens, {first['prompt_tokens']} prompt tokens, "
+        f"{first['params'] / 1e6:.1f} M parameters, {first['threads']} threads"
+    )
+    print(
+        "| variant | update s (forward / backward / optimizer) | micro-batches | peak RSS GB "
+        "| GFLOP/s on answer tokens | / matmul rate |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, run in results.items():
+        print(
+            f"| {name} | {run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
+            f"{run['backward_seconds']:.2f} / {run['optimizer_seconds']:.2f}) | "
+            f"{run['micro_batches']} | {run['peak_rss_gb']:.2f} | {run['update_gflops']:.1f} | "
+            f"{run['matmul_share']:.2f} (of {run['matmul_gflops']:.1f}) |"
+        )
+    names = list(results)
+    for name in names[1:]:
+        ratio = results[names[0]]["update_seconds"] / results[name]["update_seconds"]
+        print(f"{name}: {ratio:.2f}x the speed of {names[0]}")
+
+
+if __name__ == "__main__":
+    main()
