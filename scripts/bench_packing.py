@@ -123,28 +123,16 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
-
-
 def _profile(policy: Any, batch: Any) -> dict[str, float]:
     """Shares of one forward+backward's operator self time: matmul, attention, other."""
+    from benchstep.op_shares import op_shares
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         scores = policy(batch, 1.0, with_entropy=True)
         (scores.logp.sum() + scores.entropy.sum()).backward()
     policy.zero_grad(set_to_none=True)
-    times = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
-    for event in prof.key_averages():
-        if event.key in MATMUL_OPS:
-            kind = "matmul"
-        elif "scaled_dot_product" in event.key or "varlen_attn" in event.key:
-            kind = "attention"
-        else:
-            kind = "other"
-        times[kind] += event.self_cpu_time_total
-    total = sum(times.values()) or 1.0
-    return {f"{kind}_share": value / total for kind, value in times.items()}
+    return op_shares(prof)
 
 
 def _report(results: dict[str, dict[str, float]]) -> None:

@@ -10,12 +10,15 @@ ids are random (the update's cost does not depend on them), the rewards fixed (G
 
     python scripts/bench_update.py                  # prompt pass vs prompts in every micro-batch
     python scripts/bench_update.py --repeats 3 --variants prompt-pass
+    python scripts/bench_update.py --profile        # + where each variant's time goes
     python scripts/bench_update.py --smoke          # model=tiny, small shapes (CI)
 
 Per variant: the update's seconds (best of `--repeats`, each after one warm-up update), its
 forward/backward/optimizer split, the micro-batches it ran, peak RSS, and the rate on real answer
 tokens, 6 x parameters x answer tokens / update seconds, beside an fp32 `torch.mm` of the model's
-MLP shape timed in the same process (the long job's reference, benchstep/matmul.py).
+MLP shape timed in the same process (the long job's reference, benchstep/matmul.py). `--profile`
+runs one more update under torch.profiler and splits its operators' own CPU time into matmuls,
+attention and the rest, naming the largest of the rest (benchstep/op_shares.py).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--output", type=Path, default=Path("bench_update.json"))
     parser.add_argument("--smoke", action="store_true", help="model=tiny, short answers, 1 repeat")
+    parser.add_argument("--profile", action="store_true", help="split each variant's time by op")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one child's run
     args = parser.parse_args()
     if args.smoke:
@@ -126,6 +130,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             began = time.perf_counter()
             metrics = update(cfg, engine, experience, generator)
             runs.append((time.perf_counter() - began, metrics))
+        shares = (
+            _profile(lambda: update(cfg, engine, experience, generator)) if args.profile else {}
+        )
     finally:
         teardown()
     seconds, metrics = min(runs, key=lambda run: run[0])
@@ -145,9 +152,19 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "params": params,
         "update_gflops": gflops,
         "matmul_gflops": matmul["gflops"],
-        "matmul_share": gflops / matmul["gflops"],
+        "of_matmul_rate": gflops / matmul["gflops"],
         "threads": torch.get_num_threads(),
+        **shares,
     }
+
+
+def _profile(step: Any) -> dict[str, Any]:
+    from benchstep.op_shares import op_shares
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return op_shares(prof, top=8)
 
 
 def _rollout(answers: list[int], prompts: list[int], vocab: int) -> Any:
@@ -202,8 +219,15 @@ def _report(results: dict[str, dict[str, Any]]) -> None:
             f"| {name} | {run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
             f"{run['backward_seconds']:.2f} / {run['optimizer_seconds']:.2f}) | "
             f"{run['micro_batches']} | {run['peak_rss_gb']:.2f} | {run['update_gflops']:.1f} | "
-            f"{run['matmul_share']:.2f} (of {run['matmul_gflops']:.1f}) |"
+            f"{run['of_matmul_rate']:.2f} (of {run['matmul_gflops']:.1f}) |"
         )
+    for name, run in results.items():
+        if "matmul_share" in run:
+            top = ", ".join(f"{op} {share:.1%}" for op, share in run["top_other"])
+            print(
+                f"{name}: time in matmuls {run['matmul_share']:.0%}, attention "
+                f"{run['attention_share']:.0%}, other {run['other_share']:.0%} ({top})"
+            )
     names = list(results)
     for name in names[1:]:
         ratio = results[names[0]]["update_seconds"] / results[name]["update_seconds"]

@@ -132,32 +132,37 @@ def _answer_tokens(rows: list[int]) -> int:
     return sum(COMPLETION[row] for row in rows)
 
 
-def _rank_plan(rank: int, init: str, out: str, prompt_pass: bool) -> None:
-    """One of two gloo ranks: rank 0 holds long answers, rank 1 one-token answers."""
+def _rank_plan(rank: int, init: str, out: str) -> None:
+    """One of two gloo ranks: rank 0 holds long answers, rank 1 one-token answers; the plans
+    with and without a prompt pass."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     try:
         batch = SequenceBatch.from_rollout(_rollout(COMPLETION if rank == 0 else [1] * 8))
-        parts = micro_batches(batch, torch.arange(8, device="cpu"), 25, 16, prompt_pass)
-        result = {"rows": [p.tolist() for p in parts.rows], "prompt_pass": parts.prompt_pass}
+        result = {}
+        for prompt_pass in (False, True):
+            parts = micro_batches(batch, torch.arange(8, device="cpu"), 25, 16, prompt_pass)
+            rows = [p.tolist() for p in parts.rows]
+            result[str(prompt_pass)] = {"rows": rows, "prompt_pass": parts.prompt_pass}
         Path(f"{out}.{rank}").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("prompt_pass", [False, True], ids=["prompts-in-rows", "prompt-pass"])
-def test_ranks_with_uneven_tokens_agree_on_the_micro_batch_count(tmp_path, prompt_pass):
+def test_ranks_with_uneven_tokens_agree_on_the_micro_batch_count(tmp_path):
     """Alone, rank 1's 24 tokens fit one micro-batch; it splits finer to run as many as rank 0,
     and runs a prompt pass when rank 0 does (every forward is a collective under ZeRO-3)."""
     alone = plan([1] * 8, OWNER, PROMPT, 25)
     assert len(alone) == 1 < len(plan(COMPLETION, OWNER, PROMPT, 25))
     out = str(tmp_path / "plan")
-    mp.spawn(_rank_plan, args=(str(tmp_path / "init"), out, prompt_pass), nprocs=2)
-    plans = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
-    prompts = [0] * len(PROMPT) if prompt_pass else PROMPT
-    assert plans[0]["rows"] == plan(COMPLETION, OWNER, prompts, 25)
-    assert len(plans[1]["rows"]) == len(plans[0]["rows"])
-    assert plans[0]["prompt_pass"] == plans[1]["prompt_pass"] == prompt_pass
-    assert sorted(row for part in plans[1]["rows"] for row in part) == list(range(8))
+    mp.spawn(_rank_plan, args=(str(tmp_path / "init"), out), nprocs=2)
+    ranks = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
+    for prompt_pass in (False, True):
+        plans = [result[str(prompt_pass)] for result in ranks]
+        prompts = [0] * len(PROMPT) if prompt_pass else PROMPT
+        assert plans[0]["rows"] == plan(COMPLETION, OWNER, prompts, 25)
+        assert len(plans[1]["rows"]) == len(plans[0]["rows"])
+        assert plans[0]["prompt_pass"] == plans[1]["prompt_pass"] == prompt_pass
+        assert sorted(row for part in plans[1]["rows"] for row in part) == list(range(8))
 
 
 PRESETS = [
@@ -229,9 +234,9 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
     preset, compose_config, tiny_model, monkeypatch
 ):
     """Two minibatches (off-policy: old log-probs scored in micro-batches too) of 4 rows, split by
-        a 12-token budget into 2-4 micro-batches of varying counts, their prompts run once per minibatch
-    (a prompt pass, models/prompt_pass.py), against one micro-batch each. Adam's
-        eps far above the gradients makes its step linear in them: equal weights, equal gradients."""
+    a 12-token budget into 2-4 micro-batches of varying counts, their prompts run once per
+    minibatch (a prompt pass, models/prompt_pass.py), against one micro-batch each. Adam's eps far
+    above the gradients makes its step linear in them: equal weights, equal gradients."""
     common = [*UPDATE_OVERRIDES, *preset]
     rewards = UPDATE_REWARDS
     fixed_cfg = load_train_config(

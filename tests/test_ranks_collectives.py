@@ -113,7 +113,8 @@ def test_a_timed_out_collective_is_reported_with_the_phase_it_happened_in():
 @pytest.mark.slow
 def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(tmp_path):
     """Finding 4's command (batch_size 1, 3 held-out problems over 2 ranks) with DAPO's dynamic
-    sampling, where only rank 1 refills in step 1: it used to deadlock in the first evaluation."""
+    sampling, where only rank 1 refills in step 1: it used to deadlock in the first evaluation.
+    With a prompt pass per minibatch, whose backward runs inside the last micro-batch's."""
     reward = tmp_path / "skewed.py"
     reward.write_text(SKEWED_REWARD)
     run_dir = tmp_path / "run"
@@ -125,6 +126,9 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
         "rollout.batch_size=1",
         "benchmark.eval_size=3",
         "trainer.max_steps=2",
+        # Several micro-batches: the prompts run once in a prompt pass (models/prompt_pass.py) on
+        # both ranks, in the update and in the reference's scoring, checkpointed (`auto`).
+        "trainer.micro_batch_tokens=24",
         "reward=custom",
         f"reward.path={reward}",
     ]
@@ -143,6 +147,7 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
     # Step 1 scores the reference before any update: the same weights through the same float32
     # ops as the policy, so the KL is zero (up to the order of the all-gathered shards: none).
     assert abs(steps[0]["kl"]) < 1e-7
+    assert all(step["prompt_pass_tokens"] > 0 for step in steps)
     summary = json.loads((run_dir / "summary.json").read_text())
     full, held = summary["policy_parameters"], summary["policy_parameters_on_rank"]
     assert full / 2 <= held < full / 2 + 2 * 64  # loaded partitioned: at most a row of padding

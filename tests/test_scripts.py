@@ -88,7 +88,9 @@ def test_bench_logprob_smoke(tmp_path):
     assert [row.split("|")[2].strip() for row in rows] == ["naive", "torch"]
     for row in rows:
         fwd, fwd_bwd, peak = (float(cell) for cell in row.split("|")[3:6])
-        assert fwd > 0 and fwd_bwd >= fwd and peak >= 0
+        # Times only: each is the best of its own repeats, so on a busy machine the forward
+        # alone can come out slower than forward+backward (seen in the suite): no ordering.
+        assert fwd > 0 and fwd_bwd > 0 and peak >= 0
 
 
 def test_bench_packing_smoke(tmp_path):
@@ -107,12 +109,15 @@ def test_bench_packing_smoke(tmp_path):
 
 def test_bench_update_smoke(tmp_path):
     output = tmp_path / "update.json"
-    result = run_script("scripts/bench_update.py", "--smoke", "--output", str(output))
+    result = run_script("scripts/bench_update.py", "--smoke", "--profile", "--output", str(output))
     runs = json.loads(output.read_text())
     assert set(runs) == {"prompts-in-every-micro-batch", "prompt-pass"}
     for run in runs.values():
         assert finite(run["update_seconds"]) and run["peak_rss_gb"] > 0, run
         assert finite(run["update_gflops"]) and finite(run["matmul_gflops"]), run
+        shares = [run["matmul_share"], run["attention_share"], run["other_share"]]
+        assert abs(sum(shares) - 1) < 1e-9 and min(shares) > 0, run
+        assert run["top_other"] and all(0 < share < 1 for _, share in run["top_other"]), run
     # The prompts ran once: fewer micro-batches hold the same answers.
     assert (
         runs["prompt-pass"]["micro_batches"] < runs["prompts-in-every-micro-batch"]["micro_batches"]
