@@ -100,6 +100,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from tepo_cli.train.distributed import setup_topology, teardown
     from tepo_cli.train.engine import build_engine
     from tepo_cli.train.experience import Experience
+    from tepo_cli.train.host_memory import return_freed_buffers
     from tepo_cli.train.setup import build_policy
     from tepo_cli.train.update import accumulation_steps, update
 
@@ -109,6 +110,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     overrides = [f"model={args.model}", *JOB, *smoke, *VARIANTS[args.variant]]
     with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
         cfg = load_train_config(compose(config_name="train", overrides=overrides))
+    return_freed_buffers(cfg.trainer.mmap_threshold_kb)  # as `tepo train` sets its process up
     answers, prompts = _shapes(args.smoke)
     tokenizer = load_tokenizer(cfg.model)
     lm = load_model(cfg.model, tokenizer, torch.device("cpu"))
@@ -130,6 +132,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             began = time.perf_counter()
             metrics = update(cfg, engine, experience, generator)
             runs.append((time.perf_counter() - began, metrics))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # before the profiler's
         shares = (
             _profile(lambda: update(cfg, engine, experience, generator)) if args.profile else {}
         )
@@ -146,7 +149,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "backward_seconds": metrics["backward_seconds"],
         "optimizer_seconds": metrics["optimizer_seconds"],
         "micro_batches": _micro_batches(cfg, batch),
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "peak_rss_gb": peak,
         "answer_tokens": sum(answers),
         "prompt_tokens": sum(prompts),
         "params": params,
@@ -205,9 +208,12 @@ def _micro_batches(cfg: Any, batch: Any) -> int:
 
 def _report(results: dict[str, dict[str, Any]]) -> None:
     first = next(iter(results.values()))
+    print("## The update alone on the long job's step-1 batch (scripts/bench_update.py)\n")
+    print(f"`python scripts/bench_update.py {' '.join(sys.argv[1:])}`\n")
     print(
         f"{first['answer_tokens']} answer tokens, {first['prompt_tokens']} prompt tokens, "
-        f"{first['params'] / 1e6:.1f} M parameters, {first['threads']} threads"
+        f"{first['params'] / 1e6:.1f} M parameters, {first['threads']} threads; peak RSS of "
+        "each variant's process (load, warm-up and timed updates)\n"
     )
     print(
         "| variant | update s (forward / backward / optimizer) | micro-batches | peak RSS GB "
@@ -221,17 +227,18 @@ def _report(results: dict[str, dict[str, Any]]) -> None:
             f"{run['micro_batches']} | {run['peak_rss_gb']:.2f} | {run['update_gflops']:.1f} | "
             f"{run['of_matmul_rate']:.2f} (of {run['matmul_gflops']:.1f}) |"
         )
+    print()
     for name, run in results.items():
         if "matmul_share" in run:
             top = ", ".join(f"{op} {share:.1%}" for op, share in run["top_other"])
             print(
-                f"{name}: time in matmuls {run['matmul_share']:.0%}, attention "
+                f"- {name}: time in matmuls {run['matmul_share']:.0%}, attention "
                 f"{run['attention_share']:.0%}, other {run['other_share']:.0%} ({top})"
             )
     names = list(results)
     for name in names[1:]:
         ratio = results[names[0]]["update_seconds"] / results[name]["update_seconds"]
-        print(f"{name}: {ratio:.2f}x the speed of {names[0]}")
+        print(f"- {name}: {ratio:.2f}x the speed of {names[0]}")
 
 
 if __name__ == "__main__":

@@ -71,18 +71,11 @@ class PromptPass:
         self.sums = [None] * len(self.leaves)
         for index, leaf in enumerate(self.leaves):
             if leaf.requires_grad:
-                leaf.register_post_accumulate_grad_hook(functools.partial(self._take, index))
-
-    def _take(self, index: int, leaf: torch.Tensor) -> None:
-        """After a micro-batch's backward: its gradient into the sum, the leaf's freed."""
-        assert leaf.grad is not None
-        total = self.sums[index]
-        if total is None:
-            dtype = torch.promote_types(leaf.dtype, torch.float32)
-            self.sums[index] = leaf.grad.to(dtype, copy=True)
-        else:
-            total.add_(leaf.grad)
-        leaf.grad = None
+                # The hook holds the list, not this object: no reference cycle through the
+                # leaves, so the prompt pass is freed as soon as its minibatch is done.
+                leaf.register_post_accumulate_grad_hook(
+                    functools.partial(_add_to, self.sums, index)
+                )
 
     @property
     def tokens(self) -> int:
@@ -110,6 +103,17 @@ class PromptPass:
             for output, total in zip(self.outputs, self.sums, strict=True)
         )
         return _AddGradients.apply(loss, grads, *self.outputs)
+
+
+def _add_to(sums: list[torch.Tensor | None], index: int, leaf: torch.Tensor) -> None:
+    """After a micro-batch's backward: the leaf's gradient into `sums[index]` (at least float32),
+    the leaf's own freed."""
+    assert leaf.grad is not None
+    if sums[index] is None:
+        sums[index] = leaf.grad.to(torch.promote_types(leaf.dtype, torch.float32), copy=True)
+    else:
+        sums[index].add_(leaf.grad)
+    leaf.grad = None
 
 
 class _AddGradients(torch.autograd.Function):
