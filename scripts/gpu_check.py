@@ -9,7 +9,9 @@ Each check is a short `tepo train` (or `tepo eval`) run on 1 rank and, when more
 visible, on all of them: the `hf` back-end under ZeRO-2 and ZeRO-3 (generation across ranks with
 uneven held-out shards), ZeRO-2 with the optimizer offloaded to the host, bf16 through DeepSpeed,
 LoRA, MPO with its MTP modules, PPO's critic (GAE), DAPO's dynamic sampling, the `vllm` back-end
-(when vLLM imports), a checkpoint resumed, and `tepo eval` of a trained model. A check passes when the
+(when vLLM imports), a checkpoint resumed, the prompt pass under ZeRO-3 (several micro-batches,
+off-policy scoring and a KL reference: the varlen attention reading a prompt pass's keys), and
+`tepo eval` of a trained model. A check passes when the
 run exits 0 and every step it logged has a finite loss and no skipped optimizer step. The table
 gives each check's median seconds per step (total, rollout, update), peak memory, and for a passing
 run the speed modes it ran with (`tf32`; with vllm `cuda_graphs`, `sleep`, `per_request_seeds`);
@@ -44,6 +46,7 @@ class Check:
     command: str = "train"
     after: str | None = None  # a check whose run directory this one reads (resume, eval)
     skip: str | None = None  # why this check cannot run here (shown, not counted as a failure)
+    positive: tuple[str, ...] = ()  # metrics every step must have above 0 (the path really ran)
 
     @property
     def label(self) -> str:
@@ -123,9 +126,20 @@ def plan(
                 None if vllm else "vLLM does not import (make install-vllm)",
             ),
             ("save", ("deepspeed=zero3", "trainer.save_every=1"), None),
+            (
+                "prompt-pass",
+                (
+                    "deepspeed=zero3",
+                    "trainer.micro_batch_tokens=64",  # several micro-batches: a prompt pass
+                    "trainer.minibatches=2",  # off-policy: old log-probs scored through one too
+                    "algo.beta=0.04",  # the partitioned reference scores through its own
+                ),
+                None,
+            ),
         ]
         for name, extra, skip in paths:
-            checks.append(Check(name, ranks, (*common, *extra), skip=skip))
+            positive = ("prompt_pass_tokens",) if name == "prompt-pass" else ()
+            checks.append(Check(name, ranks, (*common, *extra), skip=skip, positive=positive))
         resume = (*common, "deepspeed=zero3", f"trainer.max_steps={steps + 1}", "resume=true")
         checks.append(Check("resume", ranks, resume, after=f"save@{ranks}"))
     evaluate = (*model[:1], "benchmark=arith", "eval.limit=16")
@@ -182,6 +196,10 @@ def judge(check: Check, returncode: int, records: list[dict[str, Any]], steps: i
     skipped = max(int(r.get("skipped_optimizer_steps", 0)) for r in records)
     if skipped:
         return f"{skipped} optimizer step(s) skipped (non-finite gradients)"
+    for key in check.positive:
+        missing = [r["step"] for r in records if not float(r.get(key, 0)) > 0]
+        if missing:
+            return f"{key} not above 0 at step(s) {missing}: the path did not run"
     return ""
 
 

@@ -126,9 +126,18 @@ def _train(compose_config, run_dir: Path, *overrides: str) -> list[dict]:
 @pytest.mark.parametrize(
     "overrides",
     [
-        # the critic's GAE path, LoRA adapters and the ZeRO-2 engine
+        # the critic's GAE path, LoRA adapters and the ZeRO-2 engine; several micro-batches in
+        # two minibatches: the policy's, the critic's and the adapters-off reference's prompt
+        # passes, in training and in scoring
         pytest.param(
-            ("advantage=gae", "model.lora.r=4", "deepspeed=zero2"), id="hf-gae-lora-zero2"
+            (
+                "advantage=gae",
+                "model.lora.r=4",
+                "deepspeed=zero2",
+                "trainer.micro_batch_tokens=24",
+                "trainer.minibatches=2",
+            ),
+            id="hf-gae-lora-zero2",
         ),
         # MPO's MTP modules (warm-up included), DAPO's refill, the held-out evaluation
         pytest.param(
@@ -153,6 +162,8 @@ def test_training_names_every_device(compose_config, tmp_path, overrides):
         records = _train(compose_config, tmp_path, *overrides)
     assert _recorded(check) == []
     assert [r["step"] for r in records if "reward_mean" in r] == [1]
+    if "trainer.micro_batch_tokens=24" in overrides:
+        assert [r["prompt_pass_tokens"] > 0 for r in records if "reward_mean" in r] == [True]
 
 
 def test_eval_names_every_device(compose_config, tmp_path):

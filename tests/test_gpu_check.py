@@ -29,7 +29,8 @@ gpu_check = load_script()
 def test_every_path_runs_on_one_rank_and_on_all_gpus():
     checks = gpu_check.plan(8, "cuda", ["model=smollm2_135m"], 3, vllm=True, tiny=False)
     labels = {c.label for c in checks}
-    for name in ("zero2", "zero3", "offload", "lora", "mpo-mtp", "gae", "dapo", "vllm", "resume"):
+    names = ("zero2", "zero3", "offload", "lora", "mpo-mtp", "gae", "dapo", "vllm", "resume")
+    for name in (*names, "prompt-pass"):
         assert {f"{name}@1", f"{name}@8"} <= labels
     assert "eval@1" in labels and not any(c.skip for c in checks)
     for check in checks:
@@ -72,6 +73,12 @@ def test_a_run_passes_only_with_every_step_finite_and_no_skipped_step():
     assert "non-finite loss at step(s) [2]" in gpu_check.judge(check, 0, nan, 2)
     skipped = [*good[:1], {"step": 2, "loss": 0.5, "skipped_optimizer_steps": 1}]
     assert "1 optimizer step(s) skipped" in gpu_check.judge(check, 0, skipped, 2)
+    # A check that must have run a path: its metric above 0 at every step.
+    needs = gpu_check.Check("prompt-pass", 1, (), positive=("prompt_pass_tokens",))
+    ran = [{**r, "prompt_pass_tokens": 90} for r in good]
+    assert gpu_check.judge(needs, 0, ran, 2) == ""
+    absent = [ran[0], {**ran[1], "prompt_pass_tokens": 0}]
+    assert "prompt_pass_tokens not above 0 at step(s) [2]" in gpu_check.judge(needs, 0, absent, 2)
 
 
 def test_cuda_requested_without_cuda_is_refused_in_one_paragraph():
