@@ -44,6 +44,7 @@ from tepo_cli.models.packing import (
     packed_forward,
     supports_packing,
 )
+from tepo_cli.models.sequence_hidden import checkpointing_on, layers_in_train_mode
 from tepo_cli.models.shared_prompts import distinct_prompts
 
 if TYPE_CHECKING:
@@ -156,8 +157,6 @@ def run_prompt_pass(
     one packed row; `embedding` is its input embedding. With gradient recording on, the result
     has leaves for the micro-batches before the last. Checkpointing is the caller's (the layers'
     own flags, as for any forward)."""
-    from tepo_cli.models.sequence_hidden import checkpointing_on, layers_in_train_mode
-
     width = batch.prompt_width
     device = batch.input_ids.device
     index = rows.to(device)
