@@ -13,9 +13,9 @@ from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
-from tepo_cli.models.prompt_pass import read_prompts, reads_prompt_pass
+from tepo_cli.models.prompt_pass import read_prompts
 from tepo_cli.train.clock import StepClock
-from tepo_cli.train.micro_batches import micro_batches
+from tepo_cli.train.micro_batches import micro_batches_for
 from tepo_cli.train.sampling import Groups
 
 
@@ -58,15 +58,8 @@ def critic_targets(
     the advantages whitened over every valid token of the step, on all ranks (docs §0.1)."""
     settings = cfg.advantage
     width = batch.response_mask.shape[1]
-    trainer = cfg.trainer
     all_rows = torch.arange(len(batch), device="cpu")
-    plan = micro_batches(
-        batch,
-        all_rows,
-        trainer.micro_batch_tokens,
-        trainer.micro_batch_size,
-        prompt_pass=cfg.model.prompt_pass and reads_prompt_pass(critic),
-    )
+    plan = micro_batches_for(cfg, batch, all_rows, critic)
     prompts = critic(batch, prompt_pass_rows=all_rows) if plan.prompt_pass else None
     parts = [
         widen(critic(batch.select(rows), prompts=read_prompts(prompts, rows)), width)

@@ -14,10 +14,10 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch, widen
-from tepo_cli.models.prompt_pass import read_prompts, reads_prompt_pass
+from tepo_cli.models.prompt_pass import read_prompts
 from tepo_cli.train.advantage import Advantages
 from tepo_cli.train.clock import StepClock
-from tepo_cli.train.micro_batches import micro_batches
+from tepo_cli.train.micro_batches import micro_batches_for
 from tepo_cli.train.policy import Policy
 from tepo_cli.train.reference import Reference
 from tepo_cli.train.sampling import Groups
@@ -89,15 +89,8 @@ def _add_scores(
         "mtp_logp": [],
         "ref": [],
     }
-    trainer = cfg.trainer
     all_rows = torch.arange(len(batch), device="cpu")
-    plan = micro_batches(
-        batch,
-        all_rows,
-        trainer.micro_batch_tokens,
-        trainer.micro_batch_size,
-        prompt_pass=cfg.model.prompt_pass and reads_prompt_pass(policy),
-    )
+    plan = micro_batches_for(cfg, batch, all_rows, policy)
     # Each distinct prompt once for all the micro-batches (models/prompt_pass.py), per model.
     old_prompts = ref_prompts = None
     if plan.prompt_pass and need_old:

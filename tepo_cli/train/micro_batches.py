@@ -31,8 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.collective import collective_device
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.prompt_pass import reads_prompt_pass
 from tepo_cli.models.shared_prompts import distinct_prompts
 
 
@@ -156,4 +158,16 @@ def micro_batches(
         rows=[rows[torch.tensor(part, dtype=torch.long, device="cpu")] for part in parts],
         prompt_pass=use_pass,
         costs=[micro_batch_cost(part, completion, owner, prompt) for part in parts],
+    )
+
+
+def micro_batches_for(
+    cfg: TrainConfig, batch: SequenceBatch, rows: torch.Tensor, model: torch.nn.Module
+) -> Plan:
+    """`micro_batches` at the run's budget and size, for `model`: a prompt pass where
+    `model.prompt_pass` is on and the model can read one (the update, scoring, the critic)."""
+    trainer = cfg.trainer
+    prompt_pass = cfg.model.prompt_pass and reads_prompt_pass(model)
+    return micro_batches(
+        batch, rows, trainer.micro_batch_tokens, trainer.micro_batch_size, prompt_pass=prompt_pass
     )

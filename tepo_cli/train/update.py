@@ -33,8 +33,7 @@ from tepo_cli.train import faults
 from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.guards import skipped_optimizer_steps
-from tepo_cli.train.micro_batches import Plan
-from tepo_cli.train.micro_batches import micro_batches as plan_micro_batches
+from tepo_cli.train.micro_batches import Plan, micro_batches_for
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
 # micro-batches of an optimizer step (the others are token-weighted means, see _Tally).
@@ -178,15 +177,9 @@ def _plan(
     """The minibatch's micro-batches (by token budget, train/micro_batches.py, with a prompt
     pass where the policy reads one) and which of them recompute their layers in backward
     (train/checkpointing.py)."""
-    trainer = cfg.trainer
-    plan = plan_micro_batches(
-        experience.batch,
-        minibatch,
-        trainer.micro_batch_tokens,
-        trainer.micro_batch_size,
-        prompt_pass=cfg.model.prompt_pass and reads_prompt_pass(engine.module),
-    )
-    checkpoint = checkpoint_plan(plan, cfg.model.gradient_checkpointing, trainer.micro_batch_tokens)
+    plan = micro_batches_for(cfg, experience.batch, minibatch, engine.module)
+    budget = cfg.trainer.micro_batch_tokens
+    checkpoint = checkpoint_plan(plan, cfg.model.gradient_checkpointing, budget)
     return plan, checkpoint
 
 
