@@ -10,6 +10,8 @@ ids are random (the update's cost does not depend on them), the rewards fixed (G
 β = 0, on-policy, one optimizer step).
 
     python scripts/bench_update.py                  # prompt pass vs prompts in every micro-batch
+                                                    # vs the heap reused (mmap_threshold_kb=null)
+                                                    # vs huge pages (GLIBC_TUNABLES, glibc >= 2.35)
     python scripts/bench_update.py --repeats 3 --variants prompt-pass
     python scripts/bench_update.py --profile        # + where each variant's time goes
     python scripts/bench_update.py --smoke          # model=tiny, small shapes (CI)
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -39,7 +42,14 @@ from typing import Any
 VARIANTS = {
     "prompts-in-every-micro-batch": ["model.prompt_pass=false"],
     "prompt-pass": [],
+    # glibc's own adaptive mmap threshold: freed buffers reused from the heap (no fresh page
+    # faults), at the price of the heap's drift (tepo_cli/train/host_memory.py)
+    "prompt-pass-heap-reuse": ["trainer.mmap_threshold_kb=null"],
+    # tepo's threshold, glibc's malloc asking for transparent huge pages (VARIANT_ENV)
+    "prompt-pass-huge-pages": [],
 }
+# variant -> environment of its process (read by glibc at start: it cannot be a config key)
+VARIANT_ENV = {"prompt-pass-huge-pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
 # The long job's step 1 at 8e581ec (docs/results/bench_step_long): answer lengths, prompt lengths.
 ANSWERS = [512, 111, 512, 512, 17, 78, 512, 214, 25, 111, 243, 512, 108, 405, 147, 398]
 PROMPTS = [373, 80]
@@ -80,7 +90,8 @@ def main() -> None:
     for _ in range(max(1, args.rounds)):  # alternated: a slow spell of the machine hits both
         for name in names:
             command = [sys.executable, __file__, *sys.argv[1:], "--variant", name]
-            child = subprocess.run(command, capture_output=True, text=True)
+            env = {**os.environ, **VARIANT_ENV.get(name, {})}
+            child = subprocess.run(command, capture_output=True, text=True, env=env)
             if child.returncode != 0:
                 sys.exit(f"bench_update: variant {name} failed:\n{child.stdout}\n{child.stderr}")
             run = json.loads(child.stdout.strip().splitlines()[-1])

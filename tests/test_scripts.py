@@ -111,7 +111,12 @@ def test_bench_update_smoke(tmp_path):
     output = tmp_path / "update.json"
     result = run_script("scripts/bench_update.py", "--smoke", "--profile", "--output", str(output))
     runs = json.loads(output.read_text())
-    assert set(runs) == {"prompts-in-every-micro-batch", "prompt-pass"}
+    assert set(runs) == {
+        "prompts-in-every-micro-batch",
+        "prompt-pass",
+        "prompt-pass-heap-reuse",
+        "prompt-pass-huge-pages",
+    }
     for run in runs.values():
         assert finite(run["update_seconds"]) and run["peak_rss_gb"] > 0, run
         assert finite(run["update_gflops"]) and finite(run["matmul_gflops"]), run
