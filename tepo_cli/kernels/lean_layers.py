@@ -8,7 +8,7 @@ elementwise work. On SmolLM2 that is 2 x 576 + 1,536 of the ~13,000 floats a tok
 
 Their outputs are kept a second time by the layers that consume them: q/k/v (and gate/up) keep
 the normalised input they multiply, down_proj keeps silu(gate) * up, and o_proj a copy of the
-packed attention's output (models/packing.py registers it). Inside the decoder stack's forward a
+packed attention's output (models/packed_attention.py registers it). Inside the decoder stack's forward a
 saved-tensor hook keeps those as recipes instead (`_SavedOutputs`): in backward the output is
 recomputed from what is kept anyway (the norm's input, gate and up, the attention's segments),
 once per layer and shared by its consumers. On SmolLM2 that is another 3 x 576 + 1,536 floats per

@@ -22,17 +22,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tepo_cli.algos import policy_loss
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.gae import value_loss
-from tepo_cli.algos.mismatch import MismatchTally, correction_weights
+from tepo_cli.algos.mismatch import MismatchTally
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.models.prompt_pass import PromptPass, reads_prompt_pass
 from tepo_cli.train import faults
 from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.guards import skipped_optimizer_steps
+from tepo_cli.train.micro_batch_objective import micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
@@ -220,26 +219,6 @@ def _mismatch_metrics(tally: MismatchTally, device: torch.device) -> dict[str, f
     return MismatchTally.metrics(sums.cpu(), float(largest.item()))
 
 
-def _mismatch_weights(
-    cfg: TrainConfig,
-    experience: Experience,
-    rows: torch.Tensor,
-    old_logp: torch.Tensor,
-    mask: torch.Tensor,
-    tally: MismatchTally | None,
-) -> torch.Tensor | None:
-    """Each token's mismatch weight when an engine that is not the trainer sampled (docs §0.8);
-    None when nothing is corrected."""
-    rollout_logp = _rows(experience.rollout.logprobs, rows, mask.shape[1])
-    if rollout_logp is None:
-        return None
-    mode, cap = cfg.rollout.correction_mode, cfg.rollout.correction_cap
-    weights = correction_weights(old_logp, rollout_logp, mask, mode, cap)
-    if tally is not None:
-        tally.add(old_logp, rollout_logp, mask, weights, mode, cap)
-    return None if mode == "none" else weights
-
-
 def _forward_backward(
     cfg: TrainConfig,
     engine: Any,
@@ -258,7 +237,6 @@ def _forward_backward(
     micro-batch, whose backward runs the prompt pass's)."""
     began = time.perf_counter()
     part = experience.batch.select(rows)
-    width = part.response_mask.shape[1]
     algo = cfg.algo
     scores = engine(
         part,
@@ -268,30 +246,9 @@ def _forward_backward(
         with_mtp=algo.mtp_depths > 0,
         prompts=None if prompts is None else prompts.for_rows(rows, last),
     )
-    old = _old_scores(experience, rows, width, scores)
-    advantages = experience.advantages  # [N], or [N, T] from a critic
-    advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
-    weights = _mismatch_weights(cfg, experience, rows, old.logp, part.response_mask, tally)
-    loss, metrics = policy_loss(
-        algo,
-        scores.logp,
-        old.logp,
-        advantages,
-        part.response_mask,
-        ref_logp=_rows(experience.ref_logp, rows, width),
-        entropy=scores.entropy,
-        old_entropy=old.entropy,
-        mtp_logp=scores.mtp_logp,
-        old_mtp_logp=old.mtp_logp,
-        old_entropy_term=old.entropy_term,
-        token_weights=weights,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        max_len=cfg.rollout.max_new_tokens,
+    loss, metrics = micro_batch_objective(
+        cfg, experience, rows, part, scores, num_tokens, num_seqs, tally
     )
-    metrics = dict(metrics)
-    if scores.mtp_logp is not None:
-        loss = _with_mtp_terms(cfg, loss, scores, part.response_mask, num_tokens, metrics)
     if faults.armed("nan_loss"):
         loss = loss * float("nan")
     if prompts is not None and last:
@@ -306,51 +263,6 @@ def _forward_backward(
         entropy = scores.entropy.detach()
         metrics["entropy"] = float((entropy * valid).sum() / valid.sum().clamp(min=1))
     return metrics
-
-
-@dataclass
-class _OldScores:
-    logp: torch.Tensor
-    entropy: torch.Tensor | None
-    entropy_term: torch.Tensor | None
-    mtp_logp: torch.Tensor | None
-
-
-def _old_scores(experience: Experience, rows: torch.Tensor, width: int, scores: Any) -> _OldScores:
-    """π_old's scores of the micro-batch: the rollout pass's (off-policy), or the current
-    forward's, detached (on-policy: π_old is the current policy)."""
-    if experience.old_logp is None:
-        mtp = scores.mtp_logp
-        return _OldScores(
-            scores.logp.detach(),
-            scores.entropy,
-            scores.entropy_term,
-            None if mtp is None else mtp.detach(),
-        )
-    return _OldScores(
-        experience.old_logp[rows, :width],
-        _rows(experience.old_entropy, rows, width),
-        _rows(experience.old_entropy_term, rows, width),
-        _rows(experience.old_mtp_logp, rows, width),
-    )
-
-
-def _with_mtp_terms(
-    cfg: TrainConfig,
-    loss: torch.Tensor,
-    scores: Any,
-    mask: torch.Tensor,
-    num_tokens: float,
-    metrics: dict[str, float],
-) -> torch.Tensor:
-    """MPO's MTP metrics, and its auxiliary prediction loss added when `algo.mtp.aux_coef` > 0."""
-    mtp = cfg.algo.mtp
-    metrics.update(mtp_metrics(scores.mtp_logp.detach(), scores.logp.detach(), mask))
-    if mtp.aux_coef <= 0:
-        return loss
-    aux = mtp_prediction_loss(scores.mtp_logp, mask, mtp.warmup.alpha_decay, num_tokens)
-    metrics["mtp_aux_loss"] = float(aux.detach())
-    return loss + mtp.aux_coef * aux
 
 
 def _critic_backward(
@@ -392,11 +304,6 @@ def _critic_backward(
         "value_loss": float(loss.detach()),
         "value_clip_frac": int((clipped & mask).sum()) / count if count else 0.0,
     }
-
-
-def _rows(values: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.Tensor | None:
-    """The micro-batch's rows of a per-step tensor, cut to its completion width."""
-    return None if values is None else values[rows, :width]
 
 
 def _grad_norm(model: torch.nn.Module) -> float:
