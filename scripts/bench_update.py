@@ -9,9 +9,10 @@ token-budget plan is that run's, 8 micro-batches of 6,975 real tokens. Token
 ids are random (the update's cost does not depend on them), the rewards fixed (GRPO advantages,
 β = 0, on-policy, one optimizer step).
 
-    python scripts/bench_update.py                  # prompt pass vs prompts in every micro-batch
-                                                    # vs the heap reused (mmap_threshold_kb=null)
-                                                    # vs huge pages (GLIBC_TUNABLES, glibc >= 2.35)
+    python scripts/bench_update.py                  # prompt pass vs prompts in every micro-batch,
+                                                    # host allocators: tepo's default (auto) vs
+                                                    # tcmalloc vs glibc (mmap threshold, heap
+                                                    # reused, huge pages: GLIBC_TUNABLES)
     python scripts/bench_update.py --repeats 3 --variants prompt-pass
     python scripts/bench_update.py --profile        # + where each variant's time goes
     python scripts/bench_update.py --smoke          # model=tiny, small shapes (CI)
@@ -41,15 +42,22 @@ from typing import Any
 # variant -> tepo config overrides on top of the job's
 VARIANTS = {
     "prompts-in-every-micro-batch": ["model.prompt_pass=false"],
-    "prompt-pass": [],
+    "prompt-pass": [],  # tepo's defaults: trainer.host_allocator=auto (jemalloc where installed)
+    "prompt-pass-tcmalloc": ["trainer.host_allocator=tcmalloc"],
+    # glibc's malloc with tepo's fixed mmap threshold (trainer.mmap_threshold_kb=512): every
+    # freed buffer over 512 KiB goes back to the OS, every new one faults in fresh pages
+    "prompt-pass-glibc": ["trainer.host_allocator=glibc"],
     # glibc's own adaptive mmap threshold: freed buffers reused from the heap (no fresh page
     # faults), at the price of the heap's drift (tepo_cli/train/host_memory.py)
-    "prompt-pass-heap-reuse": ["trainer.mmap_threshold_kb=null"],
-    # tepo's threshold, glibc's malloc asking for transparent huge pages (VARIANT_ENV)
-    "prompt-pass-huge-pages": [],
+    "prompt-pass-glibc-heap-reuse": [
+        "trainer.host_allocator=glibc",
+        "trainer.mmap_threshold_kb=null",
+    ],
+    # glibc with tepo's threshold, its malloc asking for transparent huge pages (VARIANT_ENV)
+    "prompt-pass-glibc-huge-pages": ["trainer.host_allocator=glibc"],
 }
 # variant -> environment of its process (read by glibc at start: it cannot be a config key)
-VARIANT_ENV = {"prompt-pass-huge-pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+VARIANT_ENV = {"prompt-pass-glibc-huge-pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
 # The long job's step 1 at 8e581ec (docs/results/bench_step_long): answer lengths, prompt lengths.
 ANSWERS = [512, 111, 512, 512, 17, 78, 512, 214, 25, 111, 243, 512, 108, 405, 147, 398]
 PROMPTS = [373, 80]
@@ -86,6 +94,9 @@ def main() -> None:
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    names, missing = _installed(names)
+    for name, why in missing.items():
+        print(f"bench_update: variant {name} skipped: {why}", file=sys.stderr)
     results: dict[str, dict[str, Any]] = {}
     for _ in range(max(1, args.rounds)):  # alternated: a slow spell of the machine hits both
         for name in names:
@@ -101,6 +112,24 @@ def main() -> None:
     args.output.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def _installed(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The variants whose `trainer.host_allocator` this machine has, and why each other one is
+    left out (its library is not installed)."""
+    from tepo_cli.core import host_allocator
+    from tepo_cli.core.errors import ConfigError
+
+    kept, missing = [], {}
+    for name in names:
+        choices = [o.split("=", 1)[1] for o in VARIANTS[name] if o.startswith("trainer.host_alloc")]
+        try:
+            for choice in choices:
+                host_allocator.resolve(choice)
+            kept.append(name)
+        except ConfigError as error:
+            missing[name] = str(error)
+    return kept, missing
+
+
 def _shapes(smoke: bool) -> tuple[list[int], list[int]]:
     if smoke:
         return [9, 1, 4, 12, 2, 8, 3, 6, 12, 5, 7, 1, 2, 11, 4, 3], [14, 9]
@@ -108,29 +137,34 @@ def _shapes(smoke: bool) -> tuple[list[int], list[int]]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from tepo_cli.cli import start_with_host_allocator
+
+    smoke = ["trainer.micro_batch_tokens=24"] if args.smoke else []  # several micro-batches
+    overrides = [f"model={args.model}", *JOB, *smoke, *VARIANTS[args.variant]]
+    start_with_host_allocator("train", overrides)  # as `tepo train` starts: the same allocator
+
     import torch
     from benchstep.matmul import matmul_gflops
     from hydra import compose, initialize_config_module
 
     from tepo_cli.algos.advantage import group_advantages
     from tepo_cli.config.validate import load_train_config
+    from tepo_cli.core.host_allocator import release_free_memory
     from tepo_cli.core.sequences import SequenceBatch
     from tepo_cli.kernels.lean_layers import make_lean
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.train.distributed import setup_topology, teardown
     from tepo_cli.train.engine import build_engine
     from tepo_cli.train.experience import Experience
-    from tepo_cli.train.host_memory import return_freed_buffers
+    from tepo_cli.train.host_memory import set_up_host_memory
     from tepo_cli.train.setup import build_policy
     from tepo_cli.train.update import accumulation_steps, update
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    smoke = ["trainer.micro_batch_tokens=24"] if args.smoke else []  # several micro-batches
-    overrides = [f"model={args.model}", *JOB, *smoke, *VARIANTS[args.variant]]
     with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
         cfg = load_train_config(compose(config_name="train", overrides=overrides))
-    return_freed_buffers(cfg.trainer.mmap_threshold_kb)  # as `tepo train` sets its process up
+    allocator = set_up_host_memory(cfg.trainer.mmap_threshold_kb)  # as `tepo train` does
     answers, prompts = _shapes(args.smoke)
     tokenizer = load_tokenizer(cfg.model)
     lm = load_model(cfg.model, tokenizer, torch.device("cpu"))
@@ -151,6 +185,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         update(cfg, engine, experience, generator)  # warm-up: allocator, oneDNN, AdamW state
         runs = []
         for _ in range(args.repeats):
+            release_free_memory()  # as the loop does before each update (train/recipe.py)
             began = time.perf_counter()
             metrics = update(cfg, engine, experience, generator)
             runs.append((time.perf_counter() - began, metrics))
@@ -179,6 +214,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "matmul_gflops": matmul["gflops"],
         "of_matmul_rate": gflops / matmul["gflops"],
         "threads": torch.get_num_threads(),
+        "host_allocator": allocator,
         **shares,
     }
 
@@ -238,13 +274,13 @@ def _report(results: dict[str, dict[str, Any]]) -> None:
         "each variant's process (load, warm-up and timed updates)\n"
     )
     print(
-        "| variant | update s (forward / backward / optimizer) | micro-batches | peak RSS GB "
-        "| GFLOP/s on answer tokens | / matmul rate |"
+        "| variant | allocator | update s (forward / backward / optimizer) | micro-batches "
+        "| peak RSS GB | GFLOP/s on answer tokens | / matmul rate |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for name, run in results.items():
         print(
-            f"| {name} | {run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
+            f"| {name} | {run['host_allocator']} | {run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
             f"{run['backward_seconds']:.2f} / {run['optimizer_seconds']:.2f}) | "
             f"{run['micro_batches']} | {run['peak_rss_gb']:.2f} | {run['update_gflops']:.1f} | "
             f"{run['of_matmul_rate']:.2f} (of {run['matmul_gflops']:.1f}) |"

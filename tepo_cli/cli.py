@@ -43,6 +43,18 @@ key=value; the YAML files document each one.
 _LOCAL_RANK_ARG = re.compile(r"^--local[_-]rank(=\d+)?$")
 
 
+_NO_JOB_FLAGS = (
+    "--cfg",
+    "-c",
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--shell-completion",
+)
+
+
 def _jobs() -> dict[str, tuple[str, Callable[..., object]]]:
     from tepo_cli.eval.job import eval_job
     from tepo_cli.train.job import train_job
@@ -92,10 +104,26 @@ def main(argv: list[str] | None = None) -> None:
             from tepo_cli.train.resume import run_dir_overrides
 
             overrides = run_dir_overrides(overrides)
+        if command == "train" and argv is None:  # a process of its own, not a caller's
+            start_with_host_allocator(config_name, overrides)
     except ConfigError as error:
         print(f"tepo {command}: {error}", file=sys.stderr)
         sys.exit(2)
     _run_hydra(config_name, job, rank_outputs(overrides, os.environ))
+
+
+def start_with_host_allocator(config_name: str, overrides: list[str]) -> None:
+    """`trainer.host_allocator`: this process started again, with the same command line, with
+    tcmalloc or jemalloc preloaded (core/host_allocator.py), before anything else runs. Not for
+    `--cfg`, `--help` or `--info`, which run no job. A program that runs `tepo train` in its own
+    process through `main(argv)` calls this first (scripts/benchstep/tepo_side.py does)."""
+    from tepo_cli.core import host_allocator
+
+    if any(a.split("=", 1)[0] in _NO_JOB_FLAGS for a in overrides):
+        return
+    choice = host_allocator.requested(config_name, overrides)
+    if choice is not None:
+        host_allocator.start_with(host_allocator.resolve(choice), sys.orig_argv)
 
 
 def _data_command(arguments: list[str]) -> int:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tepo_cli.core import host_allocator
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 pytestmark = pytest.mark.slow
@@ -111,12 +113,15 @@ def test_bench_update_smoke(tmp_path):
     output = tmp_path / "update.json"
     result = run_script("scripts/bench_update.py", "--smoke", "--profile", "--output", str(output))
     runs = json.loads(output.read_text())
-    assert set(runs) == {
-        "prompts-in-every-micro-batch",
-        "prompt-pass",
-        "prompt-pass-heap-reuse",
-        "prompt-pass-huge-pages",
-    }
+    glibc = {"prompt-pass-glibc", "prompt-pass-glibc-heap-reuse", "prompt-pass-glibc-huge-pages"}
+    skipped = "variant prompt-pass-tcmalloc skipped" in result.stderr  # not installed
+    tcmalloc = set() if skipped else {"prompt-pass-tcmalloc"}
+    assert set(runs) == {"prompts-in-every-micro-batch", "prompt-pass", *glibc, *tcmalloc}
+    for name in glibc:  # each variant's process ran on the allocator its config names
+        assert runs[name]["host_allocator"] == "glibc", runs[name]
+    assert runs["prompt-pass"]["host_allocator"] == host_allocator.resolve("auto").name
+    if os.environ.get("TEPO_REQUIRE_ALLOCATORS") == "1":
+        assert tcmalloc and runs["prompt-pass-tcmalloc"]["host_allocator"] == "tcmalloc"
     for run in runs.values():
         assert finite(run["update_seconds"]) and run["peak_rss_gb"] > 0, run
         assert finite(run["update_gflops"]) and finite(run["matmul_gflops"]), run

@@ -168,14 +168,16 @@ def install(probe: Probe) -> list[str]:
 
 def main(argv: list[str]) -> None:
     from benchstep.procs import record_cuda_memory_at_exit
+    from tepo_cli.cli import main as tepo_main
+    from tepo_cli.cli import start_with_host_allocator
 
     sink, overrides = Path(argv[0]), argv[1:]
+    start_with_host_allocator("train", overrides)  # as the `tepo` command does: same allocator
     sink.write_text("")
     record_cuda_memory_at_exit()
     missing = install(Probe(sink))
     for name in missing:
         print(f"bench_step: {name} not found; no forward/optimizer split for tepo", file=sys.stderr)
-    from tepo_cli.cli import main as tepo_main
 
     tepo_main(["train", *overrides])
 

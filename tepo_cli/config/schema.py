@@ -240,6 +240,8 @@ class TrainerConfig(Strict):
     micro_batch_size: int = Field(default=16, ge=1)
     # Real tokens per micro-batch (train/micro_batches.py); None: micro_batch_size rows each
     micro_batch_tokens: int | None = Field(default=1024, ge=1)
+    # tcmalloc or jemalloc preloaded in place of glibc's malloc (core/host_allocator.py)
+    host_allocator: Literal["auto", "glibc", "jemalloc", "tcmalloc"] = "auto"
     mmap_threshold_kb: int | None = Field(default=512, ge=4)
     # None: FULL_FINE_TUNING_LR, or LORA_LR with model.lora (TrainConfig resolves it)
     lr: float | None = Field(default=None, gt=0.0)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.host_allocator import release_free_memory
 from tepo_cli.train.advantage import estimate
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.distributed import Topology
@@ -51,11 +52,13 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     )
     with clock("sync"):  # the engine's device memory to the update until the sync (vllm's sleep)
         run.backend.sleep()
+        release_free_memory()  # what generation freed leaves the allocator: no drift across phases
     advantages = estimate(cfg, groups, models.critic, clock)
     experience = score(cfg, models.policy, models.reference, groups, advantages, clock)
     with clock("update"):
         metrics = update(cfg, models.engine, experience, run.generator, models.critic_engine)
     with clock("sync"):
         run.backend.sync(models.policy.lm)
+        release_free_memory()  # ... and what the update freed
     record = step_record(cfg, step, models.engine, experience, metrics, clock)
     return record, step_samples(cfg, step, experience)

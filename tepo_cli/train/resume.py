@@ -38,6 +38,7 @@ HARMLESS = (
     "trainer.num_threads",
     "trainer.device",
     "trainer.mmap_threshold_kb",
+    "trainer.host_allocator",
     "kernel.backend",
     "kernel.chunk_size",
     "kernel.lean_layers",

@@ -19,6 +19,7 @@ import torch
 
 from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import host_allocator
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
@@ -34,7 +35,7 @@ from tepo_cli.train import checkpoint
 from tepo_cli.train.critic_files import build_critic
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.engine import build_engine, deepspeed_config
-from tepo_cli.train.host_memory import return_freed_buffers
+from tepo_cli.train.host_memory import set_up_host_memory
 from tepo_cli.train.metrics import RunLog
 from tepo_cli.train.mtp_files import mtp_unsupported_message
 from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
@@ -54,7 +55,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     # rollout.engine.sleep=true where it cannot be: refused before any model loads
     if cfg.rollout.backend == "vllm":
         resolve_modes(cfg.rollout.engine, on_cuda=topo.device.type == "cuda")
-    return_freed_buffers(cfg.trainer.mmap_threshold_kb)
+    allocator = _host_allocator(cfg, topo)
     task = build_task(cfg.benchmark)
     if isinstance(task, DatasetTask):
         task.check_training()
@@ -76,6 +77,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     resume_from = choose_checkpoint(cfg, run_dir, topo)
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
     summary = {"run_dir": str(run_dir), "steps": 0, "data": data, **model_sizes(model, critic)}
+    summary["host_allocator"] = allocator
     if model.mtp is not None and resume_from is None:
         warmup_stream = task.train_stream(warmup_stream_seed(cfg.seed))
         emit = log.warmup if log is not None else (lambda record: None)
@@ -174,6 +176,28 @@ def describe_data(cfg: TrainConfig, task: Any) -> dict[str, Any]:
     if describe is not None:
         return describe()
     return {"benchmark": cfg.benchmark.name, "train_from": "the benchmark's own task"}
+
+
+def _host_allocator(cfg: TrainConfig, topo: Topology) -> str:
+    """The malloc serving this process (`trainer.host_allocator`, preloaded by the command line,
+    core/host_allocator.py); with glibc's, its mmap threshold fixed (`trainer.mmap_threshold_kb`).
+    Said at start: which one changes a CPU step's speed and peak."""
+    in_use = set_up_host_memory(cfg.trainer.mmap_threshold_kb)
+    if topo.is_main:
+        print(_allocator_line(cfg.trainer.host_allocator, in_use), file=sys.stderr)
+    return in_use
+
+
+def _allocator_line(wanted: str, in_use: str) -> str:
+    line = f"tepo train: host memory allocator {in_use}"
+    resolved = host_allocator.resolve(wanted)
+    if resolved.name == in_use:
+        return line + (f" ({resolved.note})" if resolved.note else "")
+    if resolved.library is None:
+        return (
+            line + f" (preloaded by this process's environment, LD_PRELOAD; {wanted} was asked for)"
+        )
+    return line + f" ({resolved.name} is installed: `tepo train` run as a command preloads it)"
 
 
 def _say_data(data: dict[str, Any]) -> None:

@@ -1,0 +1,201 @@
+"""The process's host memory allocator (`trainer.host_allocator`): tcmalloc or jemalloc in place of
+glibc's malloc, for tensors on the CPU.
+
+Why. A CPU update allocates and frees tens of GB of activations per step, in blocks of 0.5-50 MB.
+glibc serves such blocks either with their own mmap (tepo's default, `trainer.mmap_threshold_kb`):
+every block then faults in fresh zeroed pages, a third of the long-answer job's update on this
+CPU; or from its heap (glibc's adaptive threshold), which reuses them but fragments: +0.5-0.7 GB of
+peak. tcmalloc and jemalloc keep freed blocks in size classes and reuse them, at about glibc's
+mmap peak (docs/guides/performance.md, "The host allocator", measured by scripts/bench_update.py).
+On a GPU the activations live in PyTorch's CUDA caching allocator; this only changes host memory.
+
+How. An allocator replaces malloc only if it is loaded before the C library's malloc is first
+called: `LD_PRELOAD`. So `tepo train` resolves the choice before anything else happens and, when
+the library is installed and not already loaded, starts itself again (`os.execv`, same process
+id, same arguments) with the library preloaded. The environment carries it to every process the
+run starts (the deepspeed launcher and its ranks). A rank started on another node without it does
+the same for itself. `auto` takes jemalloc, else tcmalloc, else stays with glibc and says how to
+install one; naming one that is not installed is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tepo_cli.core.errors import ConfigError
+
+GLIBC = "glibc"
+# allocator -> the library names ctypes.util.find_library looks up (ldconfig's cache), best first
+LIBRARIES: dict[str, tuple[str, ...]] = {
+    "jemalloc": ("jemalloc",),
+    "tcmalloc": ("tcmalloc_minimal", "tcmalloc"),
+}
+PACKAGES = {"tcmalloc": "libtcmalloc-minimal4", "jemalloc": "libjemalloc2"}  # Debian and Ubuntu
+# jemalloc first: on the long-answer job both make the update ~1.3x faster, and jemalloc's peak is
+# ~0.2 GB below tcmalloc's (docs/guides/performance.md, "The host allocator")
+AUTO_ORDER = ("jemalloc", "tcmalloc")
+# Set in the environment of the process started again: a second start would be a loop.
+STARTED_AGAIN = "TEPO_HOST_ALLOCATOR_PRELOADED"
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """What `trainer.host_allocator` resolved to on this machine."""
+
+    name: str  # glibc, tcmalloc or jemalloc
+    library: str | None  # the shared library to preload (None: glibc's own malloc)
+    note: str = ""  # for auto without a library: how to get one
+
+
+CHOICES = ("auto", GLIBC, *LIBRARIES)
+
+
+def resolve(choice: str, find: Callable[[str], str | None] | None = None) -> Allocator:
+    """`choice` (auto, glibc, tcmalloc or jemalloc) on this machine; ConfigError where a named
+    allocator is not installed or the platform cannot preload one. `find`: a library name to
+    its file (default ctypes.util.find_library, which reads ldconfig's cache)."""
+    find = find or ctypes.util.find_library
+    if choice not in CHOICES:
+        raise ConfigError(
+            f"trainer.host_allocator={choice}: not an allocator tepo knows; allowed: "
+            f"{', '.join(CHOICES)} (auto: jemalloc, else tcmalloc, else glibc)."
+        )
+    if choice == GLIBC:
+        return Allocator(GLIBC, None)
+    wanted = AUTO_ORDER if choice == "auto" else (choice,)
+    if not sys.platform.startswith("linux"):
+        if choice == "auto":
+            return Allocator(GLIBC, None)
+        raise ConfigError(
+            f"trainer.host_allocator={choice}: tepo preloads an allocator with LD_PRELOAD, which "
+            f"it supports on Linux only (this is {sys.platform}). Use trainer.host_allocator=auto "
+            f"or glibc."
+        )
+    for name in wanted:
+        for library in LIBRARIES[name]:
+            found = find(library)
+            if found:
+                return Allocator(name, found)
+    if choice == "auto":
+        return Allocator(
+            GLIBC,
+            None,
+            note=(
+                "no jemalloc or tcmalloc installed: `apt install libjemalloc2` (Debian, Ubuntu) "
+                "makes a CPU update with long answers ~1.3x faster (trainer.host_allocator)"
+            ),
+        )
+    raise ConfigError(
+        f"trainer.host_allocator={choice}: its library (lib{LIBRARIES[choice][0]}.so) is not "
+        f"installed on this machine. Install it (Debian, Ubuntu: `apt install "
+        f"{PACKAGES[choice]}`), or use trainer.host_allocator=auto (jemalloc, else tcmalloc, "
+        f"else glibc) or glibc."
+    )
+
+
+def loaded(maps: str | None = None) -> str:
+    """The allocator serving this process's malloc: tcmalloc or jemalloc when its library is mapped
+    (preloaded, so first in the symbol search), else glibc. `maps`: /proc/self/maps' text."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return GLIBC
+    for line in maps.splitlines():
+        library = line.rsplit("/", 1)[-1]
+        for name in LIBRARIES:
+            if library.startswith(f"lib{name}"):
+                return name
+    return GLIBC
+
+
+def preloaded_environment(environ: dict[str, str], library: str) -> dict[str, str]:
+    """`environ` with `library` first in LD_PRELOAD and the marker that stops a second start."""
+    kept = [entry for entry in environ.get("LD_PRELOAD", "").split(":") if entry]
+    return {**environ, "LD_PRELOAD": ":".join([library, *kept]), STARTED_AGAIN: "1"}
+
+
+def start_with(allocator: Allocator, argv: Sequence[str]) -> None:
+    """Replace this process by itself with `allocator` preloaded (returns only where nothing is to
+    be done: glibc, already loaded, or already started again once)."""
+    if allocator.library is None or loaded() == allocator.name:
+        return
+    if os.environ.get(STARTED_AGAIN):
+        # Preloaded, yet not loaded: the dynamic loader ignored LD_PRELOAD (a setuid interpreter,
+        # a library of the wrong architecture). Going on with glibc beats a loop of starts.
+        print(
+            f"tepo: {allocator.library} was preloaded but is not in use; continuing with glibc's "
+            f"malloc (trainer.host_allocator=glibc says so without this note)",
+            file=sys.stderr,
+        )
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(
+        sys.executable, list(argv), preloaded_environment(dict(os.environ), allocator.library)
+    )
+
+
+KEY = "trainer.host_allocator"
+
+
+def requested(config_name: str, arguments: Sequence[str]) -> str | None:
+    """`trainer.host_allocator` as the job will read it: the config composed from the command line
+    (recipes included), before Hydra runs the job. None where the command line does not compose
+    (Hydra reports that itself, once it runs). A sweep of the key is refused: the allocator is
+    the process's, chosen once for all the sweep's jobs."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    candidates = [a for a in arguments if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except Exception:
+        return None
+    for override in overrides:
+        if override.key_or_group == KEY and override.is_sweep_override():
+            raise ConfigError(
+                f"{KEY} cannot be swept ({override.input_line}): the allocator is loaded when the "
+                f"process starts, once for every job of a sweep. Run one sweep per allocator."
+            )
+    plain = [
+        o.input_line
+        for o in overrides
+        if not o.is_hydra_override() and not o.is_sweep_override() and o.input_line is not None
+    ]
+    try:
+        with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=plain)
+        return str(cfg.trainer.host_allocator)
+    except Exception:
+        return None
+
+
+def release_free_memory() -> bool:
+    """Hand the pages of the allocator's free blocks back to the OS (tcmalloc's
+    `MallocExtension_ReleaseFreeMemory`, jemalloc's purge of every arena, glibc's `malloc_trim`).
+
+    Called between a step's phases (generation, update): tcmalloc and jemalloc keep freed blocks
+    for reuse, which is what makes an update's many micro-batches fast, but what one phase freed
+    in its own sizes would otherwise stay resident through the next phase, fragmenting, and the
+    peak would creep up step after step. Releasing at the boundary keeps each phase's reuse and
+    costs one fresh fault per page per phase. False where there is nothing to call."""
+    if not sys.platform.startswith("linux"):
+        return False
+    process = ctypes.CDLL(None)
+    name = loaded()
+    if name == "tcmalloc" and hasattr(process, "MallocExtension_ReleaseFreeMemory"):
+        process.MallocExtension_ReleaseFreeMemory()
+        return True
+    if name == "jemalloc" and hasattr(process, "mallctl"):
+        every_arena = b"arena.4096.purge"  # MALLCTL_ARENAS_ALL = 4096
+        return process.mallctl(every_arena, None, None, None, ctypes.c_size_t(0)) == 0
+    if name == GLIBC and hasattr(process, "malloc_trim"):
+        process.malloc_trim(ctypes.c_size_t(0))
+        return True
+    return False
