@@ -77,6 +77,11 @@ def test_the_library_goes_first_in_ld_preload_and_marks_the_second_start() -> No
 def test_the_choice_is_read_from_the_composed_command_line() -> None:
     assert host_allocator.requested("train", []) == "auto"
     assert host_allocator.requested("train", ["trainer.host_allocator=glibc"]) == "glibc"
+    # auto preloads nothing on a GPU run; a named allocator is preloaded wherever it runs
+    assert host_allocator.requested("train", ["trainer.device=cuda"]) == "glibc"
+    assert host_allocator.requested("train", ["trainer.device=cpu"]) == "auto"
+    cuda_jemalloc = ["trainer.device=cuda", "trainer.host_allocator=jemalloc"]
+    assert host_allocator.requested("train", cuda_jemalloc) == "jemalloc"
     # other keys swept in a multirun do not hide it; Hydra's own flags are ignored
     swept = ["-m", "algo=grpo,mpo", "hydra.run.dir=/x", "trainer.host_allocator=jemalloc"]
     assert host_allocator.requested("train", swept) == "jemalloc"

@@ -15,7 +15,8 @@ the library is installed and not already loaded, starts itself again (`os.execv`
 id, same arguments) with the library preloaded. The environment carries it to every process the
 run starts (the deepspeed launcher and its ranks). A rank started on another node without it does
 the same for itself. `auto` takes jemalloc, else tcmalloc, else stays with glibc and says how to
-install one; naming one that is not installed is refused.
+install one, on a CPU run; a GPU run keeps glibc (`for_device`). Naming one that is not installed
+is refused.
 """
 
 from __future__ import annotations
@@ -145,10 +146,11 @@ KEY = "trainer.host_allocator"
 
 
 def requested(config_name: str, arguments: Sequence[str]) -> str | None:
-    """`trainer.host_allocator` as the job will read it: the config composed from the command line
-    (recipes included), before Hydra runs the job. None where the command line does not compose
-    (Hydra reports that itself, once it runs). A sweep of the key is refused: the allocator is
-    the process's, chosen once for all the sweep's jobs."""
+    """`trainer.host_allocator` as the job will use it: read from the config composed from the
+    command line (recipes included) before Hydra runs the job, `auto` settled for the device the
+    run will train on (`for_device`). None where the command line does not compose (Hydra
+    reports that itself, once it runs). A sweep of the key is refused: the allocator is the
+    process's, chosen once for all the sweep's jobs."""
     from hydra import compose, initialize_config_module
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -171,9 +173,18 @@ def requested(config_name: str, arguments: Sequence[str]) -> str | None:
     try:
         with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=plain)
-        return str(cfg.trainer.host_allocator)
+        choice, device = str(cfg.trainer.host_allocator), str(cfg.trainer.device)
     except Exception:
         return None
+    if device == "auto":  # before torch is imported: an NVIDIA driver's device node says enough
+        device = "cuda" if Path("/dev/nvidiactl").exists() else "cpu"
+    return for_device(choice, device)
+
+
+def for_device(choice: str, device: str) -> str:
+    """`auto` on a run that trains on a GPU is glibc: its activations live in PyTorch's CUDA
+    caching allocator, and host memory sees little churn, so nothing is preloaded there."""
+    return GLIBC if choice == "auto" and device == "cuda" else choice
 
 
 def release_free_memory() -> bool:

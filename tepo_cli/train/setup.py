@@ -184,7 +184,8 @@ def _host_allocator(cfg: TrainConfig, topo: Topology) -> str:
     Said at start: which one changes a CPU step's speed and peak."""
     in_use = set_up_host_memory(cfg.trainer.mmap_threshold_kb)
     if topo.is_main:
-        print(_allocator_line(cfg.trainer.host_allocator, in_use), file=sys.stderr)
+        wanted = host_allocator.for_device(cfg.trainer.host_allocator, topo.device.type)
+        print(_allocator_line(wanted, in_use), file=sys.stderr)
     return in_use
 
 
