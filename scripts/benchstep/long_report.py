@@ -96,6 +96,7 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
         "timed_steps": [s["step"] for s in timed],
         "generation_mode": run.get("generation") or run.get("rollout"),
         "generation_why": run.get("generation_why"),
+        "host_allocator": run.get("host_allocator"),
         "median_s": median,
         "steps_per_s": 1.0 / median if median else None,
         "parts_median_s": {
@@ -175,6 +176,7 @@ def markdown(
         rule,
         row("status (steps finished)", each(lambda s: f"{s['status']} ({s['steps_done']})")),
         row("generation", each(lambda s: str(s["generation_mode"] or "—"))),
+        row("host allocator", each(lambda s: str(s.get("host_allocator") or "—"))),
         row("median s/step", each(lambda s: _s(s["median_s"]))),
         row("  generation, s", each(lambda s: _s(s["parts_median_s"]["generation"]))),
         row("  scoring, s", each(lambda s: _s(s["parts_median_s"]["scoring"]))),

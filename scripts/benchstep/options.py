@@ -105,6 +105,11 @@ def _parser(description: str) -> argparse.ArgumentParser:
         default="auto",
         help="long job: TRL's colocated vLLM, its generate, or auto (vLLM, generate if it fails)",
     )
+    p.add_argument(
+        "--host-allocator",
+        choices=["auto", "glibc", "jemalloc", "tcmalloc"],
+        help="long job: tepo's trainer.host_allocator (default: tepo's own, auto)",
+    )
     p.add_argument("--steps", type=int, help="optimizer steps per run (default 30; long: 4)")
     p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
     p.add_argument("--seed", type=int, default=0)
