@@ -55,13 +55,14 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     # rollout.engine.sleep=true where it cannot be: refused before any model loads
     if cfg.rollout.backend == "vllm":
         resolve_modes(cfg.rollout.engine, on_cuda=topo.device.type == "cuda")
-    allocator = _host_allocator(cfg, topo)
+    allocator = _host_allocator(cfg)
     task = build_task(cfg.benchmark)
     if isinstance(task, DatasetTask):
         task.check_training()
     data = describe_data(cfg, task)
     if topo.is_main:
         _say_data(data)
+        _say_allocator(cfg, topo, allocator)
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     zero3 = partitioned_load_config(cfg, topo)
@@ -178,15 +179,17 @@ def describe_data(cfg: TrainConfig, task: Any) -> dict[str, Any]:
     return {"benchmark": cfg.benchmark.name, "train_from": "the benchmark's own task"}
 
 
-def _host_allocator(cfg: TrainConfig, topo: Topology) -> str:
+def _host_allocator(cfg: TrainConfig) -> str:
     """The malloc serving this process (`trainer.host_allocator`, preloaded by the command line,
-    core/host_allocator.py); with glibc's, its mmap threshold fixed (`trainer.mmap_threshold_kb`).
-    Said at start: which one changes a CPU step's speed and peak."""
-    in_use = set_up_host_memory(cfg.trainer.mmap_threshold_kb)
-    if topo.is_main:
-        wanted = host_allocator.for_device(cfg.trainer.host_allocator, topo.device.type)
-        print(_allocator_line(wanted, in_use), file=sys.stderr)
-    return in_use
+    core/host_allocator.py); with glibc's, its mmap threshold fixed (`trainer.mmap_threshold_kb`)."""
+    return set_up_host_memory(cfg.trainer.mmap_threshold_kb)
+
+
+def _say_allocator(cfg: TrainConfig, topo: Topology, in_use: str) -> None:
+    """Said at start, after the data line: which allocator serves the run changes a CPU step's
+    speed and peak."""
+    wanted = host_allocator.for_device(cfg.trainer.host_allocator, topo.device.type)
+    print(_allocator_line(wanted, in_use), file=sys.stderr)
 
 
 def _allocator_line(wanted: str, in_use: str) -> str:
