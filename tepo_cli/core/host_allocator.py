@@ -22,6 +22,7 @@ is refused.
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -101,18 +102,24 @@ def resolve(choice: str, find: Callable[[str], str | None] | None = None) -> All
 
 def loaded(maps: str | None = None) -> str:
     """The allocator serving this process's malloc: tcmalloc or jemalloc when its library is mapped
-    (preloaded, so first in the symbol search), else glibc. `maps`: /proc/self/maps' text."""
+    (preloaded, so first in the symbol search), else glibc. `maps`: /proc/self/maps' text
+    (default: this process's, read once: a process's malloc never changes after it starts)."""
     if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            return GLIBC
+        return _this_process()
     for line in maps.splitlines():
         library = line.rsplit("/", 1)[-1]
         for name in LIBRARIES:
             if library.startswith(f"lib{name}"):
                 return name
     return GLIBC
+
+
+@functools.cache
+def _this_process() -> str:
+    try:
+        return loaded(Path("/proc/self/maps").read_text())
+    except OSError:
+        return GLIBC
 
 
 def preloaded_environment(environ: dict[str, str], library: str) -> dict[str, str]:
@@ -198,7 +205,7 @@ def release_free_memory() -> bool:
     costs one fresh fault per page per phase. False where there is nothing to call."""
     if not sys.platform.startswith("linux"):
         return False
-    process = ctypes.CDLL(None)
+    process = _symbols()
     name = loaded()
     if name == "tcmalloc" and hasattr(process, "MallocExtension_ReleaseFreeMemory"):
         process.MallocExtension_ReleaseFreeMemory()
@@ -210,3 +217,9 @@ def release_free_memory() -> bool:
         process.malloc_trim(ctypes.c_size_t(0))
         return True
     return False
+
+
+@functools.cache
+def _symbols() -> ctypes.CDLL:
+    """The process's global symbols (the preloaded allocator's among them), opened once."""
+    return ctypes.CDLL(None)

@@ -55,7 +55,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     # rollout.engine.sleep=true where it cannot be: refused before any model loads
     if cfg.rollout.backend == "vllm":
         resolve_modes(cfg.rollout.engine, on_cuda=topo.device.type == "cuda")
-    allocator = _host_allocator(cfg)
+    allocator = set_up_host_memory(cfg.trainer.mmap_threshold_kb)  # glibc: threshold fixed
     task = build_task(cfg.benchmark)
     if isinstance(task, DatasetTask):
         task.check_training()
@@ -177,12 +177,6 @@ def describe_data(cfg: TrainConfig, task: Any) -> dict[str, Any]:
     if describe is not None:
         return describe()
     return {"benchmark": cfg.benchmark.name, "train_from": "the benchmark's own task"}
-
-
-def _host_allocator(cfg: TrainConfig) -> str:
-    """The malloc serving this process (`trainer.host_allocator`, preloaded by the command line,
-    core/host_allocator.py); with glibc's, its mmap threshold fixed (`trainer.mmap_threshold_kb`)."""
-    return set_up_host_memory(cfg.trainer.mmap_threshold_kb)
 
 
 def _say_allocator(cfg: TrainConfig, topo: Topology, in_use: str) -> None:
