@@ -26,8 +26,14 @@ PROBE = textwrap.dedent(
     warm = torch.ones(4 * 2**20 // 4)  # one freed 4 MiB block: glibc raises its threshold
     del warm
     before = rss_mb()
-    blocks = [torch.ones(3 * 2**20 // 4) for _ in range(100)]  # 300 MiB in 3 MiB buffers
-    keep = torch.ones(1000)  # a small live block above them on the heap
+    # 300 MiB in 3 MiB buffers, each followed by a small block that stays live (as a step's
+    # outputs do): on the heap, the freed buffers become holes below live blocks, which glibc's
+    # free() never hands back (a single live block above them made this depend on where earlier
+    # frees left room for it, hence on the interpreter's hash seed).
+    blocks, live = [], []
+    for _ in range(100):
+        blocks.append(torch.ones(3 * 2**20 // 4))
+        live.append(torch.ones(64 * 2**10 // 4))
     held = rss_mb()
     del blocks
     print(fixed, held - before, rss_mb() - before)
