@@ -178,3 +178,43 @@ def test_packed_lean_layers_keep_recipes_and_equal_the_padded(tiny_model, tiny_t
     assert len(row) == 6 * config.num_hidden_layers  # q, k, v, gate, up and o_proj, each layer
     segments = [shape for shape in shapes if len(shape) == 4 and shape[-1] == head]
     assert len(segments) >= 2 * 3 * config.num_hidden_layers  # keys and values of >= 3 answers
+
+
+def _saved_masks(policy: Policy, batch: SequenceBatch):
+    """Log-probs, gradients, and the attention masks autograd kept: {storage address: shape}."""
+    masks = {}
+
+    def pack_saved(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() == 2 and tensor.is_floating_point() and tensor.isneginf().any():
+            masks[tensor.untyped_storage().data_ptr()] = tuple(tensor.shape)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack_saved, lambda tensor: tensor):
+        logp, entropy, _, grads = _scores_and_grads(policy, batch, with_mtp=False)
+    return logp, entropy, grads, masks
+
+
+def test_layers_keep_one_attention_mask_per_segment_shape(tiny_model, tiny_tokenizer, monkeypatch):
+    """The answers that follow a shared prompt attend to it through a bottom-right causal mask:
+    one tensor per segment shape for the whole stack (torch's `causal_lower_right` made one per
+    layer on the CPU), with the same log-probs and gradients to the bit."""
+    from tepo_cli.models import packed_attention
+
+    batch = _batch(tiny_model, tiny_tokenizer, n=3)
+    policy = Policy(tiny_model, KernelConfig(backend="torch"), True, packing=True)
+    logp, entropy, grads, masks = _saved_masks(policy, batch)
+    shapes = list(masks.values())
+    assert shapes, "shared prompts: the later answers' segments attend to their prompt's keys"
+    assert len(shapes) == len(set(shapes)), f"one mask per shape, not per layer: {shapes}"
+    monkeypatch.setattr(
+        packed_attention,
+        "_lower_right",
+        lambda layout, q, k: packed_attention.causal_lower_right(q.shape[1], k.shape[1]),
+    )
+    torch_logp, torch_entropy, torch_grads, torch_masks = _saved_masks(policy, batch)
+    layers = tiny_model.config.num_hidden_layers
+    assert len(torch_masks) == layers * len(set(shapes)), "torch's: one per layer (the saving)"
+    assert torch.equal(logp, torch_logp) and torch.equal(entropy, torch_entropy)
+    assert grads.keys() == torch_grads.keys()
+    for name, grad in grads.items():
+        assert torch.equal(grad, torch_grads[name]), name

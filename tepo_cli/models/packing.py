@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -61,6 +61,8 @@ class PackedLayout:
                   indices count the prompt pass's Lp tokens first (states: [Lp prompt states,
                   L row states, zero row], the zero row at Lp + L).
     capture:      where each layer's keys and values are kept (the prompt pass), or None.
+    masks:        the segment-by-segment path's attention masks, built once for all layers
+                  (models/packed_attention.py), by (queries, keys, dtype).
     """
 
     source: torch.Tensor
@@ -76,6 +78,9 @@ class PackedLayout:
     column_state: torch.Tensor
     prompts: ExternalPrompts | None = None
     capture: KeyCapture | None = None
+    masks: dict[tuple[int, int, torch.dtype], torch.Tensor] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def length(self) -> int:
