@@ -74,6 +74,44 @@ def test_the_library_goes_first_in_ld_preload_and_marks_the_second_start() -> No
     assert host_allocator.preloaded_environment({}, "libx.so")["LD_PRELOAD"] == "libx.so"
 
 
+def test_jemalloc_returns_unused_pages_sooner_unless_the_user_configured_it() -> None:
+    env = host_allocator.preloaded_environment({}, "libjemalloc.so.2", "jemalloc")
+    assert env["MALLOC_CONF"] == "dirty_decay_ms:1000"
+    own = {"MALLOC_CONF": "narenas:1"}
+    assert (
+        host_allocator.preloaded_environment(own, "libjemalloc.so.2", "jemalloc")["MALLOC_CONF"]
+        == "narenas:1"
+    )
+    assert "MALLOC_CONF" not in host_allocator.preloaded_environment({}, "libt.so", "tcmalloc")
+
+
+DECAY_PROGRAM = """
+import ctypes
+process = ctypes.CDLL(None)
+value, size = ctypes.c_ssize_t(-2), ctypes.c_size_t(ctypes.sizeof(ctypes.c_ssize_t))
+assert process.mallctl(b"opt.dirty_decay_ms", ctypes.byref(value), ctypes.byref(size), None, 0) == 0
+print(value.value)
+"""
+
+
+def test_a_process_started_with_jemalloc_runs_with_its_setting() -> None:
+    if not ON_LINUX:
+        pytest.skip("LD_PRELOAD is Linux only")
+    library = next(
+        filter(None, map(ctypes.util.find_library, host_allocator.LIBRARIES["jemalloc"])), None
+    )
+    if library is None:
+        if REQUIRED:
+            pytest.fail("jemalloc required (TEPO_REQUIRE_ALLOCATORS=1) but not installed")
+        pytest.skip("jemalloc is not installed")
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    env = host_allocator.preloaded_environment(base, library, "jemalloc")
+    run = subprocess.run(
+        [sys.executable, "-c", DECAY_PROGRAM], env=env, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "1000"  # jemalloc's own default is 10000
+
+
 def test_the_choice_is_read_from_the_composed_command_line() -> None:
     assert host_allocator.requested("train", []) == "auto"
     assert host_allocator.requested("train", ["trainer.host_allocator=glibc"]) == "glibc"
