@@ -97,15 +97,13 @@ print(value.value)
 def test_a_process_started_with_jemalloc_runs_with_its_setting() -> None:
     if not ON_LINUX:
         pytest.skip("LD_PRELOAD is Linux only")
-    library = next(
-        filter(None, map(ctypes.util.find_library, host_allocator.LIBRARIES["jemalloc"])), None
-    )
-    if library is None:
+    if not _installed("jemalloc"):
         if REQUIRED:
             pytest.fail("jemalloc required (TEPO_REQUIRE_ALLOCATORS=1) but not installed")
         pytest.skip("jemalloc is not installed")
+    jemalloc = host_allocator.resolve("jemalloc")
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
-    env = host_allocator.preloaded_environment(base, library, "jemalloc")
+    env = host_allocator.preloaded_environment(base, jemalloc.library, jemalloc.name)
     run = subprocess.run(
         [sys.executable, "-c", DECAY_PROGRAM], env=env, capture_output=True, text=True, check=True
     )

@@ -137,9 +137,10 @@ def preloaded_environment(
     """`environ` with `library` first in LD_PRELOAD, the marker that stops a second start, and
     allocator `name`'s settings (`SETTINGS`) where the environment has none of its own."""
     kept = [entry for entry in environ.get("LD_PRELOAD", "").split(":") if entry]
-    settings = dict([SETTINGS[name]]) if name in SETTINGS else {}
-    own = {key: value for key, value in settings.items() if key not in environ}
-    return {**environ, **own, "LD_PRELOAD": ":".join([library, *kept]), STARTED_AGAIN: "1"}
+    started = {**environ, "LD_PRELOAD": ":".join([library, *kept]), STARTED_AGAIN: "1"}
+    if name in SETTINGS:
+        started.setdefault(*SETTINGS[name])
+    return started
 
 
 def start_with(allocator: Allocator, argv: Sequence[str]) -> None:

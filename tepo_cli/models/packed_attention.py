@@ -186,12 +186,9 @@ def _lower_right(layout: PackedLayout, queries: torch.Tensor, keys: torch.Tensor
         return causal_lower_right(count, width)
     shape = (count, width, queries.dtype)
     mask = layout.masks.get(shape)
-    if mask is None:
-        allowed = torch.ones(count, width, dtype=torch.bool, device=queries.device)
-        allowed = allowed.tril(diagonal=width - count)
-        mask = torch.zeros(count, width, dtype=queries.dtype, device=queries.device)
-        mask = mask.masked_fill_(allowed.logical_not(), float("-inf"))
-        layout.masks[shape] = mask
+    if mask is None:  # -inf above the diagonal that ends at the last key, 0 elsewhere
+        mask = torch.full((count, width), float("-inf"), dtype=queries.dtype, device=queries.device)
+        mask = layout.masks[shape] = mask.triu_(diagonal=width - count + 1)
     return mask
 
 
