@@ -190,25 +190,27 @@ def spawn(case: Case, backend: str, repeats: int, device: str) -> dict:
     return json.loads(lines[-1])
 
 
-def usable_backends(requested: list[str], device: str) -> list[str]:
-    keep = []
+def usable_backends(requested: list[str], device: str) -> tuple[list[str], dict[str, str]]:
+    """The back-ends that can run here, and why each of the others cannot."""
+    keep, skipped = [], {}
     for name in requested:
         if name == "liger":
             try:
                 import liger_kernel  # noqa: F401
             except ImportError:
-                print("liger_kernel does not import: skipping the liger row", file=sys.stderr)
-                continue
+                skipped[name] = "liger_kernel does not import"
         if name == "triton":
             import torch
 
             from tepo_cli.kernels import available_backends
 
             if "triton" not in available_backends(torch.device(device), torch.bfloat16):
-                print("triton back-end unavailable here: skipping it", file=sys.stderr)
-                continue
-        keep.append(name)
-    return keep
+                skipped[name] = "the triton back-end is unavailable here"
+        if name in skipped:
+            print(f"{skipped[name]}: skipping the {name} rows", file=sys.stderr)
+        else:
+            keep.append(name)
+    return keep, skipped
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
@@ -294,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="alternating subprocess rounds")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--markdown", type=Path, help="also write the table here as Markdown")
+    parser.add_argument("--json", type=Path, help="also write every result here as JSON")
     parser.add_argument("--smoke", action="store_true", help="CI smoke run: " + " ".join(SMOKE))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -310,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cases = [parse_case(c) for c in (args.cases or (CUDA_CASES if device == "cuda" else CPU_CASES))]
     default = "matmul,naive,torch,triton,liger" if device == "cuda" else "naive,torch"
-    backends = usable_backends((args.backends or default).split(","), device)
+    backends, skipped = usable_backends((args.backends or default).split(","), device)
     results: dict = {}
     for case in cases:
         for _ in range(args.rounds):
@@ -325,13 +328,27 @@ def main(argv: list[str] | None = None) -> int:
                 best["peak_mb"] = max(best["peak_mb"], r["peak_mb"])
                 print(f"  {case.name} {backend}: {r}", file=sys.stderr)
     rows = build_rows(results, cases, backends)
+    where = (
+        f"cuda ({torch.cuda.get_device_name()}, torch {torch.__version__})"
+        if device == "cuda"
+        else device
+    )
     title = (
-        f"token_logprobs on {device} ({torch.get_num_threads()} threads), min of "
+        f"token_logprobs on {where} ({torch.get_num_threads()} threads), min of "
         f"{args.repeats} repeats x {args.rounds} rounds; peak = max over rounds"
     )
     print_table(rows, title)
     if args.markdown:
         args.markdown.write_text(f"{title}\n\n{markdown(rows)}")
+    if args.json:
+        report = {
+            "title": title,
+            "torch": torch.__version__,
+            "cases": [asdict(c) for c in cases],
+            "results": [{"case": c, "backend": b, **r} for (c, b), r in results.items()],
+            "skipped_backends": skipped,
+        }
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

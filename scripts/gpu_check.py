@@ -26,7 +26,6 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -69,10 +68,14 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def model_overrides(model: str, model_path: str | None, dtype: str) -> list[str]:
+def model_overrides(
+    model: str, model_path: str | None, dtype: str, tokenizer: str | None = None
+) -> list[str]:
     overrides = [f"model={model}", f"model.dtype={dtype}"]
     if model_path:
         overrides.append(f"model.path={model_path}")
+    if tokenizer:
+        overrides.append(f"model.tokenizer={tokenizer}")
     return overrides
 
 
@@ -123,7 +126,9 @@ def plan(
             (
                 "vllm",
                 ("deepspeed=zero2", "rollout=vllm"),
-                None if vllm else "vLLM does not import (make install-vllm)",
+                None
+                if vllm
+                else "not available on this node: vllm does not import (make install-vllm)",
             ),
             ("save", ("deepspeed=zero3", "trainer.save_every=1"), None),
             (
@@ -142,7 +147,8 @@ def plan(
             checks.append(Check(name, ranks, (*common, *extra), skip=skip, positive=positive))
         resume = (*common, "deepspeed=zero3", f"trainer.max_steps={steps + 1}", "resume=true")
         checks.append(Check("resume", ranks, resume, after=f"save@{ranks}"))
-    evaluate = (*model[:1], "benchmark=arith", "eval.limit=16")
+    tokenizer = [o for o in model if o.startswith("model.tokenizer=")]  # a node without the GGUF
+    evaluate = (*model[:1], *tokenizer, "benchmark=arith", "eval.limit=16")
     checks.append(Check("eval", 1, evaluate, command="eval", after="zero2@1"))
     return checks
 
@@ -308,6 +314,25 @@ def render(outcomes: list[Outcome], header: str) -> None:
     Console(width=200).print(table)
 
 
+def markdown(outcomes: list[Outcome], header: str) -> str:
+    def number(value: float | None, digits: int = 2) -> str:
+        return "" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        header,
+        "",
+        "| check | result | s/step | rollout s | update s | peak RSS MB | peak GPU MB | wall s "
+        "| why / modes on |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        cells = [o.label, o.verdict, number(o.step_s), number(o.rollout_s), number(o.update_s)]
+        cells += [number(o.peak_rss_mb, 0), number(o.peak_gpu_mb, 0), number(o.seconds, 0)]
+        cells.append(o.why.replace("|", "/"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def environment(device: str) -> str:
     import torch
 
@@ -326,12 +351,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="model preset (default smollm2_135m; tiny)")
     parser.add_argument("--model-path", default=None, help="model.path: a hub id or directory")
     parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="model.tokenizer: a tokenizer directory (a node without the embedded model's GGUF)",
+    )
+    parser.add_argument(
         "--dtype", default=None, help="model.dtype (bfloat16 on cuda, else float32)"
     )
     parser.add_argument("--steps", type=int, default=3, help="training steps per check")
     parser.add_argument("--only", default="", help="comma-separated check names (or name@ranks)")
     parser.add_argument("--out", type=Path, default=Path("outputs/gpu_check"))
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per check")
+    parser.add_argument("--markdown", type=Path, help="also write the table here as Markdown")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for all checks: a check that would start later is not run (the table and "
+        "JSON are still written)",
+    )
     return parser.parse_args(argv)
 
 
@@ -355,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = plan(
         gpus,
         args.device,
-        model_overrides(model, args.model_path, dtype),
+        model_overrides(model, args.model_path, dtype, args.tokenizer),
         args.steps,
         vllm,
         tiny=model == "tiny",
@@ -365,19 +403,27 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
-    tepo = [shutil.which("tepo") or "tepo"]
-    if not Path(tepo[0]).exists():
-        tepo = [sys.executable, "-m", "tepo_cli"]
+    # The interpreter running this script runs tepo too: a `tepo` on PATH may be another
+    # environment's (a node's kit is on PYTHONPATH, not installed).
+    tepo = [sys.executable, "-m", "tepo_cli"]
     args.out.mkdir(parents=True, exist_ok=True)
     header = f"{environment(args.device)}; model {model} ({dtype}); {args.steps} steps per check"
     print(header, flush=True)
     runs: dict[str, Path] = {}
     outcomes = []
+    started = time.monotonic()
     for check in checks:
-        outcome = run_check(check, args.out, runs, tepo, args.steps, args.timeout)
+        left = args.budget - (time.monotonic() - started) if args.budget else args.timeout
+        if left < 10:
+            # Out of time: the check is shown as not run, and the table still gets written.
+            outcome = Outcome(check.label, "skip", f"not run: --budget {args.budget:.0f} s spent")
+        else:
+            outcome = run_check(check, args.out, runs, tepo, args.steps, min(args.timeout, left))
         print(f"{outcome.label:<12} {outcome.verdict:<5} {outcome.why}", flush=True)
         outcomes.append(outcome)
     render(outcomes, header)
+    if args.markdown:
+        args.markdown.write_text(markdown(outcomes, header))
     report = {"header": header, "checks": [asdict(o) for o in outcomes]}
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
     failed = [o.label for o in outcomes if o.verdict == "FAIL"]

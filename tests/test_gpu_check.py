@@ -119,3 +119,38 @@ def test_the_script_runs_checks_on_cpu_ranks_and_writes_its_table(tmp_path):
     assert rows["zero2@1"]["steps"] == 1 and rows["zero2@1"]["step_s"] > 0
     assert rows["zero2@1"]["extra"] == {"tf32": False}  # CPU ranks; rollout=hf: no engine modes
     assert "zero2@1" in result.stdout and "2 of 2 checks did not fail" in result.stdout
+
+
+def test_a_spent_budget_leaves_checks_not_run_and_still_writes_the_table(tmp_path):
+    """On a lent node the time is fixed: checks that would start after --budget are shown as not
+    run, and the table (Markdown and JSON) is written all the same."""
+    out = tmp_path / "check"
+    table = tmp_path / "table.md"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--model",
+            "tiny",
+            "--only",
+            "zero2,eval",
+            "--budget",
+            "5",
+            "--out",
+            str(out),
+            "--markdown",
+            str(table),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((out / "gpu_check.json").read_text())["checks"]
+    assert [(r["label"], r["verdict"], r["why"]) for r in rows] == [
+        ("zero2@1", "skip", "not run: --budget 5 s spent"),
+        ("eval@1", "skip", "not run: --budget 5 s spent"),
+    ]
+    assert "| zero2@1 | skip |" in table.read_text()

@@ -37,6 +37,15 @@ SMOKE_TESTS = {
     "bench_vllm.py": "tests/test_scripts.py::test_bench_vllm_smoke",
     "check_references.py": "tests/test_scripts.py::test_check_references_smoke",
     "compare_objectives.py": "tests/test_scripts.py::test_compare_objectives_smoke",
+    "device_check.sh": (
+        "tests/test_device_kit.py::test_a_kit_built_and_installed_the_node_way_runs_the_node_script"
+    ),
+    "device_kit.py": (
+        "tests/test_device_kit.py::test_a_kit_built_and_installed_the_node_way_runs_the_node_script"
+    ),
+    "device_kit.sh": (
+        "tests/test_device_kit.py::test_a_kit_built_and_installed_the_node_way_runs_the_node_script"
+    ),
     "gpu_check.py": "tests/test_gpu_check.py::test_every_path_runs_on_one_rank_and_on_all_gpus",
     "gpu_check.sh": (
         "tests/test_gpu_check.py::test_the_script_runs_checks_on_cpu_ranks_and_writes_its_table"
