@@ -330,3 +330,25 @@ def test_vllm_run_killed_then_resumed_loses_nothing(tmp_path_factory, tmp_path):
     resumed = tepo([*args, "resume=true"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run_dir, reference)
+
+
+def test_a_sweep_killed_mid_job_continues_with_one_command(tmp_path, reference):
+    """A multirun killed (kill -9) in the middle of its second job: the same sweep command plus
+    resume=true skips the finished job, untouched, and resumes the killed one in its own
+    directory, which ends byte for byte as an uninterrupted run."""
+    sweep = tmp_path / "sweep"
+    common = [a for a in base_args(tmp_path, sweep) if not a.startswith(("hydra.", "trainer.max"))]
+    command = ["-m", *common, f"trainer.max_steps=2,{STEPS}", f"hydra.sweep.dir={sweep}"]
+    killed = tepo(command, cwd=tmp_path, fault="update:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    finished, cut = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert json.loads((finished / "status.json").read_text())["state"] == "finished"
+    before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+
+    resumed = tepo([*command, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(p for p in sweep.iterdir() if p.is_dir()) == [finished, cut]  # no new job dirs
+    assert f"{finished} finished all 2 steps already: nothing to resume, skipped" in resumed.stderr
+    assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
+    assert f"resuming {cut} after step 2" in resumed.stderr
+    assert_same_run(cut, reference)

@@ -35,6 +35,8 @@ def train_job(cfg: DictConfig) -> None:
         device = choose_device(config.trainer.device)
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         _check_registered_names(config)
+        if config.resume and _finished_already(run_dir, config):
+            return
         from tepo_cli.train import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
@@ -68,6 +70,24 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.train.distributed import teardown
 
         teardown()
+
+
+def _finished_already(run_dir: Path, config: TrainConfig) -> bool:
+    """A resumed job whose run already took all its steps has nothing to do: a sweep re-run with
+    resume=true after an interruption skips its finished jobs (their files stay as they were)."""
+    from tepo_cli.core.run_status import effective_state
+
+    previous = run_dir / CONFIG
+    if effective_state(run_dir) != "finished" or not previous.is_file():
+        return False
+    steps = (OmegaConf.load(previous).get("trainer") or {}).get("max_steps")
+    if steps != config.trainer.max_steps:
+        return False  # trainer.max_steps raised: the run goes on from its last checkpoint
+    print(
+        f"tepo train: {run_dir} finished all {steps} steps already: nothing to resume, skipped",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _relaunch(config: TrainConfig, hydra_cfg: Any, run_dir: Path, device_type: str) -> None:

@@ -3,8 +3,8 @@
 A key is swept when its value differs between runs. The keys come from each job's command-line
 overrides (`.hydra/overrides.yaml`: `algo=grpo`, `k=4`, `trainer.lr=1e-5`), which name the
 experiment as it was typed; when a run has no overrides file, the flattened resolved configs are
-compared instead (keeping one key per way of splitting the runs). `seed` and Hydra's own
-settings (`hydra.*`, `hydra/launcher=...`) never define a group.
+compared instead (keeping one key per way of splitting the runs). `seed`, `resume` (a sweep's jobs continued after an
+interruption are the same runs) and Hydra's own settings (`hydra.*`, `hydra/launcher=...`) never define a group.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from tepo_cli.eval.report.runs import Run
 
-_NOT_SWEPT = {"seed", "run_dir", "model.path"}
+_NOT_SWEPT = {"seed", "run_dir", "model.path", "resume"}
 _MISSING = "(default)"
 
 
