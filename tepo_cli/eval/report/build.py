@@ -9,6 +9,7 @@ from rich.console import Console
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render
+from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics
 from tepo_cli.eval.report.grouping import group_runs
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
@@ -17,6 +18,7 @@ from tepo_cli.eval.report.runs import Run, find_runs, load_run
 MARKDOWN = "report.md"
 GROUPS_CSV = "report.csv"
 RUNS_CSV = "report_runs.csv"
+CURVE_CSV = "report_eval_curve.csv"
 
 
 @dataclass
@@ -24,6 +26,8 @@ class Report:
     swept: list[str]
     groups: list[GroupRow]
     runs: list[RunRow]
+    reference: Reference | None = None
+    dynamics: list[DynamicsRow] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
 
 
@@ -57,16 +61,19 @@ def build_report(
     _check_threshold_key(runs, options.threshold_key)
     swept, groups = group_runs(runs)
     group_rows, run_rows = build_rows(groups, options)
-    report = Report(swept, group_rows, run_rows)
+    reference, dynamics = build_dynamics(groups, options.reference, options.fractions, options.last)
+    report = Report(swept, group_rows, run_rows, reference, dynamics)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     images = write_plots(groups, out) if plots else []
     (out / MARKDOWN).write_text(_markdown(root, report, options, images), encoding="utf-8")
     render.write_csv_groups(out / GROUPS_CSV, group_rows, swept, options)
     render.write_csv_runs(out / RUNS_CSV, run_rows)
-    report.files = [out / MARKDOWN, out / GROUPS_CSV, out / RUNS_CSV, *images]
+    render.write_csv_curve(out / CURVE_CSV, dynamics)
+    report.files = [out / MARKDOWN, out / GROUPS_CSV, out / RUNS_CSV, out / CURVE_CSV, *images]
     if console is not None:
         render.print_tables(console, group_rows, run_rows, options)
+        render.print_dynamics(console, reference, dynamics, options)
     return report
 
 
@@ -93,6 +100,18 @@ def _markdown(root: Path, report: Report, options: Options, images: list[Path]) 
         "## Runs",
         "",
         render.markdown_table(render.run_columns(options), report.runs),
+        "",
+        "## Learning dynamics",
+        "",
+        render.dynamics_legend(report.reference, options),
+        "",
+        render.markdown_table(render.dynamics_columns(report.reference, options), report.dynamics),
+        "",
+        "## Held-out accuracy by step",
+        "",
+        "mean ± 95 % CI over the finished runs of a group (step 0: before training).",
+        "",
+        render.markdown_table(render.curve_columns(report.dynamics), report.dynamics),
     ]
     if images:
         parts += ["", "## Curves", ""]

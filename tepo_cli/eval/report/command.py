@@ -48,6 +48,18 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument(
         "--last", type=int, default=5, help="final reward = mean of the last N steps (default 5)"
     )
+    parse.add_argument(
+        "--reference",
+        default="algo=grpo",
+        help="the group (key=value ...) whose best mean held-out accuracy the --fractions are of,\n"
+        "for steps to a level (TEPO's convergence time); 'none': no such columns\n"
+        "(default algo=grpo)",
+    )
+    parse.add_argument(
+        "--fractions",
+        default="0.5,0.9",
+        help="fractions of the reference's best held-out accuracy (default 0.5,0.9)",
+    )
     parse.add_argument("--no-plots", action="store_true", help="tables only")
     return parse
 
@@ -57,7 +69,21 @@ def main(arguments: list[str]) -> int:
     if args.smooth < 1 or args.last < 1:
         print("tepo report: --smooth and --last must be at least 1.", file=sys.stderr)
         return 2
-    options = Options(args.threshold, args.threshold_key, args.smooth, args.last)
+    try:
+        fractions = tuple(float(f) for f in args.fractions.split(",") if f.strip())
+    except ValueError:
+        fractions = ()
+    if not fractions or not all(0 < f <= 1 for f in fractions):
+        print(
+            f"tepo report: --fractions {args.fractions!r} must be numbers in (0, 1] separated by "
+            "commas, e.g. 0.5,0.9.",
+            file=sys.stderr,
+        )
+        return 2
+    reference = None if args.reference.lower() in ("", "none") else args.reference
+    options = Options(
+        args.threshold, args.threshold_key, args.smooth, args.last, reference, fractions
+    )
     console = Console()
     if not console.is_terminal:
         console.width = 160  # a log file or a pipe: keep each row on one line

@@ -1,5 +1,5 @@
 """PNG curves against the training step: one line per group, the mean over its finished runs,
-with a band spanning their minimum to maximum; runs that did not finish (crashed, running, ...)
+with its 95 % confidence band (Student t over the seeds logging the step); runs that did not finish (crashed, running, ...)
 are drawn one by one, dashed, in their group's colour, so they are visible but do not move it.
 
 At each step the mean is over the finished runs that logged it. The figures are built with
@@ -8,12 +8,12 @@ matplotlib's object API and the Agg canvas: no pyplot state, no display needed.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
 from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.runs import Run
+from tepo_cli.eval.report.stats import estimate
 
 # (metrics.jsonl key, axis label)
 CURVES = (
@@ -23,6 +23,8 @@ CURVES = (
     ("kl", "KL to reference"),
     ("clip_frac", "clip fraction"),
     ("response_length", "response length (tokens)"),
+    ("truncated_frac", "truncated share of answers"),
+    ("kl_mask_frac", "TEPO KL-mask share"),
 )
 EVAL_CURVE = ("eval_accuracy", "held-out accuracy")
 
@@ -75,7 +77,7 @@ def _draw(groups: list[Group], source: str, key: str, label: str, path: Path) ->
                       markersize=4, linewidth=0.9, alpha=0.8, label=name)  # fmt: skip
     axes.set_xlabel("step")
     axes.set_ylabel(label)
-    axes.set_title(f"{label}: mean over finished seeds, band = min to max", fontsize=10)
+    axes.set_title(f"{label}: mean over finished seeds, band = 95 % CI", fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.savefig(path, dpi=110)
@@ -84,8 +86,11 @@ def _draw(groups: list[Group], source: str, key: str, label: str, path: Path) ->
 
 def _mean_and_band(axes: Any, runs: list[Series], color: str, label: str) -> None:
     steps = sorted({step for points in runs for step in points})
-    columns = [[points[s] for points in runs if s in points] for s in steps]
-    axes.plot(steps, [statistics.fmean(c) for c in columns], color=color, marker=".", label=label)
-    if any(len(column) > 1 for column in columns):
-        low, high = [min(c) for c in columns], [max(c) for c in columns]
+    points = [estimate(points.get(s) for points in runs) for s in steps]
+    means = [p.mean for p in points if p is not None]
+    axes.plot(steps, means, color=color, marker=".", label=label)
+    if any(p is not None and p.half_width is not None for p in points):
+        half = [p.half_width or 0.0 for p in points if p is not None]
+        low = [m - h for m, h in zip(means, half, strict=True)]
+        high = [m + h for m, h in zip(means, half, strict=True)]
         axes.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)

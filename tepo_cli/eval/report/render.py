@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from tepo_cli.eval.report.dynamics import DynamicsRow, Reach, Reference
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
 from tepo_cli.eval.report.stats import Estimate
 
@@ -74,6 +75,84 @@ def run_columns(options: Options) -> list[tuple[str, Callable[[RunRow], str]]]:
     ]
 
 
+def _reach(reach: Reach, value: Estimate | None, digits: int) -> str:
+    if reach.finished == 0:
+        return NONE
+    if reach.reached == 0:
+        return f"not reached (0/{reach.finished})"
+    text = _fmt(value, digits)
+    return text if reach.reached == reach.finished else f"{text} ({reach.reached}/{reach.finished})"
+
+
+def dynamics_columns(
+    reference: Reference | None, options: Options
+) -> list[tuple[str, Callable[[DynamicsRow], str]]]:
+    columns: list[tuple[str, Callable[[DynamicsRow], str]]] = [
+        ("group", lambda r: r.group.label),
+        ("best held-out", lambda r: _fmt(r.best, 3)),
+    ]
+    if reference is not None:
+        for index, fraction in enumerate(options.fractions):
+            level = fraction * reference.best
+            columns.append(
+                (
+                    f"steps to {fraction:.0%} ({level:.3f})",
+                    lambda r, i=index: _reach(r.reaches[i], r.reaches[i].steps, 1),
+                )
+            )
+            columns.append(
+                ("seconds to it", lambda r, i=index: _reach(r.reaches[i], r.reaches[i].seconds, 0))
+            )
+    columns += [
+        (f"entropy first {options.last}", lambda r: _fmt(r.entropy_first, 3)),
+        (f"entropy last {options.last}", lambda r: _fmt(r.entropy_last, 3)),
+        ("KL-mask share", lambda r: _fmt(r.mask_frac, 3)),
+        (f"length last {options.last}", lambda r: _fmt(r.length_last, 0)),
+        ("truncated", lambda r: _fmt(r.truncated_last, 3)),
+    ]
+    return columns
+
+
+def curve_columns(rows: list[DynamicsRow]) -> list[tuple[str, Callable[[DynamicsRow], str]]]:
+    steps = sorted({step for row in rows for step in row.curve})
+    columns: list[tuple[str, Callable[[DynamicsRow], str]]] = [("group", lambda r: r.group.label)]
+    for step in steps:
+        columns.append((f"step {step}", lambda r, s=step: _fmt(r.curve.get(s), 3)))
+    return columns
+
+
+def dynamics_legend(reference: Reference | None, options: Options) -> str:
+    if reference is None:
+        reach = (
+            f"no steps to a level: no group matches --reference {options.reference!r} with a "
+            "held-out evaluation"
+            if options.reference
+            else "no reference group (--reference)"
+        )
+    else:
+        reach = (
+            f"steps / seconds: the first evaluated step (training seconds to it) whose held-out "
+            f"accuracy reaches a fraction of {reference.best:.3f}, the best mean held-out accuracy "
+            f"of {reference.label} (at step {reference.step}); (k/n) when only k of n runs did"
+        )
+    return (
+        "mean ± 95 % CI over the finished runs of a group. best held-out: each run's best "
+        f"held-out accuracy; {reach}. entropy: mean token entropy of the sampled answers over the "
+        f"first / last {options.last} steps; KL-mask share: TEPO's masked token share, over all "
+        f"steps; length, truncated: answer tokens and truncated share, last {options.last} steps."
+    )
+
+
+def write_csv_curve(path: Path, rows: list[DynamicsRow]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["group", "step", "held_out_mean", "held_out_ci95", "n"])
+        for row in rows:
+            for step, value in sorted(row.curve.items()):
+                half = "" if value.half_width is None else value.half_width
+                writer.writerow([row.group.label, step, value.mean, half, value.n])
+
+
 def rich_table(title: str, columns: list, rows: list, caption: str = "") -> Table:
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for header, _ in columns:
@@ -91,6 +170,17 @@ def print_tables(
         rich_table("Groups", group_columns(options), group_rows, legend(options)), highlight=False
     )
     console.print(rich_table("Runs", run_columns(options), run_rows), highlight=False)
+
+
+def print_dynamics(
+    console: Console, reference: Reference | None, rows: list[DynamicsRow], options: Options
+) -> None:
+    columns = dynamics_columns(reference, options)
+    legend_text = dynamics_legend(reference, options)
+    console.print(rich_table("Learning dynamics", columns, rows, legend_text), highlight=False)
+    if any(row.curve for row in rows):
+        table = rich_table("Held-out accuracy by step", curve_columns(rows), rows)
+        console.print(table, highlight=False)
 
 
 def legend(options: Options) -> str:

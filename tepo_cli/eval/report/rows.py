@@ -30,6 +30,8 @@ class Options:
     threshold_key: str = "accuracy"
     window: int = 1
     last: int = 5
+    reference: str | None = "algo=grpo"  # the group whose best held-out mean the fractions are of
+    fractions: tuple[float, ...] = (0.5, 0.9)
 
 
 @dataclass(frozen=True)

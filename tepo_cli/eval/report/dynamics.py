@@ -1,0 +1,156 @@
+"""What the seed papers' claims are judged by, per group over its finished seeds.
+
+- Held-out accuracy at every evaluated step (mean ± 95 % CI): the learning curve itself.
+- Convergence time, as TEPO's paper measures it: the first evaluated step (and the training
+  seconds to it) at which a run's held-out accuracy reaches a fraction (50 %, 90 %) of the best
+  mean held-out accuracy of a reference group (GRPO by default) — one level for every group, so
+  the steps compare.
+- Entropy collapse: the mean token entropy of the sampled answers over the first and the last
+  `last` steps, and TEPO's KL-mask share (`kl_mask_frac`), when logged.
+- Answer length and the truncated share over the last `last` steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from tepo_cli.eval.report.grouping import Group
+from tepo_cli.eval.report.runs import Run
+from tepo_cli.eval.report.stats import Crossing, Estimate, estimate
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The level the fractions are of: the best mean held-out accuracy of one group."""
+
+    label: str
+    best: float
+    step: int
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Over a group's finished runs: steps and seconds to fraction × the reference's best."""
+
+    fraction: float
+    steps: Estimate | None
+    seconds: Estimate | None
+    reached: int
+    finished: int
+
+
+@dataclass(frozen=True)
+class DynamicsRow:
+    group: Group
+    curve: dict[int, Estimate]  # evaluated step -> held-out accuracy over the finished runs
+    best: Estimate | None  # each run's best held-out accuracy
+    reaches: list[Reach]
+    entropy_first: Estimate | None
+    entropy_last: Estimate | None
+    mask_frac: Estimate | None
+    length_last: Estimate | None
+    truncated_last: Estimate | None
+
+
+def held_out_curve(run: Run) -> dict[int, float]:
+    """Held-out accuracy by training step (0: before training); a later record of a step wins."""
+    return {
+        int(record["step"]): float(record["accuracy"])
+        for record in run.evals
+        if record.get("step") is not None and record.get("accuracy") is not None
+    }
+
+
+def group_curve(runs: list[Run]) -> dict[int, Estimate]:
+    curves = [held_out_curve(run) for run in runs if run.finished]
+    steps = sorted({step for curve in curves for step in curve})
+    points = {step: estimate(curve.get(step) for curve in curves) for step in steps}
+    return {step: value for step, value in points.items() if value is not None}
+
+
+def find_reference(groups: list[Group], wanted: str | None) -> Reference | None:
+    """The first group matching every `key=value` of `wanted` (e.g. "algo=grpo": a swept value, or
+    else the runs' config, `algo.name` for a group choice), with the best mean of its held-out
+    curve; None when no group matches or it has no evaluation."""
+    if not wanted:
+        return None
+    parts = [part.split("=", 1) for part in wanted.split()]
+    for group in groups:
+        if all(_matches(group, key, value) for key, value in parts):
+            curve = group_curve(group.runs)
+            if not curve:
+                return None
+            step = max(curve, key=lambda s: (curve[s].mean, -s))
+            return Reference(group.label, curve[step].mean, step)
+    return None
+
+
+def _matches(group: Group, key: str, value: str) -> bool:
+    if key in group.values:
+        return group.values[key] == value
+    configs = [run.config for run in group.runs]
+    return bool(configs) and all(
+        str(config.get(key, config.get(f"{key}.name"))) == value for config in configs
+    )
+
+
+def first_reaching(run: Run, level: float) -> Crossing | None:
+    """The first evaluated step whose held-out accuracy is ≥ level, with the training seconds up to
+    it (the sum of step_seconds of the steps before and at it; evaluations excluded)."""
+    curve = held_out_curve(run)
+    step = next((s for s in sorted(curve) if curve[s] >= level - 1e-12), None)
+    if step is None:
+        return None
+    seconds = [m.get("step_seconds") for m in run.metrics if "step" in m and m["step"] <= step]
+    known = None if any(s is None for s in seconds) else float(sum(seconds))
+    return Crossing(step, known)
+
+
+def _mean(metrics: list[dict[str, Any]], key: str, take: slice) -> float | None:
+    values = [float(m[key]) for m in metrics if "step" in m and m.get(key) is not None]
+    values = values[take]
+    return statistics.fmean(values) if values else None
+
+
+def dynamics_row(
+    group: Group, reference: Reference | None, fractions: tuple[float, ...], last: int
+) -> DynamicsRow:
+    done = [run for run in group.runs if run.finished]
+    reaches = []
+    for fraction in fractions:
+        crossings = (
+            [first_reaching(run, fraction * reference.best) for run in done] if reference else []
+        )
+        hit = [c for c in crossings if c is not None]
+        reaches.append(
+            Reach(
+                fraction,
+                estimate(float(c.step) for c in hit),
+                estimate(c.seconds for c in hit),
+                len(hit),
+                len(done),
+            )
+        )
+    curves = [held_out_curve(run) for run in done]
+    return DynamicsRow(
+        group=group,
+        curve=group_curve(group.runs),
+        best=estimate(max(curve.values()) if curve else None for curve in curves),
+        reaches=reaches,
+        entropy_first=estimate(_mean(r.metrics, "entropy", slice(None, last)) for r in done),
+        entropy_last=estimate(_mean(r.metrics, "entropy", slice(-last, None)) for r in done),
+        mask_frac=estimate(_mean(r.metrics, "kl_mask_frac", slice(None)) for r in done),
+        length_last=estimate(_mean(r.metrics, "response_length", slice(-last, None)) for r in done),
+        truncated_last=estimate(
+            _mean(r.metrics, "truncated_frac", slice(-last, None)) for r in done
+        ),
+    )
+
+
+def build_dynamics(
+    groups: list[Group], wanted_reference: str | None, fractions: tuple[float, ...], last: int
+) -> tuple[Reference | None, list[DynamicsRow]]:
+    reference = find_reference(groups, wanted_reference)
+    return reference, [dynamics_row(g, reference, fractions, last) for g in groups]
