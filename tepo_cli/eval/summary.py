@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,5 +50,7 @@ def summarize(
         )
     lengths = [r["length"] for r in records if r.get("length") is not None]
     summary["mean_length"] = sum(lengths) / len(lengths) if lengths else None
+    # The median too: a few answers running to max_new_tokens pull the mean far up
+    summary["median_length"] = statistics.median(lengths) if lengths else None
     summary["truncated_frac"] = sum(r["truncated"] for r in records) / max(1, len(records))
     return summary
