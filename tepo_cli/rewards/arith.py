@@ -7,6 +7,7 @@ match scores 0; the final number is what the model commits to.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 from tepo_cli.config.schema import RewardConfig
@@ -27,19 +28,32 @@ def extract_final_number(text: str) -> str | None:
     return str(value.numerator) if value.denominator == 1 else raw
 
 
-def is_correct(completion: str, answer: str) -> tuple[bool, str | None]:
-    extracted = extract_final_number(completion)
+def graded(
+    extract: Callable[[str], str | None], completion: str, answer: str
+) -> tuple[bool, str | None]:
+    """(right, what was read): the number `extract` reads from `completion`, compared with
+    `answer` as a number (14.0 = 14), never as a string."""
+    extracted = extract(completion)
     if extracted is None:
         return False, None
     return Fraction(extracted) == Fraction(answer), extracted
 
 
-def _build(cfg: RewardConfig) -> ScoreMany:
-    def score(completion: str, problem: Problem) -> RewardResult:
-        ok, extracted = is_correct(completion, problem.answer)
-        return RewardResult(cfg.correct if ok else cfg.incorrect, ok, extracted)
+def numeric_grader(name: str, extract: Callable[[str], str | None]) -> Grader:
+    """A grader scoring the number `extract` reads from each completion (arith, word_math)."""
 
-    return one_by_one(score)
+    def build(cfg: RewardConfig) -> ScoreMany:
+        def score(completion: str, problem: Problem) -> RewardResult:
+            ok, extracted = graded(extract, completion, problem.answer)
+            return RewardResult(cfg.correct if ok else cfg.incorrect, ok, extracted)
+
+        return one_by_one(score)
+
+    return Grader(name, build, same_answer=lambda a, b: Fraction(a) == Fraction(b))
 
 
-GRADER = Grader("arith", _build, same_answer=lambda a, b: Fraction(a) == Fraction(b))
+def is_correct(completion: str, answer: str) -> tuple[bool, str | None]:
+    return graded(extract_final_number, completion, answer)
+
+
+GRADER = numeric_grader("arith", extract_final_number)

@@ -17,12 +17,8 @@ the fallback still credits a model that states the result its own way ("... = 14
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
-from tepo_cli.config.schema import RewardConfig
-from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.rewards import Grader, ScoreMany, one_by_one
-from tepo_cli.rewards.arith import extract_final_number
+from tepo_cli.rewards.arith import extract_final_number, graded, numeric_grader
 
 _NUMBER = r"[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-−]?\d+(?:\.\d+)?"
 _ANSWER = re.compile(
@@ -41,18 +37,7 @@ def extract_answer(text: str) -> str | None:
 
 
 def is_correct(completion: str, answer: str) -> tuple[bool, str | None]:
-    extracted = extract_answer(completion)
-    if extracted is None:
-        return False, None
-    return Fraction(extracted) == Fraction(answer), extracted
+    return graded(extract_answer, completion, answer)
 
 
-def _build(cfg: RewardConfig) -> ScoreMany:
-    def score(completion: str, problem: Problem) -> RewardResult:
-        ok, extracted = is_correct(completion, problem.answer)
-        return RewardResult(cfg.correct if ok else cfg.incorrect, ok, extracted)
-
-    return one_by_one(score)
-
-
-GRADER = Grader("word_math", _build, same_answer=lambda a, b: Fraction(a) == Fraction(b))
+GRADER = numeric_grader("word_math", extract_answer)
