@@ -30,9 +30,12 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/gpucheck, however this is run
+from gpucheck.table import Outcome, markdown, render
 
 
 @dataclass(frozen=True)
@@ -50,22 +53,6 @@ class Check:
     @property
     def label(self) -> str:
         return f"{self.name}@{self.ranks}"
-
-
-@dataclass
-class Outcome:
-    label: str
-    verdict: str  # pass, FAIL or skip
-    why: str = ""
-    seconds: float = 0.0
-    steps: int = 0
-    step_s: float | None = None
-    rollout_s: float | None = None
-    update_s: float | None = None
-    peak_rss_mb: float | None = None
-    peak_gpu_mb: float | None = None
-    run_dir: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def model_overrides(
@@ -276,61 +263,6 @@ def run_check(
         (r["peak_gpu_mb"] for r in records if "peak_gpu_mb" in r), default=None
     )
     return outcome
-
-
-def render(outcomes: list[Outcome], header: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    def number(value: float | None, digits: int = 2) -> str:
-        return "" if value is None else f"{value:.{digits}f}"
-
-    table = Table(title=header)
-    for column in (
-        "check",
-        "result",
-        "s/step",
-        "rollout s",
-        "update s",
-        "peak RSS MB",
-        "peak GPU MB",
-        "wall s",
-        "why / modes on",  # a failure's reason; a pass's TF32, CUDA graphs, sleep, seeds
-    ):
-        table.add_column(column)
-    colour = {"pass": "green", "FAIL": "red", "skip": "yellow"}
-    for o in outcomes:
-        table.add_row(
-            o.label,
-            f"[{colour[o.verdict]}]{o.verdict}[/]",
-            number(o.step_s),
-            number(o.rollout_s),
-            number(o.update_s),
-            number(o.peak_rss_mb, 0),
-            number(o.peak_gpu_mb, 0),
-            number(o.seconds, 0),
-            o.why,
-        )
-    Console(width=200).print(table)
-
-
-def markdown(outcomes: list[Outcome], header: str) -> str:
-    def number(value: float | None, digits: int = 2) -> str:
-        return "" if value is None else f"{value:.{digits}f}"
-
-    lines = [
-        header,
-        "",
-        "| check | result | s/step | rollout s | update s | peak RSS MB | peak GPU MB | wall s "
-        "| why / modes on |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for o in outcomes:
-        cells = [o.label, o.verdict, number(o.step_s), number(o.rollout_s), number(o.update_s)]
-        cells += [number(o.peak_rss_mb, 0), number(o.peak_gpu_mb, 0), number(o.seconds, 0)]
-        cells.append(o.why.replace("|", "/"))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def environment(device: str) -> str:
