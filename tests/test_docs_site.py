@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_key_of_every_group_has_a_comment():
-    """DESIGN.md: each group's YAML documents its knobs, a comment per key. A key added to the
+    """docs/design.md: each group's YAML documents its knobs, a comment per key. A key added to the
     schema without one fails here, naming it."""
     assert reference.uncommented() == []
 

@@ -2,7 +2,7 @@
 naming its device, and fail the process at its end with the list.
 
 No GPU is at hand to catch a tensor left on the CPU while the step's tensors are on CUDA (the first
-`torch.stack` of the two fails there, not here), so the rule is structural (DESIGN.md, "Devices and
+`torch.stack` of the two fails there, not here), so the rule is structural (docs/design.md, "Devices and
 precision"): every factory call in `tepo_cli` says `device=...` — `device="cpu"` where a host
 tensor is meant. This check proves the rule on a CPU run. It is a torch function mode: torch hands
 it every call, it looks at the factories only, and at the frame that called them — calls from

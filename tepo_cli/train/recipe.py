@@ -1,6 +1,6 @@
 """The training recipe: a run, and one step of it, top-down.
 
-A step is DESIGN.md's flow, each line a call into the module named after its stage: draw prompts
+A step is docs/design.md's flow, each line a call into the module named after its stage: draw prompts
 (train/prompts.py) → rollout and reward (train/sampling.py) → advantage (train/advantage.py) →
 score (train/experience.py) → update (train/update.py) → sync (the rollout back-end) → log
 (train/records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's plumbing
