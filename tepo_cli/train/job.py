@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -201,7 +202,17 @@ def _fail_if_timed_out(run_dir: Path, owner: bool, config: TrainConfig, error: E
         faults.current_step(),
         error,
     )
-    _fail(run_dir, owner, "failed", f"tepo train: {message}", 1)
+    if owner:
+        from tepo_cli.core.run_status import write_status
+
+        write_status(run_dir, "failed")
+    print(f"tepo train: {message}", file=sys.stderr, flush=True)
+    # Not sys.exit: the process group's transport threads still wait on the missing rank, and
+    # tearing them down at interpreter exit aborts the process (std::terminate, SIGABRT) instead
+    # of ending it with this exit code. Nothing of the run is left to save after a timeout.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def _fail(run_dir: Path, owner: bool, state: str, message: str, code: int) -> None:
