@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.eval.report import render
+from tepo_cli.eval.report import render, render_compare
+from tepo_cli.eval.report.compare import Difference, compare_groups
 from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics
 from tepo_cli.eval.report.grouping import group_runs
 from tepo_cli.eval.report.plots import write_plots
@@ -19,6 +20,7 @@ MARKDOWN = "report.md"
 GROUPS_CSV = "report.csv"
 RUNS_CSV = "report_runs.csv"
 CURVE_CSV = "report_eval_curve.csv"
+COMPARE_CSV = "report_compare.csv"
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Report:
     runs: list[RunRow]
     reference: Reference | None = None
     dynamics: list[DynamicsRow] = field(default_factory=list)
+    differences: list[Difference] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
 
 
@@ -62,7 +65,8 @@ def build_report(
     swept, groups = group_runs(runs)
     group_rows, run_rows = build_rows(groups, options)
     reference, dynamics = build_dynamics(groups, options.reference, options.fractions, options.last)
-    report = Report(swept, group_rows, run_rows, reference, dynamics)
+    differences = compare_groups(groups, reference, options.last)
+    report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     images = write_plots(groups, out) if plots else []
@@ -70,10 +74,19 @@ def build_report(
     render.write_csv_groups(out / GROUPS_CSV, group_rows, swept, options)
     render.write_csv_runs(out / RUNS_CSV, run_rows)
     render.write_csv_curve(out / CURVE_CSV, dynamics)
-    report.files = [out / MARKDOWN, out / GROUPS_CSV, out / RUNS_CSV, out / CURVE_CSV, *images]
+    render_compare.write_csv_compare(out / COMPARE_CSV, differences)
+    tables = [out / MARKDOWN, out / GROUPS_CSV, out / RUNS_CSV, out / CURVE_CSV, out / COMPARE_CSV]
+    report.files = [*tables, *images]
     if console is not None:
         render.print_tables(console, group_rows, run_rows, options)
         render.print_dynamics(console, reference, dynamics, options)
+        if differences:
+            columns, legend = (
+                render_compare.compare_columns(),
+                render_compare.compare_legend(reference),
+            )
+            table = render.rich_table("Against the reference", columns, differences, legend)
+            console.print(table, highlight=False)
     return report
 
 
@@ -113,6 +126,15 @@ def _markdown(root: Path, report: Report, options: Options, images: list[Path]) 
         "",
         render.markdown_table(render.curve_columns(report.dynamics), report.dynamics),
     ]
+    if report.differences:
+        parts += [
+            "",
+            "## Against the reference",
+            "",
+            render_compare.compare_legend(report.reference),
+            "",
+            render.markdown_table(render_compare.compare_columns(), report.differences),
+        ]
     if images:
         parts += ["", "## Curves", ""]
         parts += [f"![{image.stem}]({image.name})" for image in images]

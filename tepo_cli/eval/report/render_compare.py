@@ -1,0 +1,71 @@
+"""The comparison with the reference group (compare.py) as table columns, a legend and a CSV."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+
+from tepo_cli.eval.report.compare import Difference
+from tepo_cli.eval.report.dynamics import Reference
+
+NONE = "—"
+
+
+def _digits(row: Difference) -> int:
+    return 0 if row.quantity.startswith("length") else 3
+
+
+def _interval(row: Difference) -> str:
+    digits = _digits(row)
+    text = f"{row.difference:+.{digits}f}"
+    return text if row.half_width is None else f"{text} ± {row.half_width:.{digits}f}"
+
+
+def _separable(row: Difference) -> str:
+    return {None: NONE, True: "yes", False: "no"}[row.separable]
+
+
+def _seeds(row: Difference) -> str:
+    if row.half_width is None:
+        return NONE
+    return "no difference" if row.seeds_needed is None else str(row.seeds_needed)
+
+
+def compare_columns() -> list[tuple[str, Callable[[Difference], str]]]:
+    return [
+        ("group", lambda r: r.group),
+        ("quantity", lambda r: r.quantity),
+        ("group mean (n)", lambda r: f"{r.mean:.{_digits(r)}f} ({r.n})"),
+        ("reference (n)", lambda r: f"{r.reference_mean:.{_digits(r)}f} ({r.reference_n})"),
+        ("difference ± 95 % CI", _interval),
+        ("CI excludes 0", _separable),
+        ("seeds for 80 % power", _seeds),
+    ]
+
+
+def compare_legend(reference: Reference | None) -> str:
+    against = reference.label if reference is not None else "the reference group"
+    return (
+        f"each group minus {against}, over finished runs: Welch's 95 % CI of the difference of "
+        "the means (a group with one run borrows the other group's variance, an assumption); "
+        "seeds for 80 % power: seeds per group a two-sided 5 % test would need to detect a "
+        "difference of the observed size at the observed spread, 2 (1.96 + 0.84)² s² / δ². "
+        "held-out final: the last evaluation; held-out mean over training: the mean of the "
+        "evaluations after step 0 (higher when learning is faster); entropy and length: mean over "
+        "the last steps."
+    )
+
+
+def write_csv_compare(path: Path, rows: list[Difference]) -> None:
+    fields = ["group", "quantity", "mean", "n", "reference_mean", "reference_n", "difference"]
+    fields += ["ci95", "ci_excludes_zero", "seeds_for_80_power"]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(fields)
+        for r in rows:
+            values = (
+                r.group, r.quantity, r.mean, r.n, r.reference_mean, r.reference_n, r.difference,
+                r.half_width, r.separable, r.seeds_needed,
+            )  # fmt: skip
+            writer.writerow(["" if v is None else v for v in values])

@@ -1,0 +1,93 @@
+"""`tepo report`'s comparison with the reference group, every number computed by hand here.
+
+The runs of test_report_dynamics (held-out at steps 0, 2, 4) plus a one-seed gspo run:
+grpo: final .6 .4 (mean .5, s² .02); mean over training (.4+.6)/2 = .5 and .5 (s² 0)
+tepo: final .7 .3 (mean .5, s² .08); mean over training .6 and .3 (mean .45, s² .045)
+gspo: final .8 (one run: borrows grpo's s² .02)
+
+tepo − grpo, final: δ 0; Welch a = .04, b = .01, df = .05²/(.04² + .01²) = 1.47 → 1,
+half = 12.7062·√.05 = 2.84119; no difference, so no seed count.
+tepo − grpo, mean over training: δ −.05; a = .0225, b = 0, df 1, half = 12.7062·.15 = 1.90593;
+seeds = ⌈2·(1.959964 + .841621)²·.0225 / .05²⌉ = ⌈141.28⌉ = 142.
+gspo − grpo, final: δ .3; a = .02, b = .01, df = .03²/(.02² + .01²) = 1.8 → 1,
+half = 12.7062·√.03 = 2.20078; seeds = ⌈15.69776·.02 / .09⌉ = ⌈3.488⌉ = 4.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+from test_report_dynamics import OPTIONS, write_run
+
+from tepo_cli.eval.report import build_report
+from tepo_cli.eval.report.compare import difference
+
+
+@pytest.fixture()
+def sweep(tmp_path):
+    root = tmp_path / "sweep"
+    write_run(root, "grpo", 0, [0.2, 0.4, 0.6], entropy=[1.0, 0.8, 0.6, 0.4])
+    write_run(root, "grpo", 1, [0.2, 0.6, 0.4], entropy=[1.0, 1.0, 0.8, 0.8])
+    write_run(root, "tepo", 0, [0.2, 0.5, 0.7], entropy=[1.0, 1.0, 1.0, 1.0])
+    write_run(root, "tepo", 1, [0.3, 0.3, 0.3], entropy=[1.0, 1.0, 0.9, 0.9])
+    write_run(root, "gspo", 0, [0.2, 0.5, 0.8], entropy=[1.0, 1.0, 1.0, 1.0])
+    return root
+
+
+def by_key(report):
+    return {(row.group, row.quantity): row for row in report.differences}
+
+
+def test_differences_intervals_and_seed_counts_against_the_reference(sweep, tmp_path):
+    report = build_report(sweep, tmp_path / "out", OPTIONS, plots=False)
+    rows = by_key(report)
+    final = rows[("algo=tepo", "held-out final")]
+    assert (final.n, final.reference_n) == (2, 2)
+    assert final.difference == pytest.approx(0.0, abs=1e-12)
+    assert final.half_width == pytest.approx(12.7062 * math.sqrt(0.05), rel=1e-9)
+    assert final.seeds_needed is None and final.separable is False
+    mean = rows[("algo=tepo", "held-out mean over training")]
+    assert mean.difference == pytest.approx(-0.05)
+    assert mean.half_width == pytest.approx(1.90593, rel=1e-9)
+    assert mean.seeds_needed == 142
+    one_seed = rows[("algo=gspo", "held-out final")]
+    assert (one_seed.n, one_seed.difference) == (1, pytest.approx(0.3))
+    assert one_seed.half_width == pytest.approx(12.7062 * math.sqrt(0.03), rel=1e-9)
+    assert one_seed.seeds_needed == 4
+    # entropy over the last 2 steps: tepo (1.0 + .9)/2 = .95 against grpo (.5 + .8)/2 = .65
+    entropy = rows[("algo=tepo", "entropy last 2")]
+    assert entropy.difference == pytest.approx(0.3)
+    assert not any(row.group == "algo=grpo" for row in report.differences)
+
+
+def test_the_comparison_is_in_the_markdown_and_its_csv(sweep, tmp_path):
+    out = tmp_path / "out"
+    build_report(sweep, out, OPTIONS, plots=False)
+    markdown = (out / "report.md").read_text()
+    assert "## Against the reference" in markdown
+    assert (
+        "| algo=tepo | held-out mean over training | 0.450 (2) | 0.500 (2) | -0.050 ± 1.906 |"
+        in (markdown)
+    )
+    with (out / "report_compare.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    gspo = next(r for r in rows if r["group"] == "algo=gspo" and r["quantity"] == "held-out final")
+    assert (gspo["seeds_for_80_power"], gspo["ci_excludes_zero"]) == ("4", "False")
+
+
+def test_a_clear_difference_is_separable_and_two_single_runs_have_no_interval():
+    clear = difference("a", "q", [0.50, 0.52, 0.54], [0.20, 0.22, 0.24])
+    assert clear is not None and clear.separable is True
+    # s² = .0004 each, δ = .3: 2·7.84888·.0004/.09 = .0698 → at least 2 seeds
+    assert clear.seeds_needed == 2
+    alone = difference("a", "q", [0.5], [0.2])
+    assert alone is not None and alone.half_width is None and alone.separable is None
+    assert difference("a", "q", [], [0.2]) is None
+
+
+def test_no_reference_group_no_comparison(sweep, tmp_path):
+    options = OPTIONS.__class__(last=2, reference=None, fractions=(0.5,))
+    report = build_report(sweep, tmp_path / "out", options, plots=False)
+    assert report.differences == []
