@@ -51,6 +51,9 @@ SMOKE_TESTS = {
         "tests/test_gpu_check.py::test_the_script_runs_checks_on_cpu_ranks_and_writes_its_table"
     ),
     "sweeps.sh": "tests/test_sweeps.py::test_joblib_sweep_and_report",
+    "word_math_claims.sh": (
+        "tests/test_word_math_claims.py::test_smoke_publishes_records_reports_and_skips_finished_runs"
+    ),
 }
 
 needs_trl = pytest.mark.skipif(

@@ -14,7 +14,7 @@ from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
 from tepo_cli.eval.report.stats import Estimate
 
 NONE = "—"
-_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes"}
+_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity"}
 
 
 def _fmt(value: Estimate | float | None, digits: int) -> str:

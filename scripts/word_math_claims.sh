@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The seeds' claims on word_math (docs/guides/word_math.md, docs/results/word_math/): every run of
+# the comparison, one after another (vLLM on a 2-core CPU slows several-fold when shared), each
+# resumable. After each run its records (metrics, evaluations, samples, config, Hydra's overrides;
+# never weights) are copied into the results folder, its checkpoints are deleted, and `tepo report`
+# is rewritten there. Run the same command again after any interruption (kill -9, a reboot): the
+# finished runs are skipped and the unfinished one resumes from its last checkpoint.
+#
+#     bash scripts/word_math_claims.sh [RUNS_DIR] [RESULTS_DIR]
+#         RUNS_DIR     where the runs train (default multirun/word_math; holds checkpoints)
+#         RESULTS_DIR  the committed records and report (default docs/results/word_math/runs)
+# ONLY=REGEX runs only the runs whose name matches (e.g. ONLY='seed0' or ONLY='^mpo');
+# LIST=1 prints the runs and their overrides; SMOKE=1 runs two of them on the tiny model, two steps
+# each, with rollout=hf (CI). TEPO=/path/to/tepo picks the executable (default: tepo on PATH).
+set -euo pipefail
+TEPO=${TEPO:-tepo}
+runs_dir=${1:-multirun/word_math}
+results_dir=${2:-docs/results/word_math/runs}
+only=${ONLY:-}
+smoke=()
+if [[ -n "${SMOKE:-}" ]]; then
+    smoke=(model=tiny rollout=hf trainer.max_steps=2 trainer.warmup_steps=0 benchmark.eval_size=4
+        rollout.n=2 trainer.prompts_per_step=2 rollout.max_new_tokens=16 trainer.save_every=1)
+    only=${only:-'^(grpo_seed0|tepo_mb4_nomask_seed0)$'}
+fi
+
+# name|overrides. Seeds outermost: after each round every objective has the same number of seeds.
+runs=()
+for seed in 0 1 2; do
+    for algo in grpo dapo gspo tepo mpo; do
+        runs+=("${algo}_seed${seed}|algo=${algo} seed=${seed}")
+    done
+done
+# TEPO in its own setting: 4 updates per rollout (off-policy ratios), each mask criterion, and
+# no mask (KL on every token); one seed each.
+for criterion in covariance first_order; do
+    runs+=("tepo_mb4_${criterion}_seed0|algo=tepo trainer.minibatches=4 algo.mask_criterion=${criterion} seed=0")
+done
+runs+=("tepo_mb4_nomask_seed0|algo=tepo trainer.minibatches=4 algo.kl_mask=none seed=0")
+# MPO's block size K (the preset's K = 5 is in the objectives' rows); one seed each.
+for k in 2 4 8; do
+    runs+=("mpo_k${k}_seed0|algo=mpo k=${k} seed=0")
+done
+
+publish() {  # the records of one run, never its weights
+    local from=$1 to=$2
+    mkdir -p "$to"
+    cp -r "$from/.hydra" "$to/"
+    for file in config.yaml metrics.jsonl eval.jsonl samples.jsonl status.json summary.json \
+        train.log; do
+        [[ -f "$from/$file" ]] && cp "$from/$file" "$to/"
+    done
+    return 0
+}
+
+for entry in "${runs[@]}"; do
+    name=${entry%%|*}
+    read -r -a overrides <<< "${entry#*|}"
+    [[ -n "$only" && ! "$name" =~ $only ]] && continue
+    if [[ -n "${LIST:-}" ]]; then
+        echo "$name: recipe=word_math ${overrides[*]}"
+        continue
+    fi
+    run="$runs_dir/$name"
+    mkdir -p "$runs_dir"
+    echo "== $name: $TEPO train recipe=word_math ${overrides[*]} resume=true hydra.run.dir=$run"
+    # The console beside the run (a directory made before the run would read as a failed start).
+    # A run that fails is reported by its status and left for the next invocation; the others go on.
+    "$TEPO" train recipe=word_math "${overrides[@]}" "${smoke[@]}" resume=true \
+        hydra.run.dir="$run" 2>&1 | tee -a "$run.console.log" || echo "== $name did not finish"
+    state=$(sed -n 's/.*"state": *"\([a-z]*\)".*/\1/p' "$run/status.json" 2>/dev/null || true)
+    if [[ "$state" == finished ]]; then
+        rm -rf "$run/checkpoints"
+        publish "$run" "$results_dir/$name"
+        cp "$run.console.log" "$results_dir/$name/console.log"
+        "$TEPO" report "$results_dir" --reference algo=grpo
+    fi
+done

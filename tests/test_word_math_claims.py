@@ -1,0 +1,66 @@
+"""scripts/word_math_claims.sh (the word_math comparison's driver) on the tiny model: each run's
+records are published without weights, the report compares against GRPO, and a second
+invocation skips the finished runs instead of training them again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEPO = Path(sys.executable).parent / "tepo"
+SCRIPT = ROOT / "scripts" / "word_math_claims.sh"
+
+
+def run_claims(runs: Path, results: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["bash", str(SCRIPT), str(runs), str(results)],
+        cwd=runs.parent,
+        env={**os.environ, "TEPO": str(TEPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_the_list_names_every_run_of_the_comparison(tmp_path):
+    listed = run_claims(tmp_path / "runs", tmp_path / "results", LIST="1").stdout.splitlines()
+    names = [line.split(":")[0] for line in listed]
+    assert len(names) == 21 and len(set(names)) == 21
+    assert names[:5] == [f"{a}_seed0" for a in ("grpo", "dapo", "gspo", "tepo", "mpo")]
+    assert "tepo_mb4_first_order_seed0: recipe=word_math algo=tepo trainer.minibatches=4 " in (
+        "\n".join(listed)
+    )
+    assert {f"mpo_k{k}_seed0" for k in (2, 4, 8)} <= set(names)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_smoke_publishes_records_reports_and_skips_finished_runs(tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    run_claims(runs, results, SMOKE="1")
+    for name in ("grpo_seed0", "tepo_mb4_nomask_seed0"):
+        published = results / name
+        assert json.loads((published / "status.json").read_text())["state"] == "finished"
+        assert len((published / "metrics.jsonl").read_text().splitlines()) == 2
+        overrides = (published / ".hydra" / "overrides.yaml").read_text()
+        assert "recipe=word_math" in overrides and "resume=true" in overrides
+        assert "held-out accuracy" in (published / "console.log").read_text()
+        assert not (runs / name / "checkpoints").exists()
+        assert not any(path.suffix == ".safetensors" for path in published.rglob("*"))
+    report = (results / "report.md").read_text()
+    assert "## Against the reference" in report
+    assert "| algo=tepo trainer.minibatches=4 | held-out final |" in report
+    again = run_claims(runs, results, SMOKE="1")
+    assert (
+        again.stdout.count("nothing to resume, skipped")
+        + again.stderr.count("nothing to resume, skipped")
+        == 2
+    )
