@@ -94,12 +94,14 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="", file=sys.stderr)
         sys.exit(2)
     config_name, job = jobs[command]
+    from tepo_cli.config.conflicts import check_conflicts
     from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
     from tepo_cli.core.errors import ConfigError
 
     overrides = quote_weight_specs(overrides)
     try:
         check_override_keys(config_name, overrides)
+        check_conflicts(config_name, overrides)
         if command == "train":
             from tepo_cli.train.resume import run_dir_overrides
 
