@@ -21,6 +21,7 @@ from pydantic import (
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.config.benchmark_schema import BenchmarkConfig
+from tepo_cli.config.model_path import model_path_problem
 from tepo_cli.config.rollout_schema import (  # noqa: F401  (imported from here across tepo)
     PROMPT_ROOM,
     EngineConfig,
@@ -76,8 +77,10 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _check_source(self) -> ModelConfig:
-        if self.source == "hf" and not self.path:
+        if self.source == "hf" and (not self.path or self.path == "???"):
             raise ValueError("model=hf needs model.path (a hub id or a local directory)")
+        if self.source == "hf" and self.path and (problem := model_path_problem(self.path)):
+            raise ValueError(problem)
         if self.source == "replay" and not self.path:
             raise ValueError("model=replay needs model.path (a JSONL file of completions)")
         if self.source == "gguf_package" and not (self.package and self.gguf_file):
