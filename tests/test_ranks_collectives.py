@@ -62,17 +62,26 @@ def two_zero3_ranks(run_dir: Path) -> list[str]:
     ]
 
 
-def leftovers(run_dir: Path) -> list[str]:
-    """Processes of this run (its directory is on their command line) still alive."""
-    found = []
+def run_processes(run_dir: Path) -> dict[int, str]:
+    """Processes of this run (its directory is on their command line), by pid. The run directory
+    is under pytest's tmp_path, so "pytest" in a command line says nothing: only this test's own
+    process is left out."""
+    found = {}
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if proc.name.isdigit() and str(run_dir) in cmdline and "pytest" not in cmdline:
-            found.append(cmdline)
+        if str(run_dir) in cmdline:
+            found[int(proc.name)] = cmdline
     return found
+
+
+def leftovers(run_dir: Path) -> list[str]:
+    """Processes of this run still alive."""
+    return list(run_processes(run_dir).values())
 
 
 def buffers(output: str) -> list[Path]:

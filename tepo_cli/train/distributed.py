@@ -24,6 +24,7 @@ import torch
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.run_dir import NO_HYDRA_OUTPUTS
+from tepo_cli.train.shm_buffers import remove_shm_buffers, remove_stale_shm_buffers
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 _SET_BY_US: dict[str, str] = {}  # rendezvous variables this job set (a single process)
@@ -179,6 +180,7 @@ def relaunch(
     )
     if job_cores is not None:
         kept.append(f"trainer.num_threads={max(1, job_cores // nproc)}")
+    remove_stale_shm_buffers()  # of earlier launches killed outright (SIGKILL, a lost node)
     port = free_port()
     command = launcher_command(
         launcher, nproc, port, kept, run_dir, device_type, os.environ.get(VISIBLE_DEVICES)
@@ -299,14 +301,3 @@ def _visible_ids(visible_devices: str, nproc: int) -> list[str]:
             f"GPUs visible."
         )
     return ids[:nproc]
-
-
-def remove_shm_buffers(port: int, shm_dir: Path = Path("/dev/shm")) -> list[Path]:
-    """Remove the shared-memory buffers DeepSpeed's CPU all-reduce left for the ranks that used
-    `port`. Its shm op maps one buffer per rank (`deepspeed_allreduce_buffer_<uid>_<addr>_<port>_
-    <rank>`, 69 MB each) and never unlinks it, so every multi-rank CPU run would keep ~70 MB per
-    rank in RAM until the machine reboots. Called once every rank has exited."""
-    removed = sorted(shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
-    for path in removed:
-        path.unlink(missing_ok=True)
-    return removed
