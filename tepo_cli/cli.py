@@ -34,6 +34,7 @@ examples:
   tepo data prepare benchmark=gsm8k && tepo eval benchmark=gsm8k eval.limit=50
   tepo train --cfg job                         # print the composed config and exit
   tepo train --help                            # config groups and their options
+  tepo train --verbose                         # library warnings on the terminal too (else: train.log)
 
 Every key of conf/train.yaml and conf/eval.yaml (and of the groups they compose) can be set as
 key=value; the YAML files document each one.
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {__version__}")
         return
     command, overrides = args[0], args[1:]
+    if "--verbose" in overrides:  # library warnings on the terminal too (core/library_warnings.py)
+        overrides = [a for a in overrides if a != "--verbose"]
+        os.environ["TEPO_VERBOSE"] = "1"  # inherited by a relaunch and by the ranks
     if command == "data":
         sys.exit(_data_command(overrides))
     if command == "deepspeed-env":

@@ -2,7 +2,8 @@
 
 Without this, which of two values wins is an accident of the composition order: `k=3 algo.k=2`
 trained with K = 3 (the shorthand is applied after composition), `resume=RUN hydra.run.dir=OTHER`
-trained from scratch in OTHER, and a key typed twice silently kept its last value.
+trained from scratch in OTHER. One key typed twice is not a conflict: Hydra keeps the last value,
+as programs that append to a command line expect.
 """
 
 from __future__ import annotations
@@ -47,25 +48,11 @@ def _typed_value(override: Any) -> str:
 
 
 def check_conflicts(config_name: str, arguments: list[str]) -> None:
-    settings = command_line_settings(arguments)
-    _same_key_twice(settings)
     if config_name != "train":
         return
-    given = {s.key: s.value for s in settings}
+    given = {s.key: s.value for s in command_line_settings(arguments)}  # the last value wins
     _block_size(given)
     _resume_directory(given)
-
-
-def _same_key_twice(settings: list[Setting]) -> None:
-    first: dict[str, str] = {}
-    for setting in settings:
-        earlier = first.setdefault(setting.key, setting.value)
-        if earlier != setting.value:
-            raise ConfigError(
-                f"'{setting.key}' is given twice on the command line, as {setting.key}={earlier} "
-                f"and {setting.key}={setting.value}; say it once (for a sweep over both values: "
-                f"{setting.key}={earlier},{setting.value} with -m). Nothing was run."
-            )
 
 
 def _block_size(given: dict[str, str]) -> None:

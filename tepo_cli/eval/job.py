@@ -43,7 +43,10 @@ def eval_job(cfg: DictConfig) -> None:
         import_plugins(config.plugins)
         check_backend(config.rollout)
         check_benchmark(config.benchmark, config.reward)
-        summary = run_eval(config, run_dir)
+        from tepo_cli.core.library_warnings import warnings_to_log
+
+        with warnings_to_log("eval"):
+            summary = run_eval(config, run_dir)
     except (ConfigError, RunError) as error:
         if isinstance(error, ConfigError):
             discard_if_unused(run_dir)  # refused at start-up: no output left behind

@@ -48,9 +48,11 @@ def train_job(cfg: DictConfig) -> None:
         if topo.is_main:
             write_status(run_dir, "running")
             status_owner = True
+        from tepo_cli.core.library_warnings import warnings_to_log
         from tepo_cli.train.recipe import train
 
-        train(config, run_dir, topo)
+        with warnings_to_log("train"):
+            train(config, run_dir, topo)
         if status_owner:
             write_status(run_dir, "finished")
     except ConfigError as error:
