@@ -226,8 +226,15 @@ class TrainerConfig(Strict):
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainerConfig:
-        if self.warmup_steps > self.max_steps > 0:
-            raise ValueError("trainer.warmup_steps must not exceed trainer.max_steps")
+        # max_steps counts training steps (a rollout each); the warm-up counts optimizer steps,
+        # ppo_epochs x minibatches of them per training step (train/engine.py).
+        optimizer_steps = self.max_steps * self.ppo_epochs * self.minibatches
+        if self.warmup_steps > optimizer_steps > 0:
+            raise ValueError(
+                f"trainer.warmup_steps={self.warmup_steps} (optimizer steps) exceeds the run's "
+                f"{optimizer_steps} optimizer steps (trainer.max_steps={self.max_steps} training "
+                f"steps x ppo_epochs={self.ppo_epochs} x minibatches={self.minibatches})"
+            )
         return self
 
 
