@@ -33,6 +33,7 @@ examples:
   tepo eval model.path=outputs/train/<date>/<time>/final
   tepo data prepare benchmark=gsm8k && tepo eval benchmark=gsm8k eval.limit=50
   tepo train --cfg job                         # print the composed config and exit
+  tepo train algo=mpo k=4 --dry-run            # validate, print the config the run would use
   tepo train --help                            # config groups and their options
   tepo train --verbose                         # library warnings on the terminal too (else: train.log)
 
@@ -75,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {__version__}")
         return
     command, overrides = args[0], args[1:]
+    dry_run = "--dry-run" in overrides
+    if dry_run:  # validate and print the config the run would use (core/dry_run.py), run nothing
+        overrides = [a for a in overrides if a != "--dry-run"]
+        os.environ["TEPO_DRY_RUN"] = "1"
     if "--verbose" in overrides:  # library warnings on the terminal too (core/library_warnings.py)
         overrides = [a for a in overrides if a != "--verbose"]
         os.environ["TEPO_VERBOSE"] = "1"  # inherited by a relaunch and by the ranks
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             from tepo_cli.train.resume import run_dir_overrides
 
             overrides = run_dir_overrides(overrides)
-        if command == "train" and argv is None:  # a process of its own, not a caller's
+        if command == "train" and argv is None and not dry_run:  # a process of its own
             start_with_host_allocator(config_name, overrides)
     except ConfigError as error:
         print(f"tepo {command}: {error}", file=sys.stderr)

@@ -24,6 +24,7 @@ from rich.table import Table
 from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-directory's resolver)
+from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
 from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY, discard_if_unused
@@ -43,6 +44,9 @@ def eval_job(cfg: DictConfig) -> None:
         import_plugins(config.plugins)
         check_backend(config.rollout)
         check_benchmark(config.benchmark, config.reward)
+        if dry_run(config, "eval"):
+            discard_if_unused(run_dir)
+            return
         from tepo_cli.core.library_warnings import warnings_to_log
 
         with warnings_to_log("eval"):

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-directory's resolver)
+from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS, discard_if_unused
 
@@ -36,6 +37,9 @@ def train_job(cfg: DictConfig) -> None:
         device = choose_device(config.trainer.device)
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         _check_registered_names(config)
+        if dry_run(config, "train"):
+            discard_if_unused(run_dir)
+            return
         if config.resume and _finished_already(run_dir, config):
             return
         from tepo_cli.train import distributed
