@@ -60,6 +60,9 @@ def test_differences_intervals_and_seed_counts_against_the_reference(sweep, tmp_
     entropy = rows[("algo=tepo", "entropy last 2")]
     assert entropy.difference == pytest.approx(0.3)
     assert not any(row.group == "algo=grpo" for row in report.differences)
+    # worst drop: grpo .2 .4 .6 -> 0 and .2 .6 .4 -> .2 (mean .1); tepo .2 .5 .7 -> 0, .3 .3 .3 -> 0
+    drop = rows[("algo=tepo", "held-out worst drop")]
+    assert (drop.reference_mean, drop.mean) == (pytest.approx(0.1), 0.0)
 
 
 def test_the_comparison_is_in_the_markdown_and_its_csv(sweep, tmp_path):

@@ -12,6 +12,7 @@ assumption, said in the legend, not a measurement.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -53,6 +54,7 @@ def per_run_quantities(last: int) -> dict[str, Callable[[Run], float | None]]:
         "held-out final": _final_held_out,
         "held-out mean over training": _mean_held_out,
         "held-out best": _best_held_out,
+        "held-out worst drop": _worst_drop,
         f"entropy last {last}": lambda run: _metric_mean(run, "entropy", last),
         f"length last {last}": lambda run: _metric_mean(run, "response_length", last),
     }
@@ -73,6 +75,16 @@ def _mean_held_out(run: Run) -> float | None:
 def _best_held_out(run: Run) -> float | None:
     curve = held_out_curve(run)
     return max(curve.values()) if curve else None
+
+
+def _worst_drop(run: Run) -> float | None:
+    """The largest fall of held-out accuracy from one evaluation to the next (0 if it never
+    fell): GSPO's claim is steadier training, and a collapse shows here first."""
+    curve = held_out_curve(run)
+    values = [curve[step] for step in sorted(curve)]
+    if len(values) < 2:
+        return None
+    return max(0.0, *(before - after for before, after in itertools.pairwise(values)))
 
 
 def _metric_mean(run: Run, key: str, last: int) -> float | None:

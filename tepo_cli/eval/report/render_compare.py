@@ -52,7 +52,8 @@ def compare_legend(reference: Reference | None) -> str:
         "seeds for 80 % power: seeds per group a two-sided 5 % test would need to detect a "
         "difference of the observed size at the observed spread, 2 (1.96 + 0.84)² s² / δ². "
         "held-out final: the last evaluation; held-out mean over training: the mean of the "
-        "evaluations after step 0 (higher when learning is faster); entropy and length: mean over "
+        "evaluations after step 0 (higher when learning is faster); worst drop: the largest fall "
+        "from one evaluation to the next (steadiness); entropy and length: mean over "
         "the last steps."
     )
 
