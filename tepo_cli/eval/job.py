@@ -23,7 +23,7 @@ from rich.table import Table
 
 from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
-from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-directory's resolver)
+from tepo_cli.core import help_groups, job_dirname  # noqa: F401  (register their resolvers)
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
