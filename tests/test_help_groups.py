@@ -11,9 +11,10 @@ from tepo_cli.core.help_groups import group_lines
 
 
 def test_group_lines_list_each_groups_options():
-    lines = group_lines("rollout,model").splitlines()
+    lines = group_lines("rollout,algo,model").splitlines()
+    assert "_base" not in lines[1]  # conf/algo/_base.yaml is no option
     assert lines[0] == "rollout: hf, vllm"
-    assert lines[1].startswith("model: ") and "tiny" in lines[1] and "_" not in lines[1]
+    assert lines[2] == "model: hf, reference, replay, smollm2_135m, tiny"
 
 
 @pytest.mark.slow
