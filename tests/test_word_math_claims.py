@@ -52,7 +52,9 @@ def test_smoke_publishes_records_reports_and_skips_finished_runs(tmp_path):
         assert len((published / "metrics.jsonl").read_text().splitlines()) == 2
         overrides = (published / ".hydra" / "overrides.yaml").read_text()
         assert "recipe=word_math" in overrides and "resume=true" in overrides
-        assert "held-out accuracy" in (published / "console.log").read_text()
+        console = (published / "console.log").read_text()
+        assert "held-out accuracy" in console
+        assert "no usable checkpoint" not in console  # a fresh job under resume=true: no news
         assert not (runs / name / "checkpoints").exists()
         assert not any(path.suffix == ".safetensors" for path in published.rglob("*"))
     report = (results / "report.md").read_text()

@@ -21,6 +21,7 @@ from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import host_allocator
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.run_dir import METRICS
 from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.kernels.tf32 import set_tf32
@@ -266,8 +267,11 @@ def choose_checkpoint(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Path |
     found = checkpoint.latest_good(run_dir, _warn, topo)  # collective: each rank checks its files
     if found is None:
         if topo.is_main:
+            metrics = run_dir / METRICS
+            started = metrics.is_file() and metrics.stat().st_size > 0
             truncate_logs(run_dir, {})
-            _warn(f"{run_dir} has no usable checkpoint: the run starts over from step 0")
+            if started:  # a fresh directory (a sweep's new job under resume=true) is no news
+                _warn(f"{run_dir} has no usable checkpoint: the run starts over from step 0")
         return None
     if topo.is_main:
         truncate_logs(run_dir, checkpoint.read_trainer_state(found).logs)
