@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from tepo_cli.config.added_keys import check_added_keys
 from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core import help_groups, job_dirname  # noqa: F401  (register their resolvers)
@@ -37,6 +38,7 @@ def eval_job(cfg: DictConfig) -> None:
     try:
         refuse_training_sampling_keys(hydra_cfg.overrides.task)
         config = load_eval_config(cfg, hydra_cfg.runtime.choices)
+        check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
         from tepo_cli.benchmarks import check_benchmark
         from tepo_cli.core.user_code import import_plugins
         from tepo_cli.rollout import check_backend

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from tepo_cli.config.added_keys import check_added_keys
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-directory's resolver)
@@ -32,6 +33,7 @@ def train_job(cfg: DictConfig) -> None:
 
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
+        check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
         from tepo_cli.train.device_choice import apply_device_choice, choose_device
 
         device = choose_device(config.trainer.device)
