@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     if "--verbose" in overrides:  # library warnings on the terminal too (core/library_warnings.py)
         overrides = [a for a in overrides if a != "--verbose"]
         os.environ["TEPO_VERBOSE"] = "1"  # inherited by a relaunch and by the ranks
+    if os.environ.get("TEPO_VERBOSE") != "1":
+        # torch's C++ warnings raised outside a Python call (vLLM's CPU worker: "NUMA binding:
+        # Using MEMBIND policy ...") bypass Python's warnings; errors still print.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     if command == "data":
         sys.exit(_data_command(overrides))
     if command == "deepspeed-env":
