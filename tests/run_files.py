@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 
 # Keys that measure the machine, not the run: they differ between any two runs.
-TIMING_KEYS = {"tokens_per_second", "peak_rss_mb", "peak_gpu_mb"}
+TIMING_KEYS = {
+    "tokens_per_second",
+    "trained_tokens_per_second",
+    "update_mfu",
+    "peak_rss_mb",
+    "peak_gpu_mb",
+}
 # What a run saves beside its metrics (the last three with MPO's MTP modules / a GAE critic).
 WEIGHTS_FILES = (
     "final/model.safetensors",

@@ -23,6 +23,7 @@ _SHOWN = (
     ("kl", "kl", "{:.4f}"),
     ("grad_norm", "|g|", "{:.3f}"),
     ("step_seconds", "s/step", "{:.1f}"),
+    ("update_mfu", "MFU", "{:.2f}"),
 )
 
 

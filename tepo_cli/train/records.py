@@ -11,6 +11,7 @@ import torch.distributed as dist
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.experience import Experience
+from tepo_cli.train.flops import model_shape, peak_flops, update_work
 
 
 def step_record(
@@ -51,7 +52,35 @@ def step_record(
         record["peak_gpu_mb"] = torch.cuda.max_memory_allocated(engine.device) / 2**20
     record.update({f"{phase}_seconds": v for phase, v in clock.seconds.items()})
     record.update(update_metrics)
+    record.update(_throughput(cfg, engine, experience, record.get("update_seconds")))
     return record
+
+
+def _throughput(
+    cfg: TrainConfig, engine: Any, experience: Experience, seconds: float | None
+) -> dict[str, float]:
+    """The update's needed FLOPs, trained tokens per second and MFU over every rank
+    (train/flops.py). One collective, entered by every rank each step."""
+    lm = engine.module.lm
+    shape = model_shape(lm)
+    flops, tokens = update_work(shape, experience.batch, cfg.trainer.ppo_epochs)
+    dtype = next(lm.parameters()).dtype
+    peak = peak_flops(engine.device, dtype, shape)
+    sums = torch.tensor(
+        [flops, tokens, peak or 0.0, 0.0 if peak is None else 1.0],
+        dtype=torch.float64,
+        device=engine.device,
+    )
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sums)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    flops, tokens, peaks, known = sums.tolist()
+    result = {"update_flops": flops}
+    if seconds:
+        result["trained_tokens_per_second"] = tokens / seconds
+        if known == world:
+            result["update_mfu"] = flops / (seconds * peaks)
+    return result
 
 
 def _summed_over_ranks(

@@ -1,0 +1,130 @@
+"""Model FLOPs utilisation of the update: the FLOPs the update needs over what the devices could
+have done in its seconds (PaLM's MFU, Chowdhery et al. 2022, appendix B, with attention).
+
+Needed FLOPs of one pass over the step's tokens, forward and backward:
+    6 · N · tokens + 12 · L · d_attn · Σ context
+N: the parameters a token multiplies by (every weight, less an input embedding that is not also
+the output head: a lookup is no matmul); L layers; d_attn = heads × head dim; a token's context is
+the number of keys it attends to (causal: its position + 1), summed exactly rather than PaLM's
+full-length bound. Prompts count once per distinct prompt (as the prompt pass computes them),
+answers once per row, all of it times `trainer.ppo_epochs`. Recomputation (gradient
+checkpointing) is not needed work, so it is not counted: that is MFU, not hardware utilisation.
+
+The peak: on CUDA, the device's dense (no sparsity) tensor-core rate for the update's dtype from
+NVIDIA's datasheets (`PEAKS`; an unknown GPU gets no MFU, said once); on the CPU, the rate this
+process measures at the start for a matmul of the model's MLP shape ([2048, hidden] ×
+[hidden, intermediate]) in the model's dtype, well under a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.shared_prompts import distinct_prompts
+
+# Dense peak FLOP/s by GPU name fragment (first match wins: the specific names first), per dtype.
+# NVIDIA datasheets: H100 SXM5 / H200 (989 bf16, 495 tf32, 67 fp32 TFLOPS), H100 PCIe (756, 378,
+# 51), A100 (312, 156, 19.5), L40S (362, 183, 91.6), RTX 4090 (165, 82.6, 82.6).
+PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    ("H100", {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}),
+    ("H200", {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}),
+    ("A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "tf32": 183e12, "fp32": 91.6e12}),
+    ("RTX 4090", {"bf16": 165e12, "tf32": 82.6e12, "fp32": 82.6e12}),
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    matmul_params: int
+    layers: int
+    attention_width: int
+    hidden: int
+    intermediate: int
+
+
+def model_shape(lm: torch.nn.Module) -> ModelShape:
+    config = lm.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    total = sum(_numel(p) for p in lm.parameters())
+    embedding = lm.get_input_embeddings().weight
+    head = lm.get_output_embeddings()
+    tied = head is not None and head.weight is embedding
+    params = total if tied else total - _numel(embedding)
+    intermediate = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    return ModelShape(
+        params, config.num_hidden_layers, heads * head_dim, config.hidden_size, intermediate
+    )
+
+
+def _numel(param: torch.nn.Parameter) -> int:
+    return int(getattr(param, "ds_numel", param.numel()))  # ZeRO-3 keeps a shard only
+
+
+def update_work(shape: ModelShape, batch: SequenceBatch, epochs: int) -> tuple[float, float]:
+    """(needed FLOPs, trained tokens) of the update over this rank's rows."""
+    width = batch.prompt_width
+    prompt_mask = batch.attention_mask[:, :width]
+    prompts = prompt_mask.sum(dim=1).double().cpu()
+    answers = batch.response_mask.sum(dim=1).double().cpu()
+    first, _ = distinct_prompts(batch.input_ids[:, :width].cpu(), prompt_mask.cpu())
+    distinct = prompts[first]
+    tokens = float(distinct.sum() + answers.sum())
+    context = float(
+        (distinct * (distinct + 1) / 2).sum()
+        + (answers * prompts + answers * (answers + 1) / 2).sum()
+    )
+    flops = (
+        6.0 * shape.matmul_params * tokens + 12.0 * shape.layers * shape.attention_width * context
+    )
+    return epochs * flops, epochs * tokens
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, shape: ModelShape) -> float | None:
+    """FLOP/s this device could do at best in `dtype`; None for a GPU not in PEAKS."""
+    if device.type == "cuda":
+        return _gpu_peak(torch.cuda.get_device_name(device), _kind(dtype))
+    return _cpu_rate(dtype, shape.hidden, shape.intermediate, torch.get_num_threads())
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype in (torch.bfloat16, torch.float16):
+        return "bf16"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+@functools.cache
+def _gpu_peak(name: str, kind: str) -> float | None:
+    for fragment, peaks in PEAKS:
+        if fragment in name:
+            return peaks[kind]
+    print(
+        f"tepo train: no peak FLOP/s known for GPU {name!r} (train/flops.py lists "
+        f"{', '.join(f for f, _ in PEAKS)}): the step records carry no update_mfu.",
+        file=sys.stderr,
+    )
+    return None
+
+
+@functools.cache
+def _cpu_rate(dtype: torch.dtype, hidden: int, intermediate: int, threads: int) -> float:
+    """The best of a few timed [2048, hidden] × [hidden, intermediate] matmuls, after one warm-up."""
+    own = torch.Generator(device="cpu").manual_seed(0)  # the run's RNG streams stay untouched
+    a = torch.randn(2048, hidden, dtype=dtype, device="cpu", generator=own)
+    b = torch.randn(hidden, intermediate, dtype=dtype, device="cpu", generator=own)
+    torch.mm(a, b)
+    best, spent = float("inf"), 0.0
+    while spent < 0.3:
+        began = time.perf_counter()
+        torch.mm(a, b)
+        took = time.perf_counter() - began
+        best, spent = min(best, took), spent + took
+    return 2.0 * 2048 * hidden * intermediate / best

@@ -1,0 +1,88 @@
+"""The update's needed FLOPs and MFU (tepo_cli/train/flops.py), every number computed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.train import flops
+from tepo_cli.train.flops import ModelShape, model_shape, update_work
+
+
+def batch() -> SequenceBatch:
+    """Rows 0 and 1 share the 3-token prompt [5, 6, 7] (left-padded to 4); row 2's is [8, 9].
+    Answers: 2, 1 and 3 tokens."""
+    prompts = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7], [0, 0, 8, 9]])
+    prompt_mask = (torch.arange(4) >= torch.tensor([[1], [1], [2]])).long()
+    answers = torch.tensor([[1, 2, 0], [3, 0, 0], [4, 5, 6]])
+    answer_mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    return SequenceBatch(
+        input_ids=torch.cat([prompts, answers], dim=1),
+        attention_mask=torch.cat([prompt_mask, answer_mask.long()], dim=1),
+        position_ids=torch.zeros(3, 7, dtype=torch.long),
+        response_mask=answer_mask,
+        prompt_width=4,
+    )
+
+
+def test_prompts_count_once_answers_per_row_and_context_is_causal():
+    shape = ModelShape(matmul_params=1000, layers=2, attention_width=8, hidden=8, intermediate=16)
+    # tokens: prompts 3 + 2, answers 2 + 1 + 3 -> 11
+    # context: prompts 3·4/2 + 2·3/2 = 9; answers (3+1)+(3+2) + (3+1) + (2+1)+(2+2)+(2+3) = 25
+    needed, tokens = update_work(shape, batch(), epochs=2)
+    assert tokens == 2 * 11
+    assert needed == 2 * (6 * 1000 * 11 + 12 * 2 * 8 * (9 + 25))
+
+
+def test_the_shape_of_the_tiny_model(tiny_model):
+    shape = model_shape(tiny_model)
+    config = tiny_model.config
+    total = sum(p.numel() for p in tiny_model.parameters())
+    embedding = tiny_model.get_input_embeddings().weight
+    tied = tiny_model.get_output_embeddings().weight is embedding
+    assert shape.matmul_params == (total if tied else total - embedding.numel())
+    assert shape.layers == config.num_hidden_layers
+    assert shape.attention_width == config.num_attention_heads * (
+        config.hidden_size // config.num_attention_heads
+    )
+
+
+def test_gpu_peaks_by_name_and_dtype(capsys):
+    assert flops._gpu_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert flops._gpu_peak("NVIDIA H100 PCIe", "fp32") == 51e12
+    assert flops._gpu_peak("NVIDIA H200", "tf32") == 495e12
+    assert flops._gpu_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert flops._gpu_peak("Some Future GPU", "bf16") is None
+    assert "no peak FLOP/s known for GPU 'Some Future GPU'" in capsys.readouterr().err
+
+
+def test_the_cpu_rate_is_measured_without_touching_the_global_rng():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    rate = flops._cpu_rate.__wrapped__(torch.float32, 64, 128, torch.get_num_threads())
+    assert torch.equal(torch.rand(3), expected)
+    assert math.isfinite(rate) and rate > 1e6
+
+
+@pytest.mark.slow
+def test_a_step_record_has_the_throughput(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "tepo_cli", "train", "model=tiny", "trainer.max_steps=1",
+            "trainer.eval_before=false", "trainer.eval_after=false", "trainer.save_final=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["update_flops"] > 0 and record["trained_tokens_per_second"] > 0
+    assert record["update_mfu"] > 0 and math.isfinite(record["update_mfu"])
+    assert "MFU " in result.stdout + result.stderr  # the console: stderr when not a terminal
