@@ -62,7 +62,15 @@ def eval_job(cfg: DictConfig) -> None:
 
 
 # rollout.* keys of the training rollout; tepo eval's sampling is eval.*'s
-_TRAINING_SAMPLING = ("n", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size")
+_TRAINING_SAMPLING = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "batch_size",
+    "truncated_sampling",
+)
 
 
 def refuse_training_sampling_keys(overrides: list[str]) -> None:
@@ -71,7 +79,10 @@ def refuse_training_sampling_keys(overrides: list[str]) -> None:
         key = override.split("=", 1)[0].lstrip("+~")
         field = key.removeprefix("rollout.")
         if key.startswith("rollout.") and field in _TRAINING_SAMPLING:
-            instead = "tepo eval has no top_k" if field == "top_k" else f"here: eval.{field}"
+            instead = {
+                "top_k": "tepo eval has no top_k",
+                "truncated_sampling": "nothing is trained on tepo eval's samples: no bias to accept",
+            }.get(field, f"here: eval.{field}")
             raise ConfigError(
                 f"{key} sets the training rollout's sampling; tepo eval samples with eval.n, "
                 f"eval.greedy, eval.temperature, eval.top_p, eval.max_new_tokens and "
