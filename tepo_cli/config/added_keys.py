@@ -21,28 +21,14 @@ from tepo_cli.core.errors import ConfigError
 def preset_keys(group: str, option: str) -> dict[str, Any]:
     """The option's YAML merged over the files its `defaults` list names (same group)."""
     folder = resources.files("tepo_cli.conf").joinpath(group)
-    node = OmegaConf.to_container(OmegaConf.load(str(folder.joinpath(f"{option}.yaml"))))
-    assert isinstance(node, dict)
-    merged: dict[str, Any] = {}
-    own = {k: v for k, v in node.items() if k != "defaults"}
-    for entry in node.get("defaults", []) or ["_self_"]:
-        if entry == "_self_":
-            merged = _merge(merged, own)
-        elif isinstance(entry, str):
-            merged = _merge(merged, preset_keys(group, entry))
-    if "_self_" not in (node.get("defaults") or ["_self_"]):
-        merged = _merge(merged, own)
-    return merged
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    result = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _merge(result[key], value)
-        else:
-            result[key] = value
-    return result
+    node = OmegaConf.load(str(folder.joinpath(f"{option}.yaml")))
+    defaults = list(node.pop("defaults", None) or ["_self_"])
+    if "_self_" not in defaults:
+        defaults.append("_self_")
+    parts = [node if entry == "_self_" else preset_keys(group, entry) for entry in defaults]
+    merged = OmegaConf.to_container(OmegaConf.merge(*parts))
+    assert isinstance(merged, dict)
+    return merged  # type: ignore[return-value]
 
 
 def _has(tree: Mapping[str, Any], path: Sequence[str]) -> bool:
