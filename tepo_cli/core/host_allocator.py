@@ -1,11 +1,10 @@
 """The process's host memory allocator (`trainer.host_allocator`): tcmalloc or jemalloc in place of
 glibc's malloc, for tensors on the CPU.
 
-Why. A CPU update allocates and frees tens of GB of activations per step, in blocks of 0.5-50 MB.
-glibc serves such blocks either with their own mmap (tepo's default, `trainer.mmap_threshold_kb`):
-every block then faults in fresh zeroed pages, a third of the long-answer job's update on this
-CPU; or from its heap (glibc's adaptive threshold), which reuses them but fragments: +0.5-0.7 GB of
-peak. tcmalloc and jemalloc keep freed blocks in size classes and reuse them, at about glibc's
+Why. A CPU update allocates and frees many large activation blocks per step. glibc serves such
+blocks either with their own mmap (tepo's default, `trainer.mmap_threshold_kb`): every block then
+faults in fresh zeroed pages, a large share of a long-answer update; or from its heap (glibc's
+adaptive threshold), which reuses them but fragments and raises the peak. tcmalloc and jemalloc keep freed blocks in size classes and reuse them, at about glibc's
 mmap peak (docs/guides/performance.md, "The host allocator", measured by scripts/bench_update.py).
 On a GPU the activations live in PyTorch's CUDA caching allocator; this only changes host memory.
 

@@ -3,17 +3,17 @@
 Autograd keeps every intermediate an op needs: for transformers' RMSNorm the normalised input
 besides the input itself, for the SwiGLU MLP silu(gate) besides gate and up. These two functions
 keep only the inputs (and RMSNorm's per-row scale) and recompute the rest in backward — cheap
-elementwise work. On SmolLM2 that is 2 x 576 + 1,536 of the ~13,000 floats a token keeps per layer
-(~100 MB of a GRPO step's activations on the CPU benchmark job).
+elementwise work: for a Llama-shaped layer, 2 x hidden + intermediate of the floats a token
+keeps per layer.
 
 Their outputs are kept a second time by the layers that consume them: q/k/v (and gate/up) keep
 the normalised input they multiply, down_proj keeps silu(gate) * up, and o_proj a copy of the
 packed attention's output (models/packed_attention.py registers it). Inside the decoder stack's forward a
 saved-tensor hook keeps those as recipes instead (`_SavedOutputs`): in backward the output is
 recomputed from what is kept anyway (the norm's input, gate and up, the attention's segments),
-once per layer and shared by its consumers. On SmolLM2 that is another 3 x 576 + 1,536 floats per
-token and layer (the long-answer job's step-2 peak went from 4.19 to 3.89 GB with the first
-two), for one more norm and one more silu-multiply per layer in backward. The recomputed values
+once per layer and shared by its consumers: another 3 x hidden + intermediate floats per token
+and layer (what it saves at the peak: docs/guides/performance.md), for one more norm and one more
+silu-multiply per layer in backward. The recomputed values
 are bitwise the forward's (the same operations on the same inputs; the norm's weight is copied
 at forward time, so a ZeRO-3 partition released after the forward does not matter).
 

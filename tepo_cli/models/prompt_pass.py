@@ -3,8 +3,7 @@
 Token-budget micro-batches (train/micro_batches.py) spread a group's answers over several
 forward/backward passes, and the packed forward (models/packing.py) computes each distinct prompt
 once in every micro-batch that holds one of its answers. On long prompts that is a large share of
-the update: on the long-answer job (MATH prompts of ~300 tokens, 1,024-token micro-batches) it was
-37 % of the update's token slots. With a prompt pass the minibatch's distinct prompts run once, in
+the update's token slots (the long-answer job's: docs/results/bench_update/results.md). With a prompt pass the minibatch's distinct prompts run once, in
 one packed row; each layer's keys and values (after the rotary embedding) and the prompt tokens'
 final hidden states are kept, and every micro-batch packs its answers only, which attend to their
 prompt's keys and values (`ExternalPrompts`). The same attention over the same keys and values:

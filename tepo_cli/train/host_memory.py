@@ -2,11 +2,11 @@
 
 glibc serves a large allocation with its own mmap and unmaps it on free, but it raises that
 "large" threshold to the size of every mmapped block freed (up to 32 MiB). After one training
-step every gradient and activation (1-4 MiB each for SmolLM2) is served from the heap instead, and
-the heap keeps freed memory it cannot hand back between live blocks: on the CPU benchmark job the
-process held ~350 MB more than it used, the step's peak grew from 2.77 to 3.11 GB. A fixed
-threshold (`trainer.mmap_threshold_kb`) stops the drift; the price is fresh page faults on each
-big buffer (a few percent of a CPU step, a third of a long-answer update). tcmalloc and jemalloc
+step every gradient and activation of a small model is served from the heap instead, and the
+heap keeps freed memory it cannot hand back between live blocks, so the peak drifts up from step
+to step (docs/results/bench_update/page_faults.md). A fixed threshold
+(`trainer.mmap_threshold_kb`) stops the drift; the price is fresh page faults on each big buffer
+(measured in docs/results/bench_update/). tcmalloc and jemalloc
 (`trainer.host_allocator`, core/host_allocator.py) reuse freed buffers without that drift; with
 either loaded the threshold does not apply.
 """
