@@ -37,8 +37,8 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
     "tcmalloc": ("tcmalloc_minimal", "tcmalloc"),
 }
 PACKAGES = {"tcmalloc": "libtcmalloc-minimal4", "jemalloc": "libjemalloc2"}  # Debian and Ubuntu
-# jemalloc first: on the long-answer job both make the update ~1.3x faster, and jemalloc's peak is
-# ~0.2 GB below tcmalloc's (docs/guides/performance.md, "The host allocator")
+# jemalloc first: on the long-answer job both make the update faster than glibc's malloc, and
+# jemalloc's peak is below tcmalloc's (docs/guides/performance.md, "The host allocator")
 AUTO_ORDER = ("jemalloc", "tcmalloc")
 # Set in the environment of the process started again: a second start would be a loop.
 STARTED_AGAIN = "TEPO_HOST_ALLOCATOR_PRELOADED"
@@ -88,7 +88,8 @@ def resolve(choice: str, find: Callable[[str], str | None] | None = None) -> All
             None,
             note=(
                 "no jemalloc or tcmalloc installed: `apt install libjemalloc2` (Debian, Ubuntu) "
-                "makes a CPU update with long answers ~1.3x faster (trainer.host_allocator)"
+                "makes a CPU update with long answers faster (trainer.host_allocator; "
+                "docs/guides/performance.md)"
             ),
         )
     raise ConfigError(
@@ -124,9 +125,8 @@ def _this_process() -> str:
 # allocator -> (environment variable, value) it reads at start, set unless the user set it.
 # jemalloc: freed pages go back to the OS after ~1 s unused, not its default ~10 s. The loop
 # reuses what it frees within a micro-batch or the next one, so nothing is lost in speed, while
-# pages freed by one phase and not needed by the next leave sooner: the long-answer job's update
-# alone peaked 65 MB lower (3.60 -> 3.535 GB) in the same time (29.9 / 29.2 s); 0 (immediate)
-# cost 1.3x the time (docs/guides/performance.md, "The host allocator").
+# pages freed by one phase and not needed by the next leave sooner: a lower peak in the same time,
+# where 0 (immediate) costs time (docs/guides/performance.md, "The host allocator").
 SETTINGS: dict[str, tuple[str, str]] = {"jemalloc": ("MALLOC_CONF", "dirty_decay_ms:1000")}
 
 

@@ -149,7 +149,7 @@ def _grouped_query_attention_without_copies() -> None:
     With a padding mask, transformers copies every key/value head once per query head before
     calling SDPA (repeat_kv), because CUDA's fused kernels cannot take a mask and grouped heads
     together. torch's CPU kernel can (`enable_gqa`), with identical results; the copies cost a
-    decode step time and, kept for backward, ~130 MB of SmolLM2 activations per training step.
+    decode step time and, kept for backward, activation memory in every training step.
     transformers reads this switch at every attention call; a user's own setting wins.
     """
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")

@@ -5,8 +5,8 @@ activations, except for a single row longer than the budget, which runs alone: w
 answers that row, not the budget, would set the update's peak memory. `auto` (the default)
 checkpoints exactly those micro-batches (each layer keeps only its input and recomputes the rest
 in backward), so memory follows the budget whatever the answer length, and micro-batches within
-it pay nothing: measured on the long job, checkpointing every micro-batch at the default budget
-cost 30 % of the update and saved nothing at the peak (docs/guides/performance.md, "Long answers"). `true`
+it pay nothing: on the long job, checkpointing every micro-batch at the default budget cost
+update time and saved nothing at the peak (docs/guides/performance.md, "Long answers"). `true`
 checkpoints every micro-batch (set once, at load), `false` none.
 
 A prompt pass (the minibatch's prompts run once for all its micro-batches, models/prompt_pass.py)
