@@ -243,3 +243,23 @@ def test_free_blocks_go_back_to_the_os_between_phases(choice: str) -> None:
     assert int(after) < int(touched) - 300 * mb and int(after) <= int(freed), result.stdout
     if choice != "jemalloc":  # kept for reuse until released
         assert int(freed) > int(touched) - 50 * mb, result.stdout
+
+
+def test_cuda_is_expected_only_with_a_driver_a_cuda_torch_and_visible_gpus(tmp_path):
+    """`trainer.device=auto` before torch is imported (the allocator's choice) follows the same
+    facts as torch.cuda.is_available() after: a CPU build of torch on a GPU node is a CPU run."""
+    from tepo_cli.core.host_allocator import cuda_expected
+
+    node = tmp_path / "nvidiactl"
+    cpu_torch, cuda_torch = tmp_path / "cpu_torch", tmp_path / "cuda_torch"
+    (cpu_torch / "lib").mkdir(parents=True)
+    (cpu_torch / "lib" / "libtorch_cpu.so").write_bytes(b"")
+    (cuda_torch / "lib").mkdir(parents=True)
+    (cuda_torch / "lib" / "libtorch_cuda.so").write_bytes(b"")
+    assert not cuda_expected(node, cuda_torch, {})  # no driver
+    node.write_bytes(b"")
+    assert cuda_expected(node, cuda_torch, {})
+    assert not cuda_expected(node, cpu_torch, {})  # a CPU build of torch: the issue's case
+    assert not cuda_expected(node, cuda_torch, {"CUDA_VISIBLE_DEVICES": ""})
+    assert not cuda_expected(node, cuda_torch, {"CUDA_VISIBLE_DEVICES": "-1"})
+    assert cuda_expected(node, cuda_torch, {"CUDA_VISIBLE_DEVICES": "0,1"})

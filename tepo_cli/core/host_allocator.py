@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import ctypes.util
 import functools
+import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,9 +200,27 @@ def requested(config_name: str, arguments: Sequence[str]) -> str | None:
         choice, device = str(cfg.trainer.host_allocator), str(cfg.trainer.device)
     except Exception:
         return None
-    if device == "auto":  # before torch is imported: an NVIDIA driver's device node says enough
-        device = "cuda" if Path("/dev/nvidiactl").exists() else "cpu"
+    if device == "auto":
+        device = "cuda" if cuda_expected() else "cpu"
     return for_device(choice, device)
+
+
+def cuda_expected(
+    node: Path = Path("/dev/nvidiactl"),
+    torch_dir: Path | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> bool:
+    """`trainer.device=auto`'s answer before torch is imported (train/device_choice.py decides
+    after, with torch.cuda.is_available()): an NVIDIA driver's device node, a torch built with
+    CUDA (its libtorch_cuda), and GPUs left visible. The two rules differ only where a driver is
+    too old for the installed torch, which device_choice then reports."""
+    if not node.exists() or env.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return False
+    if torch_dir is None:
+        spec = importlib.util.find_spec("torch")
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        torch_dir = Path(locations[0]) if locations else None
+    return torch_dir is not None and any((torch_dir / "lib").glob("libtorch_cuda*"))
 
 
 def for_device(choice: str, device: str) -> str:
