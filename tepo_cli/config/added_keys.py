@@ -22,7 +22,13 @@ def preset_keys(group: str, option: str) -> dict[str, Any]:
     """The option's YAML merged over the files its `defaults` list names (same group)."""
     folder = resources.files("tepo_cli.conf").joinpath(group)
     node = OmegaConf.load(str(folder.joinpath(f"{option}.yaml")))
-    defaults = list(node.pop("defaults", None) or ["_self_"])
+    # Only the group's own files count: an entry that writes into another package
+    # (`/reward_plus_minus_one@_global_.reward` in algo/dapo.yaml) sets no key of this group.
+    defaults = [
+        entry
+        for entry in node.pop("defaults", None) or ["_self_"]
+        if isinstance(entry, str) and not entry.startswith("/") and "@" not in entry
+    ]
     if "_self_" not in defaults:
         defaults.append("_self_")
     parts = [node if entry == "_self_" else preset_keys(group, entry) for entry in defaults]

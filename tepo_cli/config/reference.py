@@ -9,6 +9,7 @@ when a key has no comment or the committed page differs from what this module re
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 import typing
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.config.added_keys import preset_keys
 from tepo_cli.config.eval_schema import EvalConfig, EvalOptions
 from tepo_cli.config.schema import (
     AdvantageConfig,
@@ -137,7 +139,9 @@ def schema_keys(model: type[BaseModel], prefix: str) -> list[tuple[str, FieldInf
 
 
 def group_keys(group: Group, defaults: dict[str, Any]) -> list[Key]:
-    """The group's keys; `defaults` maps a command to its composed config (`default_configs`)."""
+    """The group's keys; `defaults` maps a command to its composed config (`default_configs`).
+    A key that only some presets define says which: the others do not use it
+    (config/added_keys.py refuses it there)."""
     comments = group_comments(group)
     composed = defaults["eval" if group.prefix == "eval" else "train"]
     return [
@@ -146,10 +150,35 @@ def group_keys(group: Group, defaults: dict[str, Any]) -> list[Key]:
             _type(field.annotation),
             _default(field, OmegaConf.select(composed, name, default=MISSING)),
             _allowed(field),
-            comments.get(name, ""),
+            comments.get(name, "") + _only_in(group, name),
         )
         for name, field in schema_keys(group.model, group.prefix)
     ]
+
+
+def _only_in(group: Group, name: str) -> str:
+    options = group_options(group)
+    path = name.split(".")[1:]
+    if _has_key(_train_yaml().get(group.prefix), path):
+        return ""  # conf/train.yaml sets it beside whichever preset: every preset has it
+    users = [o for o in options if _has_key(preset_keys(group.prefix, o), path)]
+    if not options or len(users) == len(options):
+        return ""
+    return f" (only with {', '.join(f'{group.prefix}={u}' for u in users) or 'a plugin'})"
+
+
+@functools.cache
+def _train_yaml() -> dict[str, Any]:
+    node = OmegaConf.to_container(OmegaConf.load(CONF / "train.yaml"))
+    return node if isinstance(node, dict) else {}  # type: ignore[return-value]
+
+
+def _has_key(tree: Any, path: list[str]) -> bool:
+    for part in path:
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
 
 
 def top_level_keys(command: str, defaults: dict[str, Any]) -> list[Key]:
