@@ -55,16 +55,3 @@ def test_warnings_go_to_the_log_file_counted_and_verbose_shows_them(tmp_path):
     assert loud.returncode == 0, loud.stderr[-3000:]
     assert "FutureWarning: a library's deprecation notice" in loud.stderr + loud.stdout
     assert "went to train.log" not in loud.stderr
-
-
-@pytest.mark.slow
-def test_a_plain_tiny_run_prints_no_warning_line(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "tepo_cli", "train", "model=tiny", "trainer.max_steps=1",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not [line for line in result.stderr.splitlines() if "warn" in line.lower()]
