@@ -16,6 +16,8 @@ run starts (the deepspeed launcher and its ranks). A rank started on another nod
 the same for itself. `auto` takes jemalloc, else tcmalloc, else stays with glibc and says how to
 install one, on a CPU run; a GPU run keeps glibc (`for_device`). Naming one that is not installed
 is refused.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Python's warnings are captured into the `py.warnings` logger, which writes to th
 (train.log, eval.log: Hydra's file handler), counted. Python's own filter already keeps the
 first occurrence per place. At the end, one tepo line says how many went to the file.
 `TEPO_VERBOSE=1` (or `tepo train --verbose`) keeps them on the terminal as well.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

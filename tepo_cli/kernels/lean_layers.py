@@ -19,6 +19,8 @@ at forward time, so a ZeRO-3 partition released after the forward does not matte
 
 `make_lean(model)` swaps the forward of the modules whose code is known to match (the Llama family:
 Llama, Qwen2/3, Mistral, SmolLM); any other module keeps its own forward.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

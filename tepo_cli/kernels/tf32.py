@@ -14,6 +14,8 @@ It is set with `torch.set_float32_matmul_precision`, not torch 2.13's newer
 `torch.backends.cuda.matmul.fp32_precision`: the older call keeps both views of the setting
 consistent, while the newer one, once set, makes the older getters raise — and vLLM's GPU worker
 and torch.compile (which vLLM uses for CUDA graphs) call them in this same process.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 routed through `packed_attention`, which runs each segment's queries against its keys —
 FlashAttention's variable-length kernel on CUDA in half precision, scaled-dot-product attention
 segment by segment elsewhere — and passes every call without a packed layout to the model's own
-implementation."""
+implementation.
+
+A change outside tepo's own objects: listed in docs/patches.md.
+"""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ Memory. Its activations would be kept from the first micro-batch to the last, be
 micro-batch's own; the caller checkpoints its layers instead (each keeps its input and runs again
 in the last backward: one more forward of the prompts per minibatch), unless gradient
 checkpointing is off. What stays is small: each layer's keys and values of the prompt tokens.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ can run.
   are gone is refused by the back-end, and a layer called anyway raises `EngineAsleep`.
 
 Linux only: elsewhere MADV_DONTNEED may keep the pages' old contents or not free them.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

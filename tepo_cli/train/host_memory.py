@@ -9,6 +9,8 @@ to step (docs/results/bench_update/page_faults.md). A fixed threshold
 (measured in docs/results/bench_update/). tcmalloc and jemalloc
 (`trainer.host_allocator`, core/host_allocator.py) reuse freed buffers without that drift; with
 either loaded the threshold does not apply.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

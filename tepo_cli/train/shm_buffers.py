@@ -4,6 +4,8 @@ Its shm op maps one buffer per rank (`deepspeed_allreduce_buffer_<uid>_<addr>_<p
 tens of MB each) and never unlinks it. The relaunching parent removes its own launch's buffers
 when the ranks exit (however they exit); a launch killed with SIGKILL, parent and all, cannot, so
 every multi-rank start also removes the buffers that no live process maps any more.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ A watcher thread learns of every signal at once (the interpreter's wakeup file d
 written from the C-level handler, whatever the main thread is doing); when the handler has not run
 `STUCK_GRACE_S` seconds later, the main thread is stuck in native code, and the watcher ends the
 process with 128 + the signal number.
+
+A change outside tepo's own objects: listed in docs/patches.md.
 """
 
 from __future__ import annotations
