@@ -101,22 +101,22 @@ def test_rank_shards_are_padded_to_the_same_size():
 
 
 def test_a_timed_out_collective_is_reported_with_the_phase_it_happened_in():
-    from tepo_cli.train import collectives
+    from tepo_cli.train import collective_timeout
     from tepo_cli.train.clock import StepClock
 
     gloo = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation"
-    outer = collectives.current_phase()  # whatever an earlier in-process run left
-    evaluation, clock = collectives.phase("held-out evaluation (after)"), StepClock()
+    outer = collective_timeout.current_phase()  # whatever an earlier in-process run left
+    evaluation, clock = collective_timeout.phase("held-out evaluation (after)"), StepClock()
     with pytest.raises(RuntimeError) as caught, evaluation, clock("rollout"):
         raise RuntimeError(gloo)
-    assert collectives.timed_out(caught.value)
-    assert not collectives.timed_out(RuntimeError("CUDA out of memory"))
-    message = collectives.timeout_message(1, 2, 10, 3, caught.value)
+    assert collective_timeout.timed_out(caught.value)
+    assert not collective_timeout.timed_out(RuntimeError("CUDA out of memory"))
+    message = collective_timeout.timeout_message(1, 2, 10, 3, caught.value)
     assert message.startswith(
         "rank 1 of 2 waited more than trainer.collective_timeout_s=10 s for the other ranks in a "
         "collective during the rollout phase (at step 3)"
     )
-    assert collectives.current_phase() == outer  # the phases ended with the error
+    assert collective_timeout.current_phase() == outer  # the phases ended with the error
 
 
 @pytest.mark.slow

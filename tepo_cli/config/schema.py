@@ -222,7 +222,7 @@ class TrainerConfig(Strict):
     save_every: int = Field(default=10, ge=0)
     keep_checkpoints: int = Field(default=2, ge=1)
     max_bad_steps: int = Field(default=3, ge=1)
-    collective_timeout_s: float = Field(default=1800.0, gt=0)  # train/collectives.py
+    collective_timeout_s: float = Field(default=1800.0, gt=0)  # train/collective_timeout.py
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainerConfig:

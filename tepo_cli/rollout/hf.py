@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
-from tepo_cli.core.collective import collective_device
+from tepo_cli.core import collective
 from tepo_cli.core.rollout import Rollout, left_padded_positions, pad_right
 from tepo_cli.models.shared_prompts import prefill
 from tepo_cli.rollout.base import Sampling, completion_mask, eos_ids
@@ -108,16 +107,14 @@ def partitioned_across_ranks(model: PreTrainedModel) -> bool:
     ranks, so generate() must run with `synced_gpus`: a rank whose samples have all ended keeps
     stepping the model until every rank's have, or the ranks' gathers fall out of step (a
     deadlock). transformers only turns it on by itself under its own DeepSpeed integration."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not collective.multi_rank():
         return False
     return any(hasattr(param, "ds_id") for param in model.parameters())
 
 
 def _smallest_across_ranks(value: int) -> int:
     """The smallest `value` over the ranks."""
-    flag = torch.tensor([value], dtype=torch.int64, device=collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return int(flag.item())
+    return int(collective.all_min(torch.tensor([value], dtype=torch.int64)).item())
 
 
 def _shared_prefill(

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from tepo_cli.algos import estimate_advantages
 from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.prompt_pass import read_prompts
@@ -84,12 +84,9 @@ def critic_targets(
 
 
 def _all_ranks_sum(sums: torch.Tensor) -> torch.Tensor:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not collective.multi_rank():
         return sums
-    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-    total = sums.to(device)
-    dist.all_reduce(total)
-    return total.cpu()
+    return collective.all_sum(sums).cpu()
 
 
 def _mean(sums: torch.Tensor) -> float:

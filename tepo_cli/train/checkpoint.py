@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.run_dir import CHECKPOINTS
 from tepo_cli.train import faults
@@ -140,10 +140,9 @@ def _gather_digests(
     own: dict[str, dict[str, Any]], error: str | None, topo: Topology
 ) -> tuple[dict[str, dict[str, Any]], str | None]:
     """Every rank's digests (and the first error of any rank), on every rank."""
-    if not (dist.is_initialized() and topo.world_size > 1):
+    if not collective.multi_rank():
         return own, error
-    parts: list[tuple[dict[str, dict[str, Any]], str | None]] = [({}, None)] * topo.world_size
-    dist.all_gather_object(parts, (own, error))
+    parts = collective.from_every_rank((own, error))
     merged = {name: entry for digests, _ in parts for name, entry in digests.items()}
     return merged, next((e for _, e in parts if e is not None), None)
 
@@ -191,11 +190,7 @@ def latest_good(run_dir: Path, warn: Callable[[str], None], topo: Topology) -> P
     """Collective: the newest checkpoint every rank verifies (each its own files), the same on
     all ranks; each unusable newer one is reported through `warn` on rank 0."""
     candidates = [str(p) for p in sealed_checkpoints(run_dir)] if topo.is_main else []
-    shared = dist.is_initialized() and topo.world_size > 1
-    if shared:
-        box: list[list[str]] = [candidates]
-        dist.broadcast_object_list(box, src=0)
-        candidates = box[0]
+    candidates = collective.from_rank0(candidates)
     for name in candidates:
         checkpoint = Path(name)
         problem = _first_error(verify(checkpoint, topo), topo)
@@ -313,13 +308,8 @@ def _attempt(action: Callable[[], None]) -> str | None:
 
 def _first_error(error: str | None, topo: Topology) -> str | None:
     """Every rank learns whether any rank failed, so they all raise (or go on) together."""
-    if not (dist.is_initialized() and topo.world_size > 1):
-        return error
-    errors: list[str | None] = [None] * topo.world_size
-    dist.all_gather_object(errors, error)
-    return next((e for e in errors if e is not None), None)
+    return next((e for e in collective.from_every_rank(error) if e is not None), None)
 
 
 def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+    collective.barrier()

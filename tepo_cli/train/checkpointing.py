@@ -24,12 +24,11 @@ import functools
 from collections.abc import Iterator
 
 import torch
-import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from tepo_cli.config.auto_bool import AutoBool
-from tepo_cli.core.collective import collective_device
+from tepo_cli.core import collective
 from tepo_cli.models.lora import recompute_context
 from tepo_cli.train.micro_batches import Plan
 
@@ -38,10 +37,9 @@ def over_budget(costs: list[int], mode: AutoBool, budget: int | None) -> list[bo
     """Which micro-batches (by their real-token `costs`, the same count on every rank) this step
     checkpoints on top of the load-time setting: with `auto`, those over `budget` on any rank."""
     own = [mode == "auto" and budget is not None and cost > budget for cost in costs]
-    if not (dist.is_initialized() and dist.get_world_size() > 1) or mode != "auto":
+    if not collective.multi_rank() or mode != "auto":
         return own
-    flags = torch.tensor(own, dtype=torch.int64, device=collective_device())
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    flags = collective.all_max(torch.tensor(own, dtype=torch.int64))
     return [bool(flag) for flag in flags.tolist()]
 
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tepo_cli.train import collectives
+from tepo_cli.train import collective_timeout
 
 
 class StepClock:
@@ -18,7 +18,7 @@ class StepClock:
     def __call__(self, phase: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            with collectives.phase(phase):
+            with collective_timeout.phase(phase):
                 yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start

@@ -69,7 +69,7 @@ def setup_topology(
 
     Without them DeepSpeed falls back to MPI discovery and asks for mpi4py. `device_type`:
     `trainer.device` as resolved at start-up ("cpu" or "cuda"); None: CUDA whenever available.
-    Launched ranks' collectives wait at most `collective_timeout_s` (train/collectives.py).
+    Launched ranks' collectives wait at most `collective_timeout_s` (train/collective_timeout.py).
     """
     if not launched_by_launcher():
         # DeepSpeed reads these; the group itself needs no port (see below).
@@ -127,9 +127,9 @@ def _join_launched_group(collective_timeout_s: float) -> None:
 
     deepspeed = import_deepspeed()
 
-    from tepo_cli.train import collectives
+    from tepo_cli.train import collective_timeout
 
-    deepspeed.init_distributed(timeout=collectives.timeout(collective_timeout_s))
+    deepspeed.init_distributed(timeout=collective_timeout.timeout(collective_timeout_s))
 
 
 def teardown() -> None:

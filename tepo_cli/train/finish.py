@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import collective
 from tepo_cli.core.run_dir import CRITIC, FINAL, MTP_MODULES, SUMMARY
 from tepo_cli.train import checkpoint
 from tepo_cli.train.atomic_dir import write_directory
@@ -96,11 +96,7 @@ def _checksums(engine: Any, topo: Topology) -> list[float]:
         return []  # parameters are partitioned; there is nothing identical to compare
     with torch.no_grad():
         local = sum(p.double().sum() + p.double().pow(2).sum() for p in engine.module.parameters())
-    gathered = [
-        torch.zeros(1, dtype=torch.float64, device=topo.device) for _ in range(topo.world_size)
-    ]
-    dist.all_gather(gathered, local.reshape(1).to(topo.device))
-    return [float(x) for x in gathered]
+    return collective.from_every_rank(float(local))
 
 
 def _save_model(engine: Any, tokenizer: Any, target: Path, topo: Topology) -> None:

@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
-from tepo_cli.core.collective import collective_device
+from tepo_cli.core import collective
 
 
 class FiniteAdamW(torch.optim.AdamW):
@@ -38,11 +37,9 @@ class FiniteAdamW(torch.optim.AdamW):
         ]
         if grads:
             finite = torch.isfinite(torch.nn.utils.get_total_norm(grads)).double().reshape(1)
-            if dist.is_initialized() and dist.get_world_size() > 1:
-                # The gradients may live elsewhere than the group's back-end wants its tensors
-                # (host memory under ZeRO-Offload, NCCL on CUDA).
-                finite = finite.to(collective_device())
-                dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+            # The gradients may live elsewhere than the group's back-end wants its tensors (host
+            # memory under ZeRO-Offload, NCCL on CUDA): the collective moves the flag.
+            finite = collective.all_min(finite)
             self.last_step_skipped = not bool(finite.item())
         else:
             self.last_step_skipped = False

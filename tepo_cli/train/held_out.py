@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import collective
 from tepo_cli.core.records import Problem
 from tepo_cli.eval.accuracy import evaluate, sample_and_grade
 from tepo_cli.rewards import Reward
@@ -68,10 +68,7 @@ def held_out_accuracy(
     totals = torch.tensor(
         [result.accuracy * result.samples, result.samples], dtype=torch.float64, device="cpu"
     )
-    if dist.is_initialized() and topo.world_size > 1:
-        totals = totals.to(topo.device)
-        dist.all_reduce(totals)
-        totals = totals.cpu()
+    totals = collective.all_sum(totals).cpu()
     accuracy = float(totals[0] / totals[1])
     if log is not None:
         log.evaluation(

@@ -121,14 +121,14 @@ def _relaunch(config: TrainConfig, hydra_cfg: Any, run_dir: Path, device_type: s
 def _join_ranks(config: TrainConfig, device: DeviceChoice) -> Topology:
     """This process as a rank: the checks that need no group, then its place in the group (one
     rank, or the launcher's), on the device `trainer.device` chose."""
-    from tepo_cli.train import collectives, distributed
+    from tepo_cli.train import collective_timeout, distributed
     from tepo_cli.train.mtp_files import early_mtp_problem, mtp_unsupported_message
 
     problem = early_mtp_problem(config)
     if problem is not None:
         raise ConfigError(mtp_unsupported_message(config, problem))
     distributed.check_launched_world(config.trainer.nproc)
-    collectives.begin("start-up")
+    collective_timeout.begin("start-up")
     if os.environ.get("RANK", "0") == "0":
         print(f"tepo train: {device.reason}", file=sys.stderr)
     return distributed.setup_topology(
@@ -164,10 +164,9 @@ def _prepare_on_rank0(config: TrainConfig, run_dir: Path, topo: Topology) -> Non
             outcome = [(type(error).__name__, str(error))]
         except OSError as error:
             outcome = [("RunError", f"could not prepare the run directory {run_dir}: {error}")]
-    if topo.world_size > 1:
-        import torch.distributed as dist
+    from tepo_cli.core import collective
 
-        dist.broadcast_object_list(outcome, src=0)
+    outcome = collective.from_rank0(outcome)
     if outcome[0] is not None:
         kind, message = outcome[0]
         raise (ConfigError if kind == "ConfigError" else RunError)(message)
@@ -199,11 +198,11 @@ def _has_steps(run_dir: Path) -> bool:
 def _fail_if_timed_out(run_dir: Path, owner: bool, config: TrainConfig, error: Exception) -> None:
     """A collective that waited past `trainer.collective_timeout_s` ends this rank with one
     paragraph (which rank, which phase) instead of a traceback from inside torch.distributed."""
-    from tepo_cli.train import collectives, faults
+    from tepo_cli.train import collective_timeout, faults
 
-    if not collectives.timed_out(error):
+    if not collective_timeout.timed_out(error):
         return
-    message = collectives.timeout_message(
+    message = collective_timeout.timeout_message(
         int(os.environ.get("RANK", "0")),
         config.trainer.nproc,
         config.trainer.collective_timeout_s,

@@ -29,10 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.core.collective import collective_device
+from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.prompt_pass import reads_prompt_pass
 from tepo_cli.models.shared_prompts import distinct_prompts
@@ -112,11 +111,10 @@ def plan(
 
 def agreed(counts: list[int]) -> list[int]:
     """The largest of each count over ranks (one all-reduce), `counts` themselves on one rank."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not collective.multi_rank():
         return counts
-    tensor = torch.tensor(counts, dtype=torch.int64, device=collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return [int(count) for count in tensor.tolist()]
+    largest = collective.all_max(torch.tensor(counts, dtype=torch.int64))
+    return [int(count) for count in largest.tolist()]
 
 
 @dataclass(frozen=True)

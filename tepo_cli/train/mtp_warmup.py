@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import collective
 from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch
@@ -219,11 +219,8 @@ def _own_random_state(seed: int) -> Iterator[None]:
 
 
 def _broadcast_from_rank0(params: list[torch.nn.Parameter]) -> None:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
     with torch.no_grad():
-        for param in params:
-            dist.broadcast(param.data, src=0)
+        collective.tensors_from_rank0([param.data for param in params])
 
 
 def warmup_stream_seed(seed: int) -> int:

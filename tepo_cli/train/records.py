@@ -6,9 +6,9 @@ import resource
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import collective
 from tepo_cli.train.clock import StepClock
 from tepo_cli.train.experience import Experience
 from tepo_cli.train.flops import model_shape, peak_flops, update_work
@@ -25,7 +25,7 @@ def step_record(
     """The step's metrics over every rank's rows: rewards, accuracy, lengths, groups, learning
     rate, each phase's seconds (`<phase>_seconds`), peak memory, and the update's metrics."""
     seconds = clock.elapsed()
-    sums = _summed_over_ranks(cfg, experience, engine.device)
+    sums = _summed_over_ranks(cfg, experience)
     total, total_sq, correct, length, truncated, count, flat_groups, group_count = sums[:8]
     sampled, overlong = sums[8:]
     mean = total / count
@@ -71,10 +71,8 @@ def _throughput(
         dtype=torch.float64,
         device=engine.device,
     )
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(sums)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    flops, tokens, peaks, known = sums.tolist()
+    world = collective.world_size()
+    flops, tokens, peaks, known = collective.all_sum(sums).tolist()
     result = {"update_flops": flops}
     if seconds:
         result["trained_tokens_per_second"] = tokens / seconds
@@ -83,9 +81,7 @@ def _throughput(
     return result
 
 
-def _summed_over_ranks(
-    cfg: TrainConfig, experience: Experience, device: torch.device
-) -> list[float]:
+def _summed_over_ranks(cfg: TrainConfig, experience: Experience) -> list[float]:
     """Sums over every rank's rows (float64), in this order: rewards, their squares, correct
     answers, lengths, truncations, rows, groups with one reward for all, kept groups, sampled
     groups, and the overlong penalty."""
@@ -106,10 +102,7 @@ def _summed_over_ranks(
             torch.tensor(experience.overlong_mean * rewards.numel(), device=here),
         ]
     ).double()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        stats = stats.to(device)
-        dist.all_reduce(stats)
-    return stats.tolist()
+    return collective.all_sum(stats).tolist()
 
 
 def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from tepo_cli.models.critic import Critic
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend
 from tepo_cli.trackers import Trackers
-from tepo_cli.train import checkpoint, collectives, faults, finish
+from tepo_cli.train import checkpoint, collective_timeout, faults, finish
 from tepo_cli.train.distributed import Topology
 from tepo_cli.train.held_out import held_out_accuracy
 from tepo_cli.train.metrics import RunLog
@@ -83,7 +83,7 @@ class Run:
 
     def remaining_steps(self) -> Iterator[int]:
         """The steps left to take (all of them, or those after the resumed checkpoint's)."""
-        collectives.begin("training step")
+        collective_timeout.begin("training step")
         for step in range(self.state.step + 1, self.cfg.trainer.max_steps + 1):
             faults.enter_step(step)
             faults.maybe_hang(lambda: self.signals.signum)
@@ -120,7 +120,7 @@ class Run:
 
     def checkpoint(self, step: int) -> None:
         """A checkpoint every `trainer.save_every` steps, and after a stop signal (then exit)."""
-        with collectives.phase("stop-signal agreement"):
+        with collective_timeout.phase("stop-signal agreement"):
             signum = self.signals.requested(self.topo.device)
         every = self.cfg.trainer.save_every
         if not (signum or (every and step % every == 0)):
@@ -130,7 +130,7 @@ class Run:
         refill = self.prompts.refill
         rank = RankState(capture_rng(self.generator), refill.drawn if refill is not None else 0)
         models = self.models
-        with collectives.phase("checkpoint"):
+        with collective_timeout.phase("checkpoint"):
             saved = checkpoint.save(
                 models.engine,
                 self.run_dir,
@@ -145,7 +145,7 @@ class Run:
 
     def finish(self) -> None:
         """Optimizer state dropped, held-out accuracy after, the final model and summary."""
-        collectives.begin("final save")
+        collective_timeout.begin("final save")
         for engine in self.models.engines():
             finish.drop_optimizer_state(engine)
         self.evaluate("after")
@@ -170,7 +170,7 @@ class Run:
 
     def _held_out(self, step: int, when: str) -> float:
         """Held-out accuracy into eval.jsonl and the trackers, at the step it follows."""
-        with collectives.phase(f"held-out evaluation ({when})"):
+        with collective_timeout.phase(f"held-out evaluation ({when})"):
             accuracy = held_out_accuracy(
                 self.cfg,
                 self.backend,

@@ -14,12 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.algos import informative_groups
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.core.collective import collective_device
+from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout import Rollout
@@ -171,11 +170,7 @@ def _can_refill(cfg: TrainConfig, rounds: int, refill: Iterator[Problem] | None)
 
 def _all_ranks_agree(ok: bool) -> bool:
     """Every rank learns whether any rank failed, so no rank waits forever in a collective."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return ok
-    flag = torch.tensor([0.0 if ok else 1.0], device=collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() == 0.0)
+    return collective.every_rank(ok)
 
 
 def _refill_failure(cfg: TrainConfig, wanted: int, kept: int, sampled: int, rounds: int) -> str:

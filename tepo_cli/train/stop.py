@@ -26,7 +26,8 @@ from types import FrameType
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from tepo_cli.core import collective
 
 STUCK_GRACE_S = 10.0  # how long a signal may wait for its handler before the process ends
 _STOP = (signal.SIGINT, signal.SIGTERM)
@@ -64,11 +65,8 @@ class StopSignals:
 
     def requested(self, device: torch.device) -> int:
         """The signal any rank received (0 if none): all ranks stop after the same step."""
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return self.signum
         flag = torch.tensor([self.signum], dtype=torch.int64, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+        return int(collective.all_max(flag).item())
 
 
 class _Watcher:

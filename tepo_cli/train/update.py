@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.gae import value_loss
 from tepo_cli.algos.mismatch import MismatchTally
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import collective
 from tepo_cli.models.prompt_pass import PromptPass, reads_prompt_pass
 from tepo_cli.train import faults
 from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, prompt_pass_checkpointed
@@ -67,7 +67,7 @@ class _Tally:
     critic_norms: list[float] = field(default_factory=list)
     mismatch: MismatchTally | None = None
 
-    def metrics(self, experience: Experience, device: torch.device) -> dict[str, float]:
+    def metrics(self, experience: Experience) -> dict[str, float]:
         empty = self.sums.pop("empty_minibatches", 0.0)
         result = {key: value / max(1, self.optimizer_steps) for key, value in self.sums.items()}
         result["empty_minibatches"] = empty
@@ -78,7 +78,7 @@ class _Tally:
             result["critic_grad_norm"] = sum(self.critic_norms) / len(self.critic_norms)
         result.update(experience.critic_metrics)
         if self.mismatch is not None:
-            result.update(_mismatch_metrics(self.mismatch, device))
+            result.update(_mismatch_metrics(self.mismatch))
         return result
 
 
@@ -103,7 +103,7 @@ def update(
         )
         for minibatch in order.chunk(cfg.trainer.minibatches):
             _optimizer_step(cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0)
-    result = tally.metrics(experience, engine.device)
+    result = tally.metrics(experience)
     result["skipped_optimizer_steps"] = skipped_optimizer_steps(engine) - skipped_before
     return result
 
@@ -119,7 +119,7 @@ def _optimizer_step(
 ) -> None:
     """One minibatch: its micro-batches' forward and backward, then the optimizer step that
     DeepSpeed takes at the accumulation boundary (the critic's engine alongside)."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = collective.world_size()
     num_tokens = _global_sum(experience.batch.response_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
     if num_tokens == 0:
@@ -208,14 +208,11 @@ def _keep_norm(norms: list[float], reported: float | None, own: float | None) ->
         norms.append(float(norm))
 
 
-def _mismatch_metrics(tally: MismatchTally, device: torch.device) -> dict[str, float]:
+def _mismatch_metrics(tally: MismatchTally) -> dict[str, float]:
     """The step's mismatch metrics over every rank's rows."""
     sums = tally.as_tensor()
     largest = torch.tensor([tally.abs_max], dtype=torch.float64, device="cpu")
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        sums, largest = sums.to(device), largest.to(device)
-        dist.all_reduce(sums)
-        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    sums, largest = collective.all_sum(sums), collective.all_max(largest)
     return MismatchTally.metrics(sums.cpu(), float(largest.item()))
 
 
@@ -312,8 +309,5 @@ def _grad_norm(model: torch.nn.Module) -> float:
 
 
 def _global_sum(value: float, device: torch.device) -> float:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return float(value)
     tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return float(tensor.item())
+    return float(collective.all_sum(tensor).item())
