@@ -144,11 +144,22 @@ def test_job_overrides_encode_the_issue_job():
     assert ISSUE_PROMPT == "What is {question}? Answer with just the number."
 
 
-def test_job_overrides_compose_to_tepo_config(compose_config):
+def a_model_dir(root: Path) -> str:
+    """A directory that passes model.path's checks (a config and a weights file): these tests
+    compose and validate, nothing loads it."""
+    model = root / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    return str(model)
+
+
+def test_job_overrides_compose_to_tepo_config(compose_config, tmp_path):
     """The overrides are valid `tepo train` keys and keep tepo's prompt equal to the issue's."""
     from tepo_cli.config.validate import load_train_config
 
-    config = load_train_config(compose_config("train", Job(model="/m").tepo_overrides()))
+    overrides = Job(model=a_model_dir(tmp_path)).tepo_overrides()
+    config = load_train_config(compose_config("train", overrides))
     assert config.benchmark.prompt == ISSUE_PROMPT
     assert config.algo.beta == 0.0 and config.algo.loss_agg == "seq-mean-token-mean"
     assert config.trainer.micro_batch_size == 16 and config.rollout.batch_size == 16
@@ -237,12 +248,12 @@ def test_a_side_over_the_memory_limit_is_killed_and_reported(tmp_path):
     assert not fine.oom and fine.returncode == 0 and fine.peak_rss_bytes > 0
 
 
-def test_long_job_overrides_keep_tepo_defaults(compose_config):
+def test_long_job_overrides_keep_tepo_defaults(compose_config, tmp_path):
     from benchstep.long_job import tepo_overrides
 
     from tepo_cli.config.validate import load_train_config
 
-    job = Job(model="/m", steps=4, max_new_tokens=512, temperature=1.0)
+    job = Job(model=a_model_dir(tmp_path), steps=4, max_new_tokens=512, temperature=1.0)
     for rollout in ("hf", "vllm"):
         overrides = tepo_overrides(job, rollout)
         assert not any(o.startswith(("trainer.micro_batch", "model.gradient")) for o in overrides)

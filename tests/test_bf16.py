@@ -17,9 +17,9 @@ from deepspeed.utils import (
 from torch import nn
 
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.core import collective
 from tepo_cli.core.collective import collective_device
 from tepo_cli.core.errors import RunError
-from tepo_cli.train import guards
 from tepo_cli.train.distributed import setup_topology, teardown
 from tepo_cli.train.engine import build_engine
 from tepo_cli.train.guards import FiniteAdamW, skipped_optimizer_steps
@@ -158,7 +158,7 @@ def test_the_guards_finite_flag_is_all_reduced_on_the_collective_device(monkeypa
     the all-reduce, and a non-finite gradient on another rank skips this rank's step too."""
     target = torch.device("cpu")  # what collective_device() answers; a CUDA device under NCCL
     asked, reduced = [], []
-    monkeypatch.setattr(guards, "collective_device", lambda: asked.append(1) or target)
+    monkeypatch.setattr(collective, "collective_device", lambda: asked.append(1) or target)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
 

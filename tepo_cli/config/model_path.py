@@ -52,6 +52,8 @@ def model_path_problem(path: str) -> str | None:
             f"{shown}: the directory holds no config.json (nor a LoRA adapter's "
             f"adapter_config.json){run}; it holds {', '.join(inside) or 'nothing'}"
         )
+    if (where / "adapter_config.json").is_file():
+        return None  # a LoRA adapter: models/loading.py says what its base model needs
     if not any(any(where.glob(pattern)) for pattern in WEIGHTS):
         return f"{shown}: the directory has a config but no weights (*.safetensors or *.bin files)"
     return None

@@ -61,12 +61,12 @@ def all_min(values: torch.Tensor) -> torch.Tensor:
 
 def any_rank(flag: bool) -> bool:
     """Whether `flag` holds on any rank."""
-    return bool(all_max(torch.tensor([int(flag)], dtype=torch.int64)).item())
+    return bool(all_max(torch.tensor([int(flag)], dtype=torch.int64, device="cpu")).item())
 
 
 def every_rank(flag: bool) -> bool:
     """Whether `flag` holds on every rank."""
-    return bool(all_min(torch.tensor([int(flag)], dtype=torch.int64)).item())
+    return bool(all_min(torch.tensor([int(flag)], dtype=torch.int64, device="cpu")).item())
 
 
 def from_rank0(value: T) -> T:

@@ -114,7 +114,7 @@ def partitioned_across_ranks(model: PreTrainedModel) -> bool:
 
 def _smallest_across_ranks(value: int) -> int:
     """The smallest `value` over the ranks."""
-    return int(collective.all_min(torch.tensor([value], dtype=torch.int64)).item())
+    return int(collective.all_min(torch.tensor([value], dtype=torch.int64, device="cpu")).item())
 
 
 def _shared_prefill(

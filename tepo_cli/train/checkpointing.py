@@ -39,7 +39,7 @@ def over_budget(costs: list[int], mode: AutoBool, budget: int | None) -> list[bo
     own = [mode == "auto" and budget is not None and cost > budget for cost in costs]
     if not collective.multi_rank() or mode != "auto":
         return own
-    flags = collective.all_max(torch.tensor(own, dtype=torch.int64))
+    flags = collective.all_max(torch.tensor(own, dtype=torch.int64, device="cpu"))
     return [bool(flag) for flag in flags.tolist()]
 
 

@@ -113,7 +113,7 @@ def agreed(counts: list[int]) -> list[int]:
     """The largest of each count over ranks (one all-reduce), `counts` themselves on one rank."""
     if not collective.multi_rank():
         return counts
-    largest = collective.all_max(torch.tensor(counts, dtype=torch.int64))
+    largest = collective.all_max(torch.tensor(counts, dtype=torch.int64, device="cpu"))
     return [int(count) for count in largest.tolist()]
 
 
