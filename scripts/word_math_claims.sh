@@ -4,7 +4,7 @@
 # resumable. After each run its records (metrics, evaluations, samples, config, Hydra's overrides;
 # never weights) are copied into the results folder, its checkpoints are deleted, and `tepo report`
 # is rewritten there. Run the same command again after any interruption (kill -9, a reboot): the
-# finished runs are skipped and the unfinished one resumes from its last checkpoint.
+# finished runs (already published) are skipped, the unfinished one resumes from its last checkpoint.
 #
 #     bash scripts/word_math_claims.sh [RUNS_DIR] [RESULTS_DIR]
 #         RUNS_DIR     where the runs train (default multirun/word_math; holds checkpoints)
@@ -62,6 +62,12 @@ for entry in "${runs[@]}"; do
         continue
     fi
     run="$runs_dir/$name"
+    if [[ -f "$results_dir/$name/status.json" ]]; then
+        # Published when it finished: its records stay as they were (a new invocation would
+        # rewrite its .hydra/ with today's composition).
+        echo "== $name: finished and published already, skipped"
+        continue
+    fi
     mkdir -p "$runs_dir"
     echo "== $name: $TEPO train recipe=word_math ${overrides[*]} resume=true hydra.run.dir=$run"
     # The console beside the run (a directory made before the run would read as a failed start).

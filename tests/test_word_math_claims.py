@@ -60,9 +60,15 @@ def test_smoke_publishes_records_reports_and_skips_finished_runs(tmp_path):
     report = (results / "report.md").read_text()
     assert "## Against the reference" in report
     assert "| algo=tepo trainer.minibatches=4 | held-out final |" in report
+    published = {
+        p: p.read_bytes() for p in results.rglob("*") if p.is_file() and p.suffix != ".png"
+    }
     again = run_claims(runs, results, SMOKE="1")
-    assert (
-        again.stdout.count("nothing to resume, skipped")
-        + again.stderr.count("nothing to resume, skipped")
-        == 2
-    )
+    assert again.stdout.count("finished and published already, skipped") == 2
+    # the published records stay byte for byte (Hydra would rewrite a rerun's .hydra/)
+    assert all(p.read_bytes() == content for p, content in published.items())
+    # a run finished but not published (killed between the two) is skipped by tepo train itself
+    (results / "grpo_seed0" / "status.json").unlink()
+    third = run_claims(runs, results, SMOKE="1")
+    assert "nothing to resume, skipped" in third.stdout + third.stderr
+    assert (results / "grpo_seed0" / "status.json").is_file()
