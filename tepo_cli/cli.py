@@ -76,17 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {__version__}")
         return
     command, overrides = args[0], args[1:]
-    dry_run = "--dry-run" in overrides
-    if dry_run:  # validate and print the config the run would use (core/dry_run.py), run nothing
-        overrides = [a for a in overrides if a != "--dry-run"]
-        os.environ["TEPO_DRY_RUN"] = "1"
-    if "--verbose" in overrides:  # library warnings on the terminal too (core/library_warnings.py)
-        overrides = [a for a in overrides if a != "--verbose"]
-        os.environ["TEPO_VERBOSE"] = "1"  # inherited by a relaunch and by the ranks
-    if os.environ.get("TEPO_VERBOSE") != "1":
-        # torch's C++ warnings raised outside a Python call (vLLM's CPU worker: "NUMA binding:
-        # Using MEMBIND policy ...") bypass Python's warnings; errors still print.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    overrides, dry_run = _take_flags(overrides)
     if command == "data":
         sys.exit(_data_command(overrides))
     if command == "deepspeed-env":
@@ -125,6 +115,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {command}: {error}", file=sys.stderr)
         sys.exit(2)
     _run_hydra(config_name, job, rank_outputs(overrides, os.environ))
+
+
+def _take_flags(overrides: list[str]) -> tuple[list[str], bool]:
+    """`--dry-run` (validate and print the config, run nothing: core/dry_run.py) and `--verbose`
+    (library warnings on the terminal too: core/library_warnings.py), as environment variables a
+    re-exec and the ranks inherit. Returns the overrides without them, and whether it is a dry run."""
+    dry_run = "--dry-run" in overrides
+    if dry_run:
+        os.environ["TEPO_DRY_RUN"] = "1"
+    if "--verbose" in overrides:
+        os.environ["TEPO_VERBOSE"] = "1"
+    if os.environ.get("TEPO_VERBOSE") != "1":
+        # torch's C++ warnings raised outside a Python call (vLLM's CPU worker: "NUMA binding:
+        # Using MEMBIND policy ...") bypass Python's warnings; errors still print.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return [a for a in overrides if a not in ("--dry-run", "--verbose")], dry_run
 
 
 def start_with_host_allocator(config_name: str, overrides: list[str]) -> None:
