@@ -9,6 +9,7 @@ also carries the MTP modules (models/mtp.py), scored through the same kernel pat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 from torch import nn
@@ -86,6 +87,25 @@ class Policy(nn.Module):
         self.adapted = True
         self._lora_dropouts = lora_dropouts(self.lm)
 
+    def prompt_pass(self, batch: SequenceBatch, rows: torch.Tensor) -> PromptPass:
+        """The distinct prompts of `rows` (host indices into `batch`) run once, for the
+        micro-batches that read them (models/prompt_pass.py)."""
+        return self(batch, prompt_pass_rows=rows)
+
+    @overload
+    def forward(
+        self,
+        batch: SequenceBatch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        with_entropy_term: bool = False,
+        with_mtp: bool = False,
+        prompts: ExternalPrompts | None = None,
+    ) -> Scores: ...
+
+    @overload
+    def forward(self, batch: SequenceBatch, *, prompt_pass_rows: torch.Tensor) -> PromptPass: ...
+
     def forward(
         self,
         batch: SequenceBatch,
@@ -98,10 +118,10 @@ class Policy(nn.Module):
     ) -> Scores | PromptPass:
         """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules;
         `prompts`: the rows' prompts from a prompt pass (models/prompt_pass.py), packing only.
-        With `prompt_pass_rows` (host indices into `batch`), run the prompt pass of those rows
-        instead and return it (a call of the module, as DeepSpeed's engine and ZeRO-3's hooks
-        expect of every forward). LoRA dropout (model.lora.dropout) acts only when gradients are
-        recorded."""
+        `prompt_pass_rows` is `prompt_pass`'s way in: the pass is a call of the module, as
+        DeepSpeed's engine and ZeRO-3's hooks expect of every forward (`through_engine`), so the
+        one entry has the two uses. LoRA dropout (model.lora.dropout) acts only when gradients
+        are recorded."""
         with dropout_in_training(self._lora_dropouts):
             if prompt_pass_rows is not None:
                 return run_prompt_pass(

@@ -21,21 +21,22 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.lora import adapters_off
 from tepo_cli.models.packing import ExternalPrompts
-from tepo_cli.models.prompt_pass import PromptPass
+from tepo_cli.models.prompt_pass import PromptPass, through_engine
 from tepo_cli.train.policy import Policy, Scores
 
 
 class Reference(Protocol):
     """Scores completions with the reference policy's log-probs (no gradient); `prompts` and
-    `prompt_pass_rows` as for `Policy.forward` (a prompt pass of the reference's own)."""
+    `prompt_pass` as for `Policy` (a prompt pass of the reference's own)."""
 
     def __call__(
         self,
         batch: SequenceBatch,
         temperature: float = 1.0,
         prompts: ExternalPrompts | None = None,
-        prompt_pass_rows: torch.Tensor | None = None,
-    ) -> Scores | PromptPass: ...
+    ) -> Scores: ...
+
+    def prompt_pass(self, batch: SequenceBatch, rows: torch.Tensor) -> PromptPass: ...
 
 
 class AdaptersOff:
@@ -50,12 +51,14 @@ class AdaptersOff:
         batch: SequenceBatch,
         temperature: float = 1.0,
         prompts: ExternalPrompts | None = None,
-        prompt_pass_rows: torch.Tensor | None = None,
-    ) -> Scores | PromptPass:
+    ) -> Scores:
         with adapters_off(self.policy.lm):
-            return self.policy(
-                batch, temperature, prompts=prompts, prompt_pass_rows=prompt_pass_rows
-            )
+            return self.policy(batch, temperature, prompts=prompts)
+
+    @torch.no_grad()
+    def prompt_pass(self, batch: SequenceBatch, rows: torch.Tensor) -> PromptPass:
+        with adapters_off(self.policy.lm):
+            return self.policy.prompt_pass(batch, rows)
 
 
 class PartitionedReference:
@@ -72,9 +75,12 @@ class PartitionedReference:
         batch: SequenceBatch,
         temperature: float = 1.0,
         prompts: ExternalPrompts | None = None,
-        prompt_pass_rows: torch.Tensor | None = None,
-    ) -> Scores | PromptPass:
-        return self.engine(batch, temperature, prompts=prompts, prompt_pass_rows=prompt_pass_rows)
+    ) -> Scores:
+        return self.engine(batch, temperature, prompts=prompts)
+
+    @torch.no_grad()
+    def prompt_pass(self, batch: SequenceBatch, rows: torch.Tensor) -> PromptPass:
+        return through_engine(self.engine)(batch, rows)
 
 
 def build_reference(
