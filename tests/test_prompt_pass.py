@@ -14,10 +14,10 @@ from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
+from tepo_cli.models.policy import Policy
 from tepo_cli.models.prompt_pass import MinibatchPrompts
 from tepo_cli.models.shared_prompts import distinct_prompts
-from tepo_cli.train.checkpointing import checkpointed
-from tepo_cli.train.policy import Policy
+from tepo_cli.train.recompute import checkpointed
 
 # Micro-batches of the 9 rows (3 prompts x 3 answers): mixed prompts, a single row, and a last
 # micro-batch that holds answers of one prompt only (the others reach the prompt pass through

@@ -246,7 +246,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path):
     assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert checkpoints[-1] == "step_00000004"  # the failing step 5 wrote nothing
-    from tepo_cli.train.checkpoint import verify
+    from tepo_cli.runtime.checkpoint import verify
 
     assert verify(run_dir / "checkpoints" / checkpoints[-1]) is None
     # The failed run resumes only as itself: another objective is refused, as is a fresh start.

@@ -60,7 +60,7 @@ class ModelConfig(Strict):
     gguf_file: str | None = None
     tokenizer: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # auto: only micro-batches over trainer.micro_batch_tokens (train/checkpointing.py)
+    # auto: only micro-batches over trainer.micro_batch_tokens (train/recompute.py)
     gradient_checkpointing: AutoBool = "auto"
     share_prompts: bool = True
     packing: bool = True
@@ -222,12 +222,12 @@ class TrainerConfig(Strict):
     save_every: int = Field(default=10, ge=0)
     keep_checkpoints: int = Field(default=2, ge=1)
     max_bad_steps: int = Field(default=3, ge=1)
-    collective_timeout_s: float = Field(default=1800.0, gt=0)  # train/collective_timeout.py
+    collective_timeout_s: float = Field(default=1800.0, gt=0)  # runtime/collective_timeout.py
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainerConfig:
         # max_steps counts training steps (a rollout each); the warm-up counts optimizer steps,
-        # ppo_epochs x minibatches of them per training step (train/engine.py).
+        # ppo_epochs x minibatches of them per training step (runtime/engine.py).
         optimizer_steps = self.max_steps * self.ppo_epochs * self.minibatches
         if self.warmup_steps > optimizer_steps > 0:
             raise ValueError(

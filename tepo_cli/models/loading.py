@@ -105,7 +105,7 @@ def load_model(
         model.generation_config.top_k = None
         model.generation_config.top_p = None
         model.generation_config.temperature = None
-    if cfg.gradient_checkpointing is True:  # auto: per micro-batch (train/checkpointing.py)
+    if cfg.gradient_checkpointing is True:  # auto: per micro-batch (train/recompute.py)
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={
                 "use_reentrant": False,

@@ -14,7 +14,7 @@ from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.prompt_pass import MinibatchPrompts
-from tepo_cli.train.clock import StepClock
+from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.micro_batches import micro_batches_for
 from tepo_cli.train.sampling import Groups
 

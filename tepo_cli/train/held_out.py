@@ -14,8 +14,8 @@ from tepo_cli.core.records import Problem
 from tepo_cli.eval.accuracy import evaluate, sample_and_grade
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.metrics import RunLog
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.metrics import RunLog
 
 
 def rank_shard(

@@ -9,7 +9,7 @@ import torch
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
-from tepo_cli.train.clock import StepClock
+from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.experience import Experience
 from tepo_cli.train.flops import model_shape, peak_flops, update_work
 

@@ -26,8 +26,8 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
-from tepo_cli.train import faults
-from tepo_cli.train.clock import StepClock
+from tepo_cli.runtime import faults
+from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.grading import Graded, grade
 
 

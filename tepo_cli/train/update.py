@@ -27,12 +27,12 @@ from tepo_cli.algos.mismatch import MismatchTally
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.models.prompt_pass import MinibatchPrompts, reads_prompt_pass, through_engine
-from tepo_cli.train import faults
-from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, prompt_pass_checkpointed
+from tepo_cli.runtime import faults
+from tepo_cli.runtime.guards import skipped_optimizer_steps
 from tepo_cli.train.experience import Experience, on_policy
-from tepo_cli.train.guards import skipped_optimizer_steps
 from tepo_cli.train.micro_batch_objective import micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
+from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
 # micro-batches of an optimizer step (the others are token-weighted means, see _Tally).
@@ -173,7 +173,7 @@ def _plan(
 ) -> tuple[Plan, list[bool]]:
     """The minibatch's micro-batches (by token budget, train/micro_batches.py, with a prompt
     pass where the policy reads one) and which of them recompute their layers in backward
-    (train/checkpointing.py)."""
+    (train/recompute.py)."""
     plan = micro_batches_for(cfg, experience.batch, minibatch, engine.module)
     budget = cfg.trainer.micro_batch_tokens
     checkpoint = checkpoint_plan(plan, cfg.model.gradient_checkpointing, budget)

@@ -21,8 +21,8 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.lora import adapters_off
 from tepo_cli.models.packing import ExternalPrompts
+from tepo_cli.models.policy import Policy, Scores
 from tepo_cli.models.prompt_pass import PromptPass, through_engine
-from tepo_cli.train.policy import Policy, Scores
 
 
 class Reference(Protocol):

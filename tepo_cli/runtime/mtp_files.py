@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import RunError
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.engine import consolidated_state_dict
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.engine import consolidated_state_dict
 
 METADATA_KEY = "tepo_mtp"
 

@@ -15,10 +15,10 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import resolve_dtype
-from tepo_cli.train.atomic_dir import write_directory
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.engine import consolidated_state_dict
-from tepo_cli.train.policy import Policy
+from tepo_cli.models.policy import Policy
+from tepo_cli.runtime.atomic_dir import write_directory
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.engine import consolidated_state_dict
 
 
 def build_critic(cfg: TrainConfig, policy: Policy, topo: Topology) -> Critic:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tepo_cli.train import collective_timeout
+from tepo_cli.runtime import collective_timeout
 
 
 class StepClock:

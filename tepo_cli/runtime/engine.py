@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from tepo_cli.config.schema import DeepSpeedConfig, TrainConfig
-from tepo_cli.train.guards import FiniteAdamW, GuardedLambdaLR
+from tepo_cli.runtime.guards import FiniteAdamW, GuardedLambdaLR
 
 
 def deepspeed_config(

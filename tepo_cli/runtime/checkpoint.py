@@ -25,9 +25,9 @@ import torch
 from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.run_dir import CHECKPOINTS
-from tepo_cli.train import faults
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.state import RankState, TrainerState
+from tepo_cli.runtime import faults
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.state import RankState, TrainerState
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"

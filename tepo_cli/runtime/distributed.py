@@ -24,7 +24,7 @@ import torch
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.run_dir import NO_HYDRA_OUTPUTS
-from tepo_cli.train.shm_buffers import remove_shm_buffers, remove_stale_shm_buffers
+from tepo_cli.runtime.shm_buffers import remove_shm_buffers, remove_stale_shm_buffers
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 _SET_BY_US: dict[str, str] = {}  # rendezvous variables this job set (a single process)
@@ -69,7 +69,7 @@ def setup_topology(
 
     Without them DeepSpeed falls back to MPI discovery and asks for mpi4py. `device_type`:
     `trainer.device` as resolved at start-up ("cpu" or "cuda"); None: CUDA whenever available.
-    Launched ranks' collectives wait at most `collective_timeout_s` (train/collective_timeout.py).
+    Launched ranks' collectives wait at most `collective_timeout_s` (runtime/collective_timeout.py).
     """
     if not launched_by_launcher():
         # DeepSpeed reads these; the group itself needs no port (see below).
@@ -127,7 +127,7 @@ def _join_launched_group(collective_timeout_s: float) -> None:
 
     deepspeed = import_deepspeed()
 
-    from tepo_cli.train import collective_timeout
+    from tepo_cli.runtime import collective_timeout
 
     deepspeed.init_distributed(timeout=collective_timeout.timeout(collective_timeout_s))
 

@@ -12,16 +12,16 @@ import torch
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.run_dir import CRITIC, FINAL, MTP_MODULES, SUMMARY
-from tepo_cli.train import checkpoint
-from tepo_cli.train.atomic_dir import write_directory
-from tepo_cli.train.critic_files import save_critic
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.engine import consolidated_state_dict
-from tepo_cli.train.guards import torch_optimizer
-from tepo_cli.train.lora_files import save_adapter
-from tepo_cli.train.metrics import RunLog
-from tepo_cli.train.mtp_files import save_mtp_modules
-from tepo_cli.train.policy import Policy
+from tepo_cli.models.policy import Policy
+from tepo_cli.runtime import checkpoint
+from tepo_cli.runtime.atomic_dir import write_directory
+from tepo_cli.runtime.critic_files import save_critic
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.engine import consolidated_state_dict
+from tepo_cli.runtime.guards import torch_optimizer
+from tepo_cli.runtime.lora_files import save_adapter
+from tepo_cli.runtime.metrics import RunLog
+from tepo_cli.runtime.mtp_files import save_mtp_modules
 
 
 def drop_optimizer_state(engine: Any) -> None:

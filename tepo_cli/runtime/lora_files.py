@@ -19,10 +19,10 @@ from safetensors.torch import save_file
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.models.loading import load_model
 from tepo_cli.models.lora import ADAPTER
-from tepo_cli.train.atomic_dir import write_directory
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.engine import consolidated_state_dict
-from tepo_cli.train.policy import Policy
+from tepo_cli.models.policy import Policy
+from tepo_cli.runtime.atomic_dir import write_directory
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.engine import consolidated_state_dict
 
 MERGED = "merged"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # the file name peft reads
