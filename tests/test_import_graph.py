@@ -6,6 +6,7 @@ imports nothing of tepo_cli outside itself."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -166,3 +167,58 @@ def test_no_module_level_import_circle() -> None:
     lazily enough, and breaks on the first reordering."""
     loops = cycles(module_import_graph())
     assert loops == [], "\n".join(" <-> ".join(loop) for loop in loops)
+
+
+MEASUREMENT = re.compile(
+    r"~\s?\d"  # ~40 s, ~100x
+    r"|\b\d+(?:\.\d+)?\s?(?:x|×)\s(?:faster|slower|less|more)\b"  # 7x faster
+    r"|\btakes\s(?:about\s)?\d"  # takes 15 s
+    r"|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\ss\sof\b"  # 1.5-2 s of every start
+)
+
+
+def test_no_docstring_quotes_a_measurement() -> None:
+    """A docstring says why; the figures behind it go to docs/guides/performance.md ("Figures
+    behind the code"), where they can be measured again instead of going stale in the code."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in [tree, *ast.walk(tree)]:
+            if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
+                continue
+            for line in (ast.get_docstring(node) or "").splitlines():
+                if MEASUREMENT.search(line):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}: {line.strip()}")
+    assert found == [], "\n".join(found)
+
+
+def test_the_measurement_pattern_catches_the_usual_forms() -> None:
+    for text in ("building it takes ~40 s", "about 7x faster in TF32", "1.5-2 s of every start"):
+        assert MEASUREMENT.search(text), text
+    for text in ("a 95 % confidence interval", "default 10 s", "32 MiB", "2 (1.96 + 0.84)"):
+        assert not MEASUREMENT.search(text), text
+
+
+CITED_FILE = re.compile(
+    r"(?<![\w./-])((?:tepo_cli|docs|scripts|tests|conf|recipes)/[\w/.-]+\.(?:py|md|yaml|sh))\b"
+)
+SHORT_CITE = re.compile(
+    r"(?<![\w./-])((?:"
+    + "|".join(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    + r")/[\w/-]+\.py)\b"
+)
+
+
+def test_the_code_cites_only_files_in_the_repository() -> None:
+    """Every `tepo_cli/…`, `docs/…`, `scripts/…` path (and a package-relative `train/update.py`)
+    in the code names a file that exists: a moved module or page is caught where it is cited."""
+    root = PACKAGE.parent
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        cited = {m.group(1) for m in CITED_FILE.finditer(text)}
+        cited |= {f"tepo_cli/{m.group(1)}" for m in SHORT_CITE.finditer(text)}
+        missing += [
+            f"{path.relative_to(root)} cites {c}" for c in sorted(cited) if not (root / c).exists()
+        ]
+    assert missing == [], "\n".join(missing)

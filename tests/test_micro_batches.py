@@ -246,7 +246,9 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
         compose_config("train", [*common, "trainer.micro_batch_tokens=12"])
     )
     fixed, fixed_step = _one_update(fixed_cfg, tiny_model, rewards)
-    passes: list[MinibatchPrompts] = []  # the token-budget update's: its prompts run once a minibatch
+    passes: list[
+        MinibatchPrompts
+    ] = []  # the token-budget update's: its prompts run once a minibatch
     with monkeypatch.context() as patch:
         patch.setattr(update_module, "_prompt_pass", _recording(update_module._prompt_pass, passes))
         tokens, token_step = _one_update(token_cfg, tiny_model, rewards)

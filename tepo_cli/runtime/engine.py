@@ -138,8 +138,8 @@ def _lr_lambda(cfg: TrainConfig):
 def _skip_cpu_shm_op() -> None:
     """Do not JIT-compile DeepSpeed's CPU shared-memory all-reduce op.
 
-    It serves only `inference_all_reduce` (never used in training); building it takes ~40 s and a
-    C++ compiler on first use. Training collectives go through torch.distributed (gloo) either way.
+    It serves only `inference_all_reduce` (never used in training); building it needs a C++
+    compiler and tens of seconds on first use. Training collectives go through torch.distributed (gloo) either way.
     """
     import importlib
 
