@@ -1,0 +1,58 @@
+"""`env=python_tool`: tool-integrated reasoning on a maths task.
+
+The model may end a turn with a fenced Python block; the last block of the turn runs in tepo's
+sandbox (the code grader's isolation and limits, with `env.timeout_s`), and what it printed —
+stdout, then stderr, cut to `env.max_observation_tokens` by the rollout — comes back as the next
+message, in an ```output fence. A turn without a block is the answer: the episode is over, and
+the task's own grader reads that last turn. Each run is a fresh program: nothing carries over
+from one block to the next (the model re-states what it needs, as in ToRA-style prompts).
+"""
+
+from __future__ import annotations
+
+import re
+
+from tepo_cli.envs.base import Environment
+from tepo_cli.rewards.sandbox import SandboxConfig, SandboxLimits, run_program
+
+_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.S | re.I)
+
+
+def last_code_block(text: str) -> str | None:
+    """The last closed fenced block of `text` tagged python (or untagged), else None."""
+    blocks = _BLOCK.findall(text)
+    return blocks[-1] if blocks else None
+
+
+class PythonTool(Environment):
+    """Runs the turn's last code block; the answer is the first turn without one."""
+
+    name = "python_tool"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+        self.failures: dict[str, int] = {}
+
+    def respond(self, turn: str) -> str | None:
+        code = last_code_block(turn)
+        if code is None:
+            return None
+        self.calls += 1
+        limits = SandboxLimits(wall_time_s=self.settings.timeout_s)
+        result = run_program(code, config=SandboxConfig(limits=limits))
+        if not result.passed:
+            self.failures[result.reason] = self.failures.get(result.reason, 0) + 1
+        output = (result.stdout + result.stderr).strip()
+        if result.reason == "timeout":
+            output += f"\n(timed out after {self.settings.timeout_s:g} s)"
+        return f"```output\n{output}\n```"
+
+    def tool_calls(self) -> int:
+        return self.calls
+
+    def tool_failures(self) -> dict[str, int]:
+        return dict(self.failures)
+
+
+ENVIRONMENT = PythonTool
