@@ -28,6 +28,7 @@ def policy_loss(
     old_mtp_logp: Tensor | None = None,
     old_entropy_term: Tensor | None = None,
     token_weights: Tensor | None = None,
+    turns: Tensor | None = None,
     **overrides: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss (0-dim: policy term + KL term) and float metrics of objective `algo` on B responses.
@@ -47,6 +48,8 @@ def policy_loss(
                  mask_criterion=first_order (tepo_cli.kernels.token_entropy_terms).
     token_weights: [B, T] ≥ 0, detached: each token's policy term is multiplied by its weight
                  (mismatch correction, tepo_cli.algos.mismatch); not the KL term. None = 1.
+    turns:       [B, T] int64, multi-turn episodes only: each token's turn, so that K-blocks and
+                 MPO's windows never span an observation (tepo_cli.core.sequences.turn_index).
     overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
                  normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
                  `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
@@ -69,6 +72,7 @@ def policy_loss(
         old_mtp_logp=old_mtp_logp,
         old_entropy_term=old_entropy_term,
         token_weights=token_weights,
+        turns=turns,
         **normalisers,
     )
     batch = checked_batch(raw)

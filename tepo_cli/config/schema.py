@@ -21,6 +21,7 @@ from pydantic import (
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.config.benchmark_schema import BenchmarkConfig
+from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.config.model_path import model_path_problem
 from tepo_cli.config.rollout_schema import (  # noqa: F401  (imported from here across tepo)
     PROMPT_ROOM,
@@ -258,6 +259,7 @@ class TrainConfig(Strict):
     benchmark: BenchmarkConfig
     rollout: RolloutConfig
     deepspeed: DeepSpeedConfig
+    env: EnvConfig = Field(default_factory=EnvConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
@@ -274,12 +276,20 @@ class TrainConfig(Strict):
             raise ValueError(f"lists {', '.join(twice)} more than once")
         return value
 
+    @property
+    def completion_tokens(self) -> int:
+        """The most tokens a row holds after its prompt: one answer (rollout.max_new_tokens),
+        or a whole episode of turns and observations (env.episode_tokens)."""
+        turn = self.rollout.max_new_tokens
+        assert turn is not None  # resolved from the benchmark below
+        return self.env.episode_tokens(turn) if self.env.multi_turn else turn
+
     @model_validator(mode="after")
     def _check_batching(self) -> TrainConfig:
         if self.rollout.max_new_tokens is None:
             # One length story: the benchmark's answer length, unless training overrides it.
             self.rollout.max_new_tokens = self.benchmark.max_new_tokens
-        resolve_engine_length(self.rollout.engine, self.rollout.max_new_tokens)
+        resolve_engine_length(self.rollout.engine, self.completion_tokens)
         if self.trainer.lr is None:
             self.trainer.lr = LORA_LR if self.model.lora.enabled else FULL_FINE_TUNING_LR
         if self.model.source in ("reference", "replay"):
@@ -310,7 +320,7 @@ class TrainConfig(Strict):
             resolve_overlong_lengths(
                 self.algo.overlong_max_len,
                 self.algo.overlong_cache_len,
-                self.rollout.max_new_tokens,
+                self.completion_tokens,
             )
         algo = self.algo
         on_policy = t.ppo_epochs == 1 and t.minibatches == 1

@@ -65,6 +65,7 @@ class Episode:
     reward: RewardResult | None = None
     observation_tokens: int = 0
     observations_cut: int = 0
+    engine_logprobs: bool = True  # every turn came with the engine's log-probs (vllm)
 
     @property
     def context(self) -> list[int]:
@@ -134,6 +135,7 @@ def _take_turns(
         ids = turn.ids[:budget]
         ended = turn.ended and len(ids) == len(turn.ids)
         logprobs = None if turn.logprobs is None else turn.logprobs[:budget]
+        episode.engine_logprobs &= logprobs is not None
         episode.add(ids, from_model=True, logprobs=logprobs)
         episode.turns.append(tokenizer.decode(ids, skip_special_tokens=True))
         if not ended:

@@ -66,7 +66,7 @@ def critic_targets(
         for index, rows in enumerate(plan.rows)
     ]
     values = torch.cat(parts)[torch.argsort(torch.cat(plan.rows))].to(torch.float32)
-    mask = batch.response_mask
+    mask = batch.trained_mask  # multi-turn: GAE runs over the model's tokens, across observations
     advantages, returns = gae(
         token_rewards(rewards.to(values.dtype), mask), values, mask, settings.gamma, settings.lam
     )

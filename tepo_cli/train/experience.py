@@ -44,6 +44,7 @@ class Experience:
     sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
     refill_rounds: int = 0
     overlong_mean: float = 0.0
+    env_sums: dict[str, float] = field(default_factory=dict)  # multi-turn metric sums
 
 
 def on_policy(cfg: TrainConfig) -> bool:

@@ -142,10 +142,12 @@ def _check_registered_names(config: TrainConfig) -> None:
     otherwise, before anything heavy starts."""
     from tepo_cli.algos.plugins import load_objectives
     from tepo_cli.benchmarks import check_benchmark
+    from tepo_cli.envs import environment
     from tepo_cli.rollout import check_backend
     from tepo_cli.trackers import check_trackers
 
     load_objectives(config.plugins, config.algo.name)  # imports the plugins first
+    environment(config.env.name)  # a plugin's environment is registered by now
     check_backend(config.rollout)
     check_benchmark(config.benchmark, config.reward)
     check_trackers(config.logger)

@@ -20,7 +20,7 @@ from tepo_cli.algos import informative_groups
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError
-from tepo_cli.core.records import Problem
+from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
@@ -29,6 +29,7 @@ from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.runtime import faults
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.grading import Graded, grade
+from tepo_cli.train.multi_turn import sample_episodes
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Groups:
     overlong_mean: float  # mean overlong term included in the rewards (0 when off)
     sampled_groups: int  # groups generated (more than kept under dynamic sampling)
     refill_rounds: int
+    env_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # multi-turn metrics
 
 
 def rollout_and_grade(
@@ -63,15 +65,18 @@ def rollout_and_grade(
     wanted = len(problems)
     kept: list[tuple[Rollout, Graded, list[Problem]]] = []
     kept_groups, sampled, rounds = 0, 0, 0
+    env_sums: dict[str, float] = {}
     batch_problems = problems
     for round_index in itertools.count():
         if batch_problems:
             with clock("rollout"):
                 round_seed = None if seed is None else seed + sampled * cfg.rollout.n
-                rollout = _sample(cfg, backend, tokenizer, batch_problems, round_seed)
+                rollout, results = _sample(
+                    cfg, backend, tokenizer, batch_problems, round_seed, reward, env_sums
+                )
             faults.maybe_kill("rollout")
             with clock("reward"):
-                graded = grade(cfg, rollout, batch_problems, reward)
+                graded = grade(cfg, rollout, batch_problems, reward, results)
             sampled += len(batch_problems)
             keep = _keep(cfg, graded, len(batch_problems), wanted - kept_groups)
             if keep.any():
@@ -102,6 +107,7 @@ def rollout_and_grade(
         overlong_mean=float(torch.cat([g.overlong for _, g, _ in kept]).mean()),
         sampled_groups=sampled,
         refill_rounds=rounds,
+        env_sums=env_sums,
     )
 
 
@@ -142,9 +148,19 @@ def _sample(
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
     seed: int | None,
-) -> Rollout:
+    reward: Reward,
+    env_sums: dict[str, float],
+) -> tuple[Rollout, list[RewardResult] | None]:
+    """The round's rollout; with a multi-turn environment its episodes, already graded by their
+    environments (their metric sums added to `env_sums`)."""
     prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
-    return backend.generate(prompts, training_sampling(cfg, seed))
+    sampling = training_sampling(cfg, seed)
+    if not cfg.env.multi_turn:
+        return backend.generate(prompts, sampling), None
+    episodes = sample_episodes(cfg, backend, tokenizer, prompts, problems, reward, sampling)
+    for key, value in episodes.sums.items():
+        env_sums[key] = env_sums.get(key, 0.0) + value
+    return episodes.rollout, episodes.results
 
 
 def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:

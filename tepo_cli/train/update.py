@@ -120,7 +120,7 @@ def _optimizer_step(
     """One minibatch: its micro-batches' forward and backward, then the optimizer step that
     DeepSpeed takes at the accumulation boundary (the critic's engine alongside)."""
     world = collective.world_size()
-    num_tokens = _global_sum(experience.batch.response_mask[minibatch].sum().item(), engine.device)
+    num_tokens = _global_sum(experience.batch.trained_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
     if num_tokens == 0:
         # Only empty completions on every rank: no token to learn from. The whole accumulation
@@ -132,7 +132,7 @@ def _optimizer_step(
     prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
     tally.sums["prompt_pass_tokens"] += prompts.tokens
     critic_prompts = _prompt_pass(cfg, critic_engine, experience, minibatch, plan, tally.seconds)
-    mask = experience.batch.response_mask
+    mask = experience.batch.trained_mask
     own_tokens = int(mask[minibatch].sum())
     own_norm = critic_own_norm = None
     counts = (num_tokens, num_seqs, world)
@@ -252,7 +252,7 @@ def _forward_backward(
     seconds["forward_seconds"] += forward_done - began
     engine.backward(loss * world, scale_wrt_gas=False)
     seconds["backward_seconds"] += time.perf_counter() - forward_done
-    valid = part.response_mask
+    valid = part.trained_mask
     metrics["loss"] = float(loss.detach())
     if scores.entropy is not None:
         entropy = scores.entropy.detach()
@@ -282,14 +282,14 @@ def _critic_backward(
         experience.returns[rows, :width],
         cfg.advantage.value_clip,
     )
-    mask = part.response_mask
+    mask = part.trained_mask
     loss = aggregate(
         per_token,
         mask,
         cfg.algo.loss_agg,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
-        max_len=cfg.rollout.max_new_tokens,
+        max_len=cfg.completion_tokens,
     )
     loss = prompts.carry_grads(index, loss)
     critic_engine.backward(loss * world, scale_wrt_gas=False)
