@@ -48,7 +48,7 @@ def code_grader():
 
 def test_the_registry_holds_the_built_in_environments_and_names_them_when_asked_for_another():
     assert {"single", "python_tool", "code_feedback"} <= set(environments())
-    with pytest.raises(ConfigError, match=r"env=chess is not an environment.*code_feedback"):
+    with pytest.raises(ConfigError, match=r"env.name=chess is not an environment.*code_feedback"):
         environment("chess")
 
 

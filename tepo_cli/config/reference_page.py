@@ -1,7 +1,8 @@
 """The configuration reference (docs/reference/configuration.md), generated, never written by hand.
 
 Every key of every config group, with its type, default and allowed values from the typed schema
-(schema.py, benchmark_schema.py, rollout_schema.py, eval_schema.py, algos/config.py) and its meaning from the YAML
+(schema.py, benchmark_schema.py, rollout_schema.py, env_schema.py, eval_schema.py,
+algos/config.py) and its meaning from the YAML
 comment beside it in conf/ (docs/design.md: each group's YAML documents its knobs). The docs build runs
 `write` (mkdocs.yml names this module as a hook: `on_pre_build`); tests/test_docs_site.py fails
 when a key has no comment or the committed page differs from what this module renders.
@@ -24,6 +25,7 @@ from pydantic.fields import FieldInfo
 
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.config.added_keys import preset_keys
+from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.config.eval_schema import EvalConfig, EvalOptions
 from tepo_cli.config.schema import (
     AdvantageConfig,
@@ -62,6 +64,7 @@ GROUPS = (
     Group("benchmark", BenchmarkConfig, "benchmark", ("benchmark/*.yaml",), "prompts and data"),
     Group("rollout", RolloutConfig, "rollout", ("rollout/*.yaml",), "generation"),
     Group("deepspeed", DeepSpeedConfig, "deepspeed", ("deepspeed/*.yaml",), "ZeRO and offload"),
+    Group("env", EnvConfig, "env", ("env/*.yaml",), "multi-turn episodes"),
     Group("kernel", KernelConfig, None, ("train.yaml",), "the log-prob path"),
     Group("trainer", TrainerConfig, None, ("train.yaml",), "the training loop"),
     Group("eval", EvalOptions, None, ("eval.yaml",), "`tepo eval`'s sampling"),

@@ -26,7 +26,7 @@ _ENVIRONMENTS: Registry[type[Environment]] = Registry(
     __name__,
     _defined,
     lambda cls: cls.name,
-    "env={name} is not an environment; the environments are: {known}. An environment is a "
+    "env.name={name} is not an environment; the environments are: {known}. An environment is a "
     "subclass of tepo_cli.envs.Environment with a `name` and a `respond` method, in a module of "
     "tepo_cli/envs/ (ENVIRONMENT = the class) or passed to register_environment(...) in a file "
     "listed in plugins=[...] (docs/guides/environments.md).",
