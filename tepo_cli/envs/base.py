@@ -58,6 +58,9 @@ class Environment(ABC):
     the last turn with the task's own grader unless overridden."""
 
     name: ClassVar[str]
+    # Appended to the task's message (after a blank line): what the model must know to use the
+    # environment (its tool, its feedback). Empty: the task's prompt as it is.
+    instructions: ClassVar[str] = ""
 
     def __init__(self, problem: Problem, grader: Reward, settings: EnvSettings) -> None:
         self.problem = problem

@@ -61,6 +61,10 @@ class CodeFeedback(Environment):
     """Runs the turn's program against the visible tests; the failures are the observation."""
 
     name = "code_feedback"
+    instructions = (
+        "Write the function in a ```python code block. It will be run against the test above; "
+        "if it fails you will see the failure and can send a corrected version."
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -28,6 +28,10 @@ class PythonTool(Environment):
     """Runs the turn's last code block; the answer is the first turn without one."""
 
     name = "python_tool"
+    instructions = (
+        "You can run Python: end your message with a ```python code block and you will see what "
+        "it prints. When you know the answer, reply without a code block."
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

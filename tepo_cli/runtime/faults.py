@@ -3,6 +3,7 @@
 `TEPO_FAULT` holds comma-separated `point:step` entries; a step may be a range `a-b`.
   kill points (the process SIGKILLs itself there, as `kill -9` would):
     rollout     after the step's completions are generated, before they are scored
+    episode     in a multi-turn step, after a turn is sampled, before the environment answers
     update      after the first backward of the step, before the optimizer steps
     checkpoint  after the engine state is written to the staging directory, before it is sealed
     warmup      after an optimizer step of the MTP warm-up (its step numbers count from 1)
@@ -21,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-KILL_POINTS = ("rollout", "update", "checkpoint", "warmup")
+KILL_POINTS = ("rollout", "episode", "update", "checkpoint", "warmup")
 _current_step = 0
 
 

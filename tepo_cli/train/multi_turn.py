@@ -19,10 +19,12 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.core.rollout import Rollout
-from tepo_cli.envs import EnvSettings, environment
+from tepo_cli.data.prompts import render_prompt
+from tepo_cli.envs import Environment, EnvSettings, environment
 from tepo_cli.envs.episodes import ENDS, Episode, SampledTurn, TurnSampler, run_episodes
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import Sampling
+from tepo_cli.runtime import faults
 
 
 @dataclasses.dataclass
@@ -53,17 +55,20 @@ def sample_episodes(
     cfg: TrainConfig,
     backend: Any,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
     problems: list[Problem],
     reward: Reward,
     sampling: Sampling,
 ) -> EpisodeRollout:
-    """`rollout.n` episodes per prompt (rendered, as `prompts`), each with its own environment."""
+    """`rollout.n` episodes per problem, each with its own environment; the prompt is the
+    benchmark's, with the environment's instructions after the question."""
     n = cfg.rollout.n
     settings = env_settings(cfg)
+    make = environment(cfg.env.name)
+    prompts = [
+        render_prompt(tokenizer, cfg.benchmark, with_instructions(p, make)) for p in problems
+    ]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     rows = [list(prompt_ids[i // n]) for i in range(len(prompts) * n)]
-    make = environment(cfg.env.name)
     envs = [make(problems[i // n], reward, settings) for i in range(len(rows))]
     episodes = run_episodes(_sampler(backend, sampling), tokenizer, rows, envs, settings)
     rollout = episodes_rollout(episodes, tokenizer.pad_token_id, tokenizer)
@@ -72,6 +77,14 @@ def sample_episodes(
         rollout = rollout.to(device)
     results = [episode.reward or RewardResult(0.0, False, None) for episode in episodes]
     return EpisodeRollout(rollout, results, episode_sums(episodes))
+
+
+def with_instructions(problem: Problem, make: type[Environment]) -> str:
+    """The question the prompt template gets: the problem's, then the environment's
+    instructions (when it has any) after a blank line."""
+    if not make.instructions:
+        return problem.question
+    return f"{problem.question}\n\n{make.instructions}"
 
 
 def _sampler(backend: Any, sampling: Sampling) -> TurnSampler:
@@ -84,7 +97,9 @@ def _sampler(backend: Any, sampling: Sampling) -> TurnSampler:
         seed = None if sampling.seed is None else sampling.seed + calls * len(contexts) * 7919
         calls += 1
         one = dataclasses.replace(sampling, n=1, seed=seed)
-        return backend.sample_turns(contexts, max_new_tokens, one)
+        turns = backend.sample_turns(contexts, max_new_tokens, one)
+        faults.maybe_kill("episode")  # mid-episode: a turn sampled, its observation not yet made
+        return turns
 
     return sample
 

@@ -153,11 +153,11 @@ def _sample(
 ) -> tuple[Rollout, list[RewardResult] | None]:
     """The round's rollout; with a multi-turn environment its episodes, already graded by their
     environments (their metric sums added to `env_sums`)."""
-    prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
     sampling = training_sampling(cfg, seed)
     if not cfg.env.multi_turn:
+        prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
         return backend.generate(prompts, sampling), None
-    episodes = sample_episodes(cfg, backend, tokenizer, prompts, problems, reward, sampling)
+    episodes = sample_episodes(cfg, backend, tokenizer, problems, reward, sampling)
     for key, value in episodes.sums.items():
         env_sums[key] = env_sums.get(key, 0.0) + value
     return episodes.rollout, episodes.results
