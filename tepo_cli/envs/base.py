@@ -66,6 +66,8 @@ class Environment(ABC):
         self.problem = problem
         self.grader = grader
         self.settings = settings
+        self.calls = 0  # tool calls so far (`count_call`)
+        self.failures: dict[str, int] = {}  # failed tool calls by reason
 
     @abstractmethod
     def respond(self, turn: str) -> str | None:
@@ -75,14 +77,19 @@ class Environment(ABC):
         """The episode's reward, once, when it is over (`turns`: the model's, in order)."""
         return self.grader(turns[-1] if turns else "", self.problem)
 
+    def count_call(self, failure: str | None = None) -> None:
+        """A tool call, and why it failed (None: it did not), for the step's metrics."""
+        self.calls += 1
+        if failure is not None:
+            self.failures[failure] = self.failures.get(failure, 0) + 1
+
     def tool_calls(self) -> int:
-        """Tool calls made so far (counted in the step's metrics); 0 for an environment without
-        tools."""
-        return 0
+        """Tool calls made so far (counted in the step's metrics)."""
+        return self.calls
 
     def tool_failures(self) -> dict[str, int]:
         """Tool calls that failed so far, by reason (the sandbox's: "timeout", "exit-code", ...)."""
-        return {}
+        return dict(self.failures)
 
 
 def contract_problem(candidate: object) -> str | None:

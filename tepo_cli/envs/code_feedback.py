@@ -66,11 +66,6 @@ class CodeFeedback(Environment):
         "if it fails you will see the failure and can send a corrected version."
     )
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls = 0
-        self.failures: dict[str, int] = {}
-
     def respond(self, turn: str) -> str | None:
         extra = self.problem.extra
         checks = visible_checks(self.problem)
@@ -86,26 +81,19 @@ class CodeFeedback(Environment):
             + extract_code(turn, entry_point)
             + _RUNNER.format(checks=checks, marker=marker)
         )
-        self.calls += 1
         limits = SandboxLimits(wall_time_s=self.settings.timeout_s)
         result = run_program(program, config=SandboxConfig(limits=limits), success_marker=marker)
-        if result.passed:
-            return None
         # The program ran to its end but a check failed: the tests', not the sandbox's, verdict.
         reason = "tests-failed" if result.reason == "marker-missing" else result.reason
-        self.failures[reason] = self.failures.get(reason, 0) + 1
+        self.count_call(None if result.passed else reason)
+        if result.passed:
+            return None
         if result.reason == "timeout":
             return f"The visible tests timed out after {self.settings.timeout_s:g} s."
         feedback = "\n".join(
             part for part in (result.stdout.strip(), _traceback_tail(result.stderr)) if part
         )
         return f"The visible tests failed:\n{feedback or result.reason}"
-
-    def tool_calls(self) -> int:
-        return self.calls
-
-    def tool_failures(self) -> dict[str, int]:
-        return dict(self.failures)
 
 
 def _traceback_tail(stderr: str, lines: int = 6) -> str:

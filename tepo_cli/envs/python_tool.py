@@ -33,30 +33,17 @@ class PythonTool(Environment):
         "it prints. When you know the answer, reply without a code block."
     )
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls = 0
-        self.failures: dict[str, int] = {}
-
     def respond(self, turn: str) -> str | None:
         code = last_code_block(turn)
         if code is None:
             return None
-        self.calls += 1
         limits = SandboxLimits(wall_time_s=self.settings.timeout_s)
         result = run_program(code, config=SandboxConfig(limits=limits))
-        if not result.passed:
-            self.failures[result.reason] = self.failures.get(result.reason, 0) + 1
+        self.count_call(None if result.passed else result.reason)
         output = (result.stdout + result.stderr).strip()
         if result.reason == "timeout":
             output += f"\n(timed out after {self.settings.timeout_s:g} s)"
         return f"```output\n{output}\n```"
-
-    def tool_calls(self) -> int:
-        return self.calls
-
-    def tool_failures(self) -> dict[str, int]:
-        return dict(self.failures)
 
 
 ENVIRONMENT = PythonTool

@@ -85,13 +85,7 @@ def generate(
         output = model.generate(
             input_ids=prompt_ids[start:stop],
             attention_mask=prompt_mask[start:stop],
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not sampling.greedy,
-            temperature=None if sampling.greedy else sampling.temperature,
-            top_p=None if sampling.greedy else sampling.top_p,
-            top_k=None if sampling.greedy else sampling.top_k,
-            eos_token_id=eos,
-            pad_token_id=pad_id,
+            **_sampling_kwargs(sampling, sampling.max_new_tokens, eos, pad_id),
             synced_gpus=synced,
             **shared,
         )
@@ -135,19 +129,29 @@ def sample_turns(
         output = model.generate(
             input_ids=ids[start:stop],
             attention_mask=mask[start:stop],
-            max_new_tokens=max_new_tokens,
-            do_sample=not sampling.greedy,
-            temperature=None if sampling.greedy else sampling.temperature,
-            top_p=None if sampling.greedy else sampling.top_p,
-            top_k=None if sampling.greedy else sampling.top_k,
-            eos_token_id=eos,
-            pad_token_id=pad_id,
+            **_sampling_kwargs(sampling, max_new_tokens, eos, pad_id),
         )[:, width:]
         valid, truncated = completion_mask(output, eos)
         for row, keep, cut in zip(output.tolist(), valid.tolist(), truncated.tolist(), strict=True):
             turns.append(SampledTurn(row[: sum(keep)], None, ended=not cut))
     model.train(was_training)
     return turns
+
+
+def _sampling_kwargs(
+    sampling: Sampling, max_new_tokens: int, eos: list[int], pad_id: int
+) -> dict[str, Any]:
+    """generate()'s sampling arguments for `sampling` (greedy: no temperature or truncation)."""
+    greedy = sampling.greedy
+    return {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": not greedy,
+        "temperature": None if greedy else sampling.temperature,
+        "top_p": None if greedy else sampling.top_p,
+        "top_k": None if greedy else sampling.top_k,
+        "eos_token_id": eos,
+        "pad_token_id": pad_id,
+    }
 
 
 def partitioned_across_ranks(model: PreTrainedModel) -> bool:
