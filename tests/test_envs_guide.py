@@ -86,3 +86,14 @@ def test_an_unknown_environment_lists_the_known_ones(tmp_path, override, message
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert message in result.stderr and "python_tool" in result.stderr
+
+
+def test_hf_episodes_under_zero3_on_several_ranks_are_refused(compose_config):
+    from tepo_cli.config.validate import load_train_config
+    from tepo_cli.core.errors import ConfigError
+
+    cfg = compose_config(
+        "train", ["env=python_tool", "deepspeed=zero3", "trainer.nproc=2", "model=tiny"]
+    )
+    with pytest.raises(ConfigError, match="rollout=vllm .one engine per rank., or deepspeed=zero2"):
+        load_train_config(cfg)

@@ -309,6 +309,18 @@ class TrainConfig(Strict):
                 f"rollout.n={self.rollout.n}); sample several responses per prompt, or use "
                 "advantage=gae (a learned critic), which works with one"
             )
+        if (
+            self.env.multi_turn
+            and self.rollout.backend == "hf"
+            and self.deepspeed.stage == 3
+            and t.nproc > 1
+        ):
+            raise ValueError(
+                f"env={self.env.name} with rollout=hf under deepspeed=zero3 on {t.nproc} ranks: "
+                "each rank's episodes end after their own number of turns, while every hf "
+                "generate() under ZeRO-3 is a collective that all ranks must enter together; use "
+                "rollout=vllm (one engine per rank), or deepspeed=zero2"
+            )
         if t.prompts_per_step % t.nproc:
             raise ValueError(
                 f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
