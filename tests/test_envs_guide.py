@@ -95,5 +95,7 @@ def test_hf_episodes_under_zero3_on_several_ranks_are_refused(compose_config):
     cfg = compose_config(
         "train", ["env=python_tool", "deepspeed=zero3", "trainer.nproc=2", "model=tiny"]
     )
-    with pytest.raises(ConfigError, match="rollout=vllm .one engine per rank., or deepspeed=zero2"):
+    with pytest.raises(
+        ConfigError, match=r"rollout=vllm .one engine per rank., or deepspeed=zero2"
+    ):
         load_train_config(cfg)
