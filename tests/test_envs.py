@@ -280,3 +280,24 @@ def test_the_hf_sampler_takes_ids_and_the_episode_keeps_exactly_what_it_sampled(
                 mine += [False] * len(observation)
             context = list(prompt) + rebuilt
         assert episode.ids == rebuilt and episode.from_model == mine
+
+
+def test_python_tool_stops_a_turn_at_its_first_closed_block_and_closes_the_message(
+    tiny_tokenizer,
+):
+    code = "Let me compute.\n```python\nprint(2 + 3)\n```"
+    turns = [[code + "\nSo it is 7, I think, and more text after.", "The answer is 5."]]
+    sampler = Scripted(tiny_tokenizer, turns)
+    grader = make_reward(RewardConfig(name="arith"), "arith")
+    envs = [environment("python_tool")(Problem("a", "2+3", "5"), grader, SETTINGS)]
+    (episode,) = run_episodes(sampler, tiny_tokenizer, [[0]], envs, SETTINGS)
+    sampled = sampler.turns[0][0]
+    kept = episode.from_model.index(False)  # the model's first turn, as kept
+    assert episode.ids[:kept] == sampled[:kept] and kept < len(sampled)
+    assert tiny_tokenizer.decode(episode.ids[:kept]).rstrip() == code
+    eos = tiny_tokenizer.eos_token_id
+    observation, _ = ObservationFormat(tiny_tokenizer).ids("```output\n5\n```", 128)
+    # the stopped message is closed by an end-of-message token that is context, not trained
+    assert episode.ids[kept : kept + 1 + len(observation)] == [eos, *observation]
+    assert episode.turns == [code, "The answer is 5."]
+    assert episode.end == "answer" and episode.reward.correct

@@ -73,6 +73,13 @@ class Environment(ABC):
     def respond(self, turn: str) -> str | None:
         """The observation after the model's `turn` (its text), or None: the episode is over."""
 
+    def turn_end(self, text: str) -> int | None:
+        """Where the model's turn stops early, as a character offset into its `text` (None: at
+        its end-of-message token or its token limit, as sampled). python_tool stops a turn at
+        its first closed code block, so the program runs before the model writes on. The tokens
+        after that point were sampled but are dropped; the ones kept are trained as sampled."""
+        return None
+
     def reward(self, turns: list[str]) -> RewardResult:
         """The episode's reward, once, when it is over (`turns`: the model's, in order)."""
         return self.grader(turns[-1] if turns else "", self.problem)

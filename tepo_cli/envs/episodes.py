@@ -65,6 +65,7 @@ class Episode:
     reward: RewardResult | None = None
     observation_tokens: int = 0
     observations_cut: int = 0
+    unclosed: bool = False  # the last turn was stopped early: its end-of-message is not sampled
     engine_logprobs: bool = True  # every turn came with the engine's log-probs (vllm)
 
     @property
@@ -134,12 +135,35 @@ def _take_turns(
     for episode, budget, turn in zip(active, budgets, turns, strict=True):
         ids = turn.ids[:budget]
         ended = turn.ended and len(ids) == len(turn.ids)
-        logprobs = None if turn.logprobs is None else turn.logprobs[:budget]
+        stop = _early_stop(tokenizer, episode.environment, ids)
+        if stop is not None:  # the environment ends the turn here (a closed code block)
+            ids, ended = ids[:stop], True
+            episode.unclosed = True  # its message still needs its end-of-message token
+        logprobs = None if turn.logprobs is None else turn.logprobs[: len(ids)]
         episode.engine_logprobs &= logprobs is not None
         episode.add(ids, from_model=True, logprobs=logprobs)
         episode.turns.append(tokenizer.decode(ids, skip_special_tokens=True))
         if not ended:
             episode.end = "episode-tokens" if budget < settings.max_turn_tokens else "turn-tokens"
+
+
+def _early_stop(
+    tokenizer: PreTrainedTokenizerBase, environment: Environment, ids: list[int]
+) -> int | None:
+    """The fewest of the turn's tokens whose text reaches the environment's `turn_end`, when it
+    names one before the turn's own end (None: the turn stands as sampled)."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    end = environment.turn_end(text)
+    if end is None or end >= len(text.rstrip()):
+        return None
+    low, high = 1, len(ids)  # the shortest prefix whose text holds the first `end` characters
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(ids[:middle], skip_special_tokens=True)) >= end:
+            high = middle
+        else:
+            low = middle + 1
+    return low if low < len(ids) else None
 
 
 def _observe(
@@ -163,6 +187,9 @@ def _observe(
         episode.end = "turn-limit"  # no turn left to read the observation
         return
     ids, cut = framing.ids(reply, settings.max_observation_tokens)
+    if episode.unclosed:  # close the stopped turn's message first: context, not the model's
+        ids = [framing.tokenizer.eos_token_id, *ids]
+        episode.unclosed = False
     if len(episode.ids) + len(ids) >= settings.max_episode_tokens:
         episode.end = "episode-tokens"
         return

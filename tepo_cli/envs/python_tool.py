@@ -24,6 +24,12 @@ def last_code_block(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+def first_block_end(text: str) -> int | None:
+    """The offset just after the first closed Python (or untagged) fenced block, else None."""
+    match = _BLOCK.search(text)
+    return None if match is None else match.end()
+
+
 class PythonTool(Environment):
     """Runs the turn's last code block; the answer is the first turn without one."""
 
@@ -32,6 +38,9 @@ class PythonTool(Environment):
         "You can run Python: end your message with a ```python code block and you will see what "
         "it prints. When you know the answer, reply without a code block."
     )
+
+    def turn_end(self, text: str) -> int | None:
+        return first_block_end(text)
 
     def respond(self, turn: str) -> str | None:
         code = last_code_block(turn)
