@@ -301,3 +301,12 @@ def test_python_tool_stops_a_turn_at_its_first_closed_block_and_closes_the_messa
     assert episode.ids[kept : kept + 1 + len(observation)] == [eos, *observation]
     assert episode.turns == [code, "The answer is 5."]
     assert episode.end == "answer" and episode.reward.correct
+
+
+def test_python_tool_shows_the_program_s_own_traceback():
+    tool = environment("python_tool")(Problem("p", "q", "1"), code_grader(), SETTINGS)
+    shown = tool.respond("```python\nx = 1\nprint(y)\n```")
+    assert shown.startswith("```output\nTraceback (most recent call last):\n  File ")
+    assert 'main.py", line 2, in <module>' in shown and "NameError" in shown
+    assert "_supervise" not in shown and "runpy" not in shown
+    assert tool.tool_failures() == {"exit-code": 1}

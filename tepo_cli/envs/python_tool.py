@@ -30,6 +30,17 @@ def first_block_end(text: str) -> int | None:
     return None if match is None else match.end()
 
 
+def program_traceback(stderr: str) -> str:
+    """`stderr` with a traceback cut to the program's own frames: the sandbox's launcher frames
+    before the first frame of `main.py` (the program) say nothing to the model."""
+    lines = stderr.splitlines(keepends=True)
+    first = next((i for i, line in enumerate(lines) if 'main.py", line' in line), None)
+    if first is None or not any(line.startswith("Traceback") for line in lines[:first]):
+        return stderr
+    start = max(i for i, line in enumerate(lines[:first]) if line.startswith("Traceback"))
+    return "".join(lines[: start + 1] + lines[first:])
+
+
 class PythonTool(Environment):
     """Runs the turn's last code block; the answer is the first turn without one."""
 
@@ -49,7 +60,7 @@ class PythonTool(Environment):
         limits = SandboxLimits(wall_time_s=self.settings.timeout_s)
         result = run_program(code, config=SandboxConfig(limits=limits))
         self.count_call(None if result.passed else result.reason)
-        output = (result.stdout + result.stderr).strip()
+        output = (result.stdout + program_traceback(result.stderr)).strip()
         if result.reason == "timeout":
             output += f"\n(timed out after {self.settings.timeout_s:g} s)"
         return f"```output\n{output}\n```"
