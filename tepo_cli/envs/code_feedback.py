@@ -62,8 +62,8 @@ class CodeFeedback(Environment):
 
     name = "code_feedback"
     instructions = (
-        "Write the function in a ```python code block. It will be run against the test above; "
-        "if it fails you will see the failure and can send a corrected version."
+        "Your function will be run against the test shown; if it fails you will see the failure "
+        "and can send a corrected version."
     )
 
     def respond(self, turn: str) -> str | None:
