@@ -285,6 +285,19 @@ class TrainConfig(Strict):
         return self.env.episode_tokens(turn) if self.env.multi_turn else turn
 
     @model_validator(mode="after")
+    def _check_episodes(self) -> TrainConfig:
+        ranks = self.trainer.nproc
+        hf_zero3 = self.rollout.backend == "hf" and self.deepspeed.stage == 3
+        if self.env.multi_turn and hf_zero3 and ranks > 1:
+            raise ValueError(
+                f"env={self.env.name} with rollout=hf under deepspeed=zero3 on {ranks} ranks: "
+                "each rank's episodes end after their own number of turns, while every hf "
+                "generate() under ZeRO-3 is a collective that all ranks must enter together; use "
+                "rollout=vllm (one engine per rank), or deepspeed=zero2"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_batching(self) -> TrainConfig:
         if self.rollout.max_new_tokens is None:
             # One length story: the benchmark's answer length, unless training overrides it.
@@ -308,18 +321,6 @@ class TrainConfig(Strict):
                 f"responses to the same prompt, so it needs rollout.n >= 2 (got "
                 f"rollout.n={self.rollout.n}); sample several responses per prompt, or use "
                 "advantage=gae (a learned critic), which works with one"
-            )
-        if (
-            self.env.multi_turn
-            and self.rollout.backend == "hf"
-            and self.deepspeed.stage == 3
-            and t.nproc > 1
-        ):
-            raise ValueError(
-                f"env={self.env.name} with rollout=hf under deepspeed=zero3 on {t.nproc} ranks: "
-                "each rank's episodes end after their own number of turns, while every hf "
-                "generate() under ZeRO-3 is a collective that all ranks must enter together; use "
-                "rollout=vllm (one engine per rank), or deepspeed=zero2"
             )
         if t.prompts_per_step % t.nproc:
             raise ValueError(

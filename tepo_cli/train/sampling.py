@@ -20,7 +20,7 @@ from tepo_cli.algos import informative_groups
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError
-from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
@@ -29,7 +29,7 @@ from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.runtime import faults
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.grading import Graded, grade
-from tepo_cli.train.multi_turn import sample_episodes
+from tepo_cli.train.multi_turn import EpisodeRollout, sample_episodes
 
 
 @dataclass
@@ -57,26 +57,24 @@ def rollout_and_grade(
     seed: int | None = None,
     clock: StepClock | None = None,
 ) -> Groups:
-    """Sample and grade this rank's groups, refilling dropped ones under dynamic sampling.
-
-    `seed` seeds engines that take per-request seeds (`rollout_seed`); hf samples from torch's
-    generator, which checkpoints restore."""
+    """Sample and grade this rank's groups, refilling dropped ones under dynamic sampling. `seed`
+    seeds engines with per-request seeds (`rollout_seed`); hf draws from torch's generator."""
     clock = clock or StepClock()
     wanted = len(problems)
     kept: list[tuple[Rollout, Graded, list[Problem]]] = []
-    kept_groups, sampled, rounds = 0, 0, 0
-    env_sums: dict[str, float] = {}
+    kept_groups, sampled, rounds, env_sums = 0, 0, 0, dict[str, float]()
     batch_problems = problems
     for round_index in itertools.count():
         if batch_problems:
             with clock("rollout"):
                 round_seed = None if seed is None else seed + sampled * cfg.rollout.n
-                rollout, results = _sample(
-                    cfg, backend, tokenizer, batch_problems, round_seed, reward, env_sums
+                rollout, episodes = _sample(
+                    cfg, backend, tokenizer, batch_problems, round_seed, reward
                 )
+                _add_sums(env_sums, episodes)
             faults.maybe_kill("rollout")
             with clock("reward"):
-                graded = grade(cfg, rollout, batch_problems, reward, results)
+                graded = grade(cfg, rollout, batch_problems, reward, episodes and episodes.results)
             sampled += len(batch_problems)
             keep = _keep(cfg, graded, len(batch_problems), wanted - kept_groups)
             if keep.any():
@@ -149,18 +147,21 @@ def _sample(
     problems: list[Problem],
     seed: int | None,
     reward: Reward,
-    env_sums: dict[str, float],
-) -> tuple[Rollout, list[RewardResult] | None]:
-    """The round's rollout; with a multi-turn environment its episodes, already graded by their
-    environments (their metric sums added to `env_sums`)."""
+) -> tuple[Rollout, EpisodeRollout | None]:
+    """The round's rollout; with a multi-turn environment also its episodes, already graded by
+    their environments."""
     sampling = training_sampling(cfg, seed)
     if not cfg.env.multi_turn:
         prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
         return backend.generate(prompts, sampling), None
     episodes = sample_episodes(cfg, backend, tokenizer, problems, reward, sampling)
-    for key, value in episodes.sums.items():
+    return episodes.rollout, episodes
+
+
+def _add_sums(env_sums: dict[str, float], episodes: EpisodeRollout | None) -> None:
+    """A round's episode metric sums into the step's (nothing for single answers)."""
+    for key, value in ({} if episodes is None else episodes.sums).items():
         env_sums[key] = env_sums.get(key, 0.0) + value
-    return episodes.rollout, episodes.results
 
 
 def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:
