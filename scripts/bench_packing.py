@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
     from tepo_cli.core.rollout import left_padded_positions
     from tepo_cli.core.sequences import SequenceBatch
     from tepo_cli.models.loading import load_model, load_tokenizer
-    from tepo_cli.train.policy import Policy
+    from tepo_cli.models.policy import Policy
 
     preset = resources.files("tepo_cli.conf") / "model" / f"{args.model}.yaml"
     config = ModelConfig.model_validate(OmegaConf.to_container(OmegaConf.load(str(preset))))

@@ -48,7 +48,7 @@ VARIANTS = {
     # freed buffer over 512 KiB goes back to the OS, every new one faults in fresh pages
     "prompt-pass-glibc": ["trainer.host_allocator=glibc"],
     # glibc's own adaptive mmap threshold: freed buffers reused from the heap (no fresh page
-    # faults), at the price of the heap's drift (tepo_cli/train/host_memory.py)
+    # faults), at the price of the heap's drift (tepo_cli/runtime/host_memory.py)
     "prompt-pass-glibc-heap-reuse": [
         "trainer.host_allocator=glibc",
         "trainer.mmap_threshold_kb=null",
@@ -153,10 +153,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from tepo_cli.core.sequences import SequenceBatch
     from tepo_cli.kernels.lean_layers import make_lean
     from tepo_cli.models.loading import load_model, load_tokenizer
-    from tepo_cli.train.distributed import setup_topology, teardown
-    from tepo_cli.train.engine import build_engine
+    from tepo_cli.runtime.distributed import setup_topology, teardown
+    from tepo_cli.runtime.engine import build_engine
+    from tepo_cli.runtime.host_memory import set_up_host_memory
     from tepo_cli.train.experience import Experience
-    from tepo_cli.train.host_memory import set_up_host_memory
     from tepo_cli.train.setup import build_policy
     from tepo_cli.train.update import accumulation_steps, update
 

@@ -14,6 +14,11 @@
 # each, with rollout=hf (CI). TEPO=/path/to/tepo picks the executable (default: tepo on PATH).
 set -euo pipefail
 TEPO=${TEPO:-tepo}
+if [[ -z "${LIST:-}" ]] && ! command -v "$TEPO" >/dev/null; then
+    echo "word_math_claims.sh: no '$TEPO' executable: activate the environment tepo is installed in" \
+        "(e.g. source .venv/bin/activate), or set TEPO=/path/to/tepo. Nothing was run." >&2
+    exit 2
+fi
 runs_dir=${1:-multirun/word_math}
 results_dir=${2:-docs/results/word_math/runs}
 only=${ONLY:-}

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if command == "data":
         sys.exit(_data_command(overrides))
     if command == "deepspeed-env":
-        from tepo_cli.train.deepspeed_env import deepspeed_env_command
+        from tepo_cli.runtime.deepspeed_env import deepspeed_env_command
 
         sys.exit(deepspeed_env_command(overrides))
     if command == "report":
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         check_override_keys(config_name, overrides)
         check_conflicts(config_name, overrides)
         if command == "train":
-            from tepo_cli.train.resume import run_dir_overrides
+            from tepo_cli.runtime.resume import run_dir_overrides
 
             overrides = run_dir_overrides(overrides)
         if command == "train" and argv is None and not dry_run:  # a process of its own

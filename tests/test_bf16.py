@@ -20,10 +20,10 @@ from tepo_cli.config.validate import load_train_config
 from tepo_cli.core import collective
 from tepo_cli.core.collective import collective_device
 from tepo_cli.core.errors import RunError
-from tepo_cli.train.distributed import setup_topology, teardown
-from tepo_cli.train.engine import build_engine
-from tepo_cli.train.guards import FiniteAdamW, skipped_optimizer_steps
-from tepo_cli.train.master_weights import MasterAdamW
+from tepo_cli.runtime.distributed import setup_topology, teardown
+from tepo_cli.runtime.engine import build_engine
+from tepo_cli.runtime.guards import FiniteAdamW, skipped_optimizer_steps
+from tepo_cli.runtime.master_weights import MasterAdamW
 
 SMALL = 2.0**-9  # 1 + SMALL is 1 in bf16 (8 significant bits), not in float32
 

@@ -1,4 +1,4 @@
-"""Gradient checkpointing per micro-batch (train/checkpointing.py): `auto` recomputes only the
+"""Gradient checkpointing per micro-batch (train/recompute.py): `auto` recomputes only the
 micro-batches over the token budget (a row longer than it, alone) and the prompt passes, the update
 is the one without checkpointing (float64), and the layers' flags are as they were after each
 micro-batch."""
@@ -11,7 +11,7 @@ from test_micro_batches import UPDATE_OVERRIDES, UPDATE_REWARDS, _one_update, _r
 
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.train import update as update_module
-from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, over_budget
+from tepo_cli.train.recompute import checkpoint_plan, checkpointed, over_budget
 
 
 def test_auto_checkpoints_only_the_micro_batches_over_the_budget():
@@ -102,7 +102,7 @@ def test_a_recomputed_layer_applies_lora_dropout_as_its_forward_did(tiny_model, 
     from test_shared_prompts import _batch
 
     from tepo_cli.config.schema import KernelConfig, LoraConfig
-    from tepo_cli.train.policy import Policy
+    from tepo_cli.models.policy import Policy
 
     tiny_model.double()
     batch = _batch(tiny_model, tiny_tokenizer, n=2)

@@ -98,7 +98,7 @@ def _recorded(check: DeviceCheck) -> list[str]:
 
 
 def _train(compose_config, run_dir: Path, *overrides: str) -> list[dict]:
-    from tepo_cli.train.distributed import setup_topology, teardown
+    from tepo_cli.runtime.distributed import setup_topology, teardown
     from tepo_cli.train.recipe import train
 
     (run_dir / "parity.py").write_text(PARITY)

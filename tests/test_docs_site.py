@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tepo_cli.config import reference
+from tepo_cli.config import reference_page as reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_the_committed_reference_page_is_what_the_code_renders():
     stale when a key, default or comment changes."""
     assert reference.PAGE.read_text() == reference.render(), (
         "docs/reference/configuration.md is stale: run `make docs` (or "
-        '`python -c "from tepo_cli.config import reference; reference.write()"`) and commit it'
+        '`python -c "from tepo_cli.config import reference_page; reference_page.write()"`) and commit it'
     )
 
 

@@ -14,12 +14,12 @@ from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import RewardResult
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.data.arith import ArithTask
+from tepo_cli.models.policy import Policy
 from tepo_cli.rewards import Reward, one_by_one
 from tepo_cli.rollout.hf import HfBackend
 from tepo_cli.train.advantage import estimate
 from tepo_cli.train.experience import score
 from tepo_cli.train.grading import grade
-from tepo_cli.train.policy import Policy
 from tepo_cli.train.sampling import rollout_and_grade
 
 

@@ -12,12 +12,12 @@ from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.policy import Policy
+from tepo_cli.runtime.distributed import setup_topology, teardown
+from tepo_cli.runtime.engine import build_engine
+from tepo_cli.runtime.guards import FiniteAdamW, GuardedLambdaLR, skipped_optimizer_steps
+from tepo_cli.runtime.rng_and_streams import CountingStream
 from tepo_cli.train import experience as exp
-from tepo_cli.train.distributed import setup_topology, teardown
-from tepo_cli.train.engine import build_engine
-from tepo_cli.train.guards import FiniteAdamW, GuardedLambdaLR, skipped_optimizer_steps
-from tepo_cli.train.policy import Policy
-from tepo_cli.train.resumable import CountingStream
 from tepo_cli.train.update import accumulation_steps, update
 
 

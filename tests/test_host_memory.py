@@ -9,13 +9,13 @@ import textwrap
 
 import pytest
 
-from tepo_cli.train.host_memory import return_freed_buffers
+from tepo_cli.runtime.host_memory import return_freed_buffers
 
 PROBE = textwrap.dedent(
     """
     import sys
     import torch
-    from tepo_cli.train.host_memory import return_freed_buffers
+    from tepo_cli.runtime.host_memory import return_freed_buffers
 
     def rss_mb():
         for line in open("/proc/self/status"):

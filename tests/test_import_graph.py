@@ -6,6 +6,7 @@ imports nothing of tepo_cli outside itself."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -105,3 +106,119 @@ def test_no_package_imports_another_that_imports_it_back() -> None:
 
 def test_core_imports_nothing_outside_core() -> None:
     assert set(import_graph()["core"]) == set()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("tepo_cli", *parts))
+
+
+def _top_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is imported: its top-level statements and those inside
+    top-level try/if blocks, except under `if TYPE_CHECKING:` (never run)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                found += _top_level_imports(node.body) + _top_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                found += _top_level_imports(block)
+    return found
+
+
+def module_import_graph() -> dict[str, set[str]]:
+    """module -> the tepo_cli modules its import runs first (module-level imports only)."""
+    modules = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets: set[str] = set()
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path)).body):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif node.level == 0 and node.module:
+                # `from a.b import c`: the module a.b.c when it is one, else a.b
+                names = [
+                    f"{node.module}.{alias.name}"
+                    if f"{node.module}.{alias.name}" in modules
+                    else node.module
+                    for alias in node.names
+                ]
+            else:
+                continue
+            targets |= {name for name in names if name in modules and name != module}
+        graph[module] = targets
+    return graph
+
+
+def test_the_module_walk_sees_module_level_imports_only() -> None:
+    graph = module_import_graph()
+    assert "tepo_cli.train.update" in graph["tepo_cli.train.recipe"]
+    # job.py imports the rollout back-ends inside train_job: not a module-level edge
+    assert not any(m.startswith("tepo_cli.rollout") for m in graph["tepo_cli.train.job"])
+
+
+def test_no_module_level_import_circle() -> None:
+    """Inside a package too: a circle works only while every module in it imports the others
+    lazily enough, and breaks on the first reordering."""
+    loops = cycles(module_import_graph())
+    assert loops == [], "\n".join(" <-> ".join(loop) for loop in loops)
+
+
+MEASUREMENT = re.compile(
+    r"~\s?\d"  # ~40 s, ~100x
+    r"|\b\d+(?:\.\d+)?\s?(?:x|×)\s(?:faster|slower|less|more)\b"  # 7x faster
+    r"|\btakes\s(?:about\s)?\d"  # takes 15 s
+    r"|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\ss\sof\b"  # 1.5-2 s of every start
+)
+
+
+def test_no_docstring_quotes_a_measurement() -> None:
+    """A docstring says why; the figures behind it go to docs/guides/performance.md ("Figures
+    behind the code"), where they can be measured again instead of going stale in the code."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in [tree, *ast.walk(tree)]:
+            if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
+                continue
+            for line in (ast.get_docstring(node) or "").splitlines():
+                if MEASUREMENT.search(line):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}: {line.strip()}")
+    assert found == [], "\n".join(found)
+
+
+def test_the_measurement_pattern_catches_the_usual_forms() -> None:
+    for text in ("building it takes ~40 s", "about 7x faster in TF32", "1.5-2 s of every start"):
+        assert MEASUREMENT.search(text), text
+    for text in ("a 95 % confidence interval", "default 10 s", "32 MiB", "2 (1.96 + 0.84)"):
+        assert not MEASUREMENT.search(text), text
+
+
+CITED_FILE = re.compile(
+    r"(?<![\w./-])((?:tepo_cli|docs|scripts|tests|conf|recipes)/[\w/.-]+\.(?:py|md|yaml|sh))\b"
+)
+SHORT_CITE = re.compile(
+    r"(?<![\w./-])((?:"
+    + "|".join(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    + r")/[\w/-]+\.py)\b"
+)
+
+
+def test_the_code_cites_only_files_in_the_repository() -> None:
+    """Every `tepo_cli/…`, `docs/…`, `scripts/…` path (and a package-relative `train/update.py`)
+    in the code names a file that exists: a moved module or page is caught where it is cited."""
+    root = PACKAGE.parent
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        cited = {m.group(1) for m in CITED_FILE.finditer(text)}
+        cited |= {f"tepo_cli/{m.group(1)}" for m in SHORT_CITE.finditer(text)}
+        missing += [
+            f"{path.relative_to(root)} cites {c}" for c in sorted(cited) if not (root / c).exists()
+        ]
+    assert missing == [], "\n".join(missing)

@@ -16,8 +16,8 @@ import torch
 
 from tepo_cli import cli
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.train import checkpoint, distributed
-from tepo_cli.train.distributed import Topology
+from tepo_cli.runtime import checkpoint, distributed
+from tepo_cli.runtime.distributed import Topology
 
 
 def _command(device_type: str, visible: str | None, nproc: int = 2) -> list[str]:
@@ -56,7 +56,7 @@ def test_the_launcher_command_keeps_the_visible_gpus(monkeypatch, tmp_path) -> N
 
 
 def test_trainer_device_cuda_refuses_and_auto_says_why_it_chose_the_cpu() -> None:
-    from tepo_cli.train.device_choice import choose_device
+    from tepo_cli.runtime.device_choice import choose_device
 
     if torch.cuda.is_available():
         pytest.skip("torch can use CUDA here: trainer.device=cuda is not refused")
@@ -179,7 +179,7 @@ def test_deepspeed_env_carries_tepo_and_hf_variables_to_every_node(tmp_path) -> 
     from deepspeed.launcher.multinode_runner import PDSHRunner
     from deepspeed.launcher.runner import parse_args
 
-    from tepo_cli.train.deepspeed_env import deepspeed_env_command
+    from tepo_cli.runtime.deepspeed_env import deepspeed_env_command
 
     env_file = tmp_path / ".deepspeed_env"
     env_file.write_text("NCCL_DEBUG=INFO\nTEPO_CACHE=/old/cache\n")

@@ -1,4 +1,4 @@
-"""LoRA through peft (tepo_cli/models/lora.py, train/reference.py, train/lora_files.py): only the
+"""LoRA through peft (tepo_cli/models/lora.py, models/reference.py, runtime/lora_files.py): only the
 adapters train, switching them off gives back the base model bit for bit (the KL reference, no
 copy), merged weights are the adapted model's, dropout acts only where gradients are recorded,
 and a run's final/ is a peft adapter plus the merged model that both load back."""
@@ -23,10 +23,10 @@ from tepo_cli.models.lora import (
     merged_weights,
     trainable_parameters,
 )
+from tepo_cli.models.policy import Policy
+from tepo_cli.models.reference import AdaptersOff
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
-from tepo_cli.train.policy import Policy
-from tepo_cli.train.reference import AdaptersOff
 
 IDS = torch.tensor([[5, 17, 230, 9, 41, 77, 3, 1200], [8, 8, 310, 64, 2, 19, 700, 45]])
 
@@ -145,7 +145,7 @@ def test_lora_run_saves_a_peft_adapter_and_the_merged_model(compose_config, tmp_
 
     from tepo_cli.config.validate import load_train_config
     from tepo_cli.models.loading import load_tokenizer
-    from tepo_cli.train.distributed import setup_topology, teardown
+    from tepo_cli.runtime.distributed import setup_topology, teardown
     from tepo_cli.train.recipe import train
 
     tiny_cfg = ModelConfig(name="tiny", source="tiny", tokenizer="smollm2_135m", dtype="float32")

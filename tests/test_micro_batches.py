@@ -18,13 +18,13 @@ from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.models.prompt_pass import PromptPass
+from tepo_cli.models.prompt_pass import MinibatchPrompts
+from tepo_cli.runtime.critic_files import build_critic
+from tepo_cli.runtime.distributed import setup_topology, teardown
+from tepo_cli.runtime.engine import build_engine
 from tepo_cli.train import experience as exp
 from tepo_cli.train import update as update_module
 from tepo_cli.train.advantage import critic_targets
-from tepo_cli.train.critic_files import build_critic
-from tepo_cli.train.distributed import setup_topology, teardown
-from tepo_cli.train.engine import build_engine
 from tepo_cli.train.micro_batches import assign, micro_batch_cost, micro_batches, plan
 from tepo_cli.train.setup import build_policy
 from tepo_cli.train.update import accumulation_steps, update
@@ -219,10 +219,10 @@ def _one_update(cfg, lm, rewards):
         teardown()
 
 
-def _recording(prompt_pass, passes: list[PromptPass]):
+def _recording(prompt_pass, passes: list[MinibatchPrompts]):
     def recorded(*args, **kwargs):
         result = prompt_pass(*args, **kwargs)
-        if result is not None:
+        if result.prompt_pass is not None:
             passes.append(result)
         return result
 
@@ -246,7 +246,9 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
         compose_config("train", [*common, "trainer.micro_batch_tokens=12"])
     )
     fixed, fixed_step = _one_update(fixed_cfg, tiny_model, rewards)
-    passes: list[PromptPass] = []  # the token-budget update's: its prompts run once a minibatch
+    passes: list[
+        MinibatchPrompts
+    ] = []  # the token-budget update's: its prompts run once a minibatch
     with monkeypatch.context() as patch:
         patch.setattr(update_module, "_prompt_pass", _recording(update_module._prompt_pass, passes))
         tokens, token_step = _one_update(token_cfg, tiny_model, rewards)

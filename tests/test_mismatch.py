@@ -17,10 +17,10 @@ from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.policy import Policy
+from tepo_cli.runtime.distributed import setup_topology, teardown
+from tepo_cli.runtime.engine import build_engine
 from tepo_cli.train import experience as exp
-from tepo_cli.train.distributed import setup_topology, teardown
-from tepo_cli.train.engine import build_engine
-from tepo_cli.train.policy import Policy
 from tepo_cli.train.update import accumulation_steps, update
 
 CAP = 3.0

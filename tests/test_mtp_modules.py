@@ -13,9 +13,9 @@ from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.mtp import MtpStack, mtp_support_problem
 from tepo_cli.models.mtp_loss import alpha_weights, mtp_prediction_loss, mtp_present
+from tepo_cli.models.policy import Policy
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
-from tepo_cli.train.policy import Policy
 
 PROMPTS = ["Hi", "What is 7*8? Answer with just the number, please.", "What is 2+2?"]
 KERNEL = KernelConfig(backend="torch", chunk_size=7)

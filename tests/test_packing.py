@@ -16,8 +16,8 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels.lean_layers import SAVED_OUTPUTS, make_lean
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.packing import pack
+from tepo_cli.models.policy import Policy
 from tepo_cli.models.shared_prompts import distinct_prompts
-from tepo_cli.train.policy import Policy
 
 
 def _scores_and_grads(policy: Policy, batch: SequenceBatch, with_mtp: bool):

@@ -14,9 +14,10 @@ from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
+from tepo_cli.models.policy import Policy
+from tepo_cli.models.prompt_pass import MinibatchPrompts
 from tepo_cli.models.shared_prompts import distinct_prompts
-from tepo_cli.train.checkpointing import checkpointed
-from tepo_cli.train.policy import Policy
+from tepo_cli.train.recompute import checkpointed
 
 # Micro-batches of the 9 rows (3 prompts x 3 answers): mixed prompts, a single row, and a last
 # micro-batch that holds answers of one prompt only (the others reach the prompt pass through
@@ -50,23 +51,19 @@ def _split(policy: Policy, batch: SequenceBatch, with_mtp: bool, checkpoint: boo
     policy.zero_grad(set_to_none=True)
     width = batch.response_mask.shape[1]
     every = torch.arange(len(batch))
+    split = [torch.tensor(rows) for rows in SPLIT]
     with checkpointed(policy, checkpoint):
-        prompts = policy(batch, prompt_pass_rows=every)
+        prompts = MinibatchPrompts.run(policy.prompt_pass, batch, every, split, enabled=True)
     parts = []
     for index, rows in enumerate(SPLIT):
-        rows_t = torch.tensor(rows)
-        last = index == len(SPLIT) - 1
         scores = policy(
-            batch.select(rows_t),
+            batch.select(split[index]),
             0.7,
             with_entropy=True,
             with_mtp=with_mtp,
-            prompts=prompts.for_rows(rows_t, last),
+            prompts=prompts.read(index),
         )
-        loss = _objective(scores, width, rows)
-        if last:
-            loss = prompts.with_grads(loss)
-        loss.backward()
+        prompts.carry_grads(index, _objective(scores, width, rows)).backward()
         parts.append(scores)
     return _results(policy, parts, width, [row for rows in SPLIT for row in rows])
 
@@ -135,7 +132,7 @@ def test_the_prompt_pass_holds_each_distinct_prompt_once(tiny_model, tiny_tokeni
     batch = _batch(tiny_model, tiny_tokenizer, n=3)
     policy = Policy(tiny_model, KernelConfig(backend="torch"), packing=True)
     with torch.no_grad():
-        prompts = policy(batch, prompt_pass_rows=torch.arange(len(batch)))
+        prompts = policy.prompt_pass(batch, torch.arange(len(batch)))
     width = batch.prompt_width
     first, owner = distinct_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width])
     assert len(first) == 3 and len(batch) == 9  # three prompts, three answers each
@@ -164,16 +161,25 @@ def test_critic_micro_batches_reading_a_prompt_pass_equal_one_packed_pass(
     (values * weights).sum().backward()
     expected = values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters()}
     critic.zero_grad(set_to_none=True)
-    prompts = critic(batch, prompt_pass_rows=torch.arange(len(batch)))
+    split = [torch.tensor(rows) for rows in SPLIT]
+    every = torch.arange(len(batch))
+    prompts = MinibatchPrompts.run(critic.prompt_pass, batch, every, split, enabled=True)
     parts = []
     for index, rows in enumerate(SPLIT):
-        rows_t = torch.tensor(rows)
-        last = index == len(SPLIT) - 1
-        part = critic(batch.select(rows_t), prompts=prompts.for_rows(rows_t, last))
+        part = critic(batch.select(split[index]), prompts=prompts.read(index))
         loss = (widen(part, width) * weights[rows]).sum()
-        (prompts.with_grads(loss) if last else loss).backward()
+        prompts.carry_grads(index, loss).backward()
         parts.append(widen(part.detach(), width))
     back = torch.argsort(torch.tensor([row for rows in SPLIT for row in rows]))
     torch.testing.assert_close(torch.cat(parts)[back], expected[0], rtol=0, atol=1e-12)
     for name, param in critic.named_parameters():
         assert_same_gradient(param.grad, expected[1][name], name)
+
+
+def test_only_the_last_micro_batch_carries_the_gradients_and_no_pass_reads_nothing():
+    rows = [torch.tensor([0, 1]), torch.tensor([2])]
+    loss = torch.tensor(1.5, requires_grad=True)
+    without = MinibatchPrompts(None, rows)
+    assert without.tokens == 0 and without.read(0) is None and without.read(1) is None
+    assert without.carry_grads(1, loss) is loss
+    assert [without.last(i) for i in range(2)] == [False, True]

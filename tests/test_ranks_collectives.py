@@ -101,8 +101,8 @@ def test_rank_shards_are_padded_to_the_same_size():
 
 
 def test_a_timed_out_collective_is_reported_with_the_phase_it_happened_in():
-    from tepo_cli.train import collective_timeout
-    from tepo_cli.train.clock import StepClock
+    from tepo_cli.runtime import collective_timeout
+    from tepo_cli.runtime.clock import StepClock
 
     gloo = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation"
     outer = collective_timeout.current_phase()  # whatever an earlier in-process run left
@@ -239,7 +239,7 @@ sys.exit(subprocess.call([sys.executable, __file__, str(depth + 1), note]))
 
 
 def test_relaunch_forwards_sigterm_to_the_ranks_and_returns_128_plus_it(tmp_path):
-    from tepo_cli.train.distributed import run_forwarding_signals
+    from tepo_cli.runtime.distributed import run_forwarding_signals
 
     script, note = tmp_path / "level.py", tmp_path / "rank_signals"
     script.write_text(LEVEL)
@@ -262,7 +262,7 @@ def test_relaunch_forwards_sigterm_to_the_ranks_and_returns_128_plus_it(tmp_path
 STUCK_RANK = """
 import datetime, sys, time
 import torch, torch.distributed as dist
-from tepo_cli.train.stop import StopSignals
+from tepo_cli.runtime.stop import StopSignals
 rank, store = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group(
     "gloo", init_method=f"file://{store}", rank=rank, world_size=2,

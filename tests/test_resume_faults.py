@@ -166,6 +166,26 @@ def test_mpo_mtp_gae_lora_run_killed_then_resumed_loses_nothing(tmp_path, chain_
     assert len(saved) == 5 and "final/model.safetensors" not in saved
 
 
+def episode_args(tmp: Path, run_dir: Path) -> list[str]:
+    """Multi-turn episodes (env=python_tool) graded by the custom reward."""
+    return [*base_args(tmp, run_dir), "env=python_tool", "env.max_turns=2"]
+
+
+def test_a_multi_turn_run_killed_mid_episode_then_resumed_loses_nothing(tmp_path, tmp_path_factory):
+    """kill -9 in step 3, after a turn of its episodes was sampled and before the environment
+    answered: the resumed run samples step 3's episodes again from step 2's checkpoint and ends
+    with the uninterrupted run's metrics (episode metrics included) and weights."""
+    reference_dir = uninterrupted(tmp_path_factory, "episode_reference", episode_args)
+    run_dir = tmp_path / "run"
+    args = episode_args(tmp_path, run_dir)
+    killed = tepo(args, cwd=tmp_path, fault="episode:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(run_dir, reference_dir)
+    assert "env_turns_mean" in comparable_metrics(run_dir)[-1]
+
+
 def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
     """Killed in step 2's rollout, then (resumed) in step 3's update, then (resumed again) while
     writing step 3's checkpoint; then step 2's checkpoint is torn on disk after it was sealed, so
@@ -246,7 +266,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path):
     assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert checkpoints[-1] == "step_00000004"  # the failing step 5 wrote nothing
-    from tepo_cli.train.checkpoint import verify
+    from tepo_cli.runtime.checkpoint import verify
 
     assert verify(run_dir / "checkpoints" / checkpoints[-1]) is None
     # The failed run resumes only as itself: another objective is refused, as is a fresh start.

@@ -79,7 +79,7 @@ def test_an_unknown_back_end_is_refused_with_the_known_ones():
 def test_a_new_back_end_is_one_module_and_one_yaml(compose_config, offset_backend):
     """The engine reports ℓ^roll = ℓ^old + 0.25 on every token: token TIS weights are
     exp(−0.25) on every token, and the mismatch metrics say 0.25."""
-    from tepo_cli.train.distributed import setup_topology, teardown
+    from tepo_cli.runtime.distributed import setup_topology, teardown
     from tepo_cli.train.recipe import train
 
     assert "offset" in rollout.backends()

@@ -47,6 +47,10 @@ SMOKE_TESTS = {
         "tests/test_device_kit.py::test_a_kit_built_and_installed_the_node_way_runs_the_node_script"
     ),
     "gpu_check.py": "tests/test_gpu_check.py::test_every_path_runs_on_one_rank_and_on_all_gpus",
+    "multi_turn_bench.sh": (
+        "tests/test_multi_turn_bench.py::"
+        "test_the_multi_turn_bench_runs_every_pair_and_skips_them_the_second_time"
+    ),
     "gpu_check.sh": (
         "tests/test_gpu_check.py::test_the_script_runs_checks_on_cpu_ranks_and_writes_its_table"
     ),

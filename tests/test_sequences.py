@@ -7,9 +7,9 @@ import torch
 
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.policy import Policy
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
-from tepo_cli.train.policy import Policy
 
 
 @pytest.fixture()

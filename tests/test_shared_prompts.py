@@ -11,10 +11,10 @@ import torch
 
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.policy import Policy
 from tepo_cli.models.shared_prompts import distinct_prompts
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
-from tepo_cli.train.policy import Policy
 
 PROMPTS = ["Hi", "What is 7*8? Answer with just the number, please.", "What is 2+2?"]
 

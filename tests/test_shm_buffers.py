@@ -1,4 +1,4 @@
-"""DeepSpeed's /dev/shm all-reduce buffers (tepo_cli/train/shm_buffers.py): those of a launch
+"""DeepSpeed's /dev/shm all-reduce buffers (tepo_cli/runtime/shm_buffers.py): those of a launch
 killed outright are removed by the next multi-rank start; a live run's, or a young one, never."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_ranks_collectives import leftovers, run_processes, tepo, two_zero3_ranks
 
-from tepo_cli.train.shm_buffers import (
+from tepo_cli.runtime.shm_buffers import (
     MIN_AGE_S,
     PREFIX,
     SHM,

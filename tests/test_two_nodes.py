@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from run_files import WEIGHTS_FILES, comparable_metrics
 
-from tepo_cli.train.distributed import free_port
+from tepo_cli.runtime.distributed import free_port
 
 pytestmark = pytest.mark.slow
 

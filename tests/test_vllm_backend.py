@@ -208,6 +208,25 @@ def test_requests_are_seeded_per_prompt(engine_and_model):
     assert len({tuple(row.tolist()) for row in first.completion_ids[:4]}) > 1
 
 
+def test_a_turn_is_sampled_from_token_ids_as_a_prompt_is(engine_and_model, tiny_tokenizer):
+    """Multi-turn episodes (tepo_cli/envs/episodes.py): a context of token ids samples what the
+    same prompt samples as text, with the same seed and the engine's log-probs of it."""
+    backend, *_ = engine_and_model
+    sampling = Sampling(n=1, temperature=1.0, max_new_tokens=8, seed=11)
+    rollout = backend.generate([PROMPTS[0]], sampling)
+    ids = tiny_tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    (turn,) = backend.sample_turns([ids], 8, sampling)
+    expected = rollout.completion_ids[0][rollout.completion_mask[0]].tolist()
+    assert turn.ids == expected
+    assert turn.logprobs == pytest.approx(rollout.logprobs[0, : len(expected)].tolist(), abs=1e-6)
+    assert turn.ended == (not bool(rollout.truncated[0]))
+    # A later turn's context is the ids themselves: prompt, turn, observation.
+    observation = tiny_tokenizer.encode("\nok\n", add_special_tokens=False)
+    first, second = backend.sample_turns([ids + turn.ids + observation, ids], 8, sampling)
+    assert all(isinstance(token, int) for token in first.ids)
+    assert second.ids != turn.ids or len(turn.ids) == 0  # context 1 draws from seed + 1
+
+
 def test_without_per_request_seeds_requests_draw_from_the_engines_stream(engine_and_model):
     """rollout.engine.per_request_seeds=false (the default): the requests carry no seed, and the
     same sampling twice draws other samples (torch's default generator moved on)."""

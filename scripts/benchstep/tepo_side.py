@@ -54,9 +54,12 @@ class Probe:
         """Keep the row indices of each micro-batch `_forward_backward` is called with."""
 
         @functools.wraps(function)
-        def recorded(cfg: Any, engine: Any, experience: Any, rows: Any, *args: Any, **kw: Any):
+        def recorded(
+            cfg: Any, engine: Any, experience: Any, prompts: Any, index: int, *args: Any, **kw: Any
+        ):
+            rows = prompts.micro_batch_rows[index]
             self.micro_batches.append([int(i) for i in rows.tolist()])
-            return function(cfg, engine, experience, rows, *args, **kw)
+            return function(cfg, engine, experience, prompts, index, *args, **kw)
 
         return recorded
 
@@ -66,7 +69,7 @@ class Probe:
         @functools.wraps(function)
         def recorded(cfg: Any, engine: Any, experience: Any, minibatch: Any, *args: Any):
             result = function(cfg, engine, experience, minibatch, *args)
-            if result is not None and engine is self.policy_engine:
+            if result.prompt_pass is not None and engine is self.policy_engine:
                 self.prompt_passes.append([int(i) for i in minibatch.tolist()])
             return result
 

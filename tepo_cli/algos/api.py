@@ -28,6 +28,7 @@ def policy_loss(
     old_mtp_logp: Tensor | None = None,
     old_entropy_term: Tensor | None = None,
     token_weights: Tensor | None = None,
+    turns: Tensor | None = None,
     **overrides: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss (0-dim: policy term + KL term) and float metrics of objective `algo` on B responses.
@@ -40,21 +41,19 @@ def policy_loss(
     mask:        [B, T] bool / 0-1 response tokens; padding may be on either side.
     ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
     entropy, old_entropy: [B, T], for TEPO's KL mask (entropy too: mask_criterion=entropy_drop).
-    mtp_logp, old_mtp_logp: [B, T, K−1], required by MPO with future=mtp: [b, t, n−2] is the
-                 log-prob that MTP depth n, at anchor t, gives the token n−1 valid positions
-                 after t (current with grad, and rollout). Ignored entries may hold anything.
-    old_entropy_term: [B, T] S = Σ_j p_j²(log p_j + H) of the rollout policy, required by TEPO's
-                 mask_criterion=first_order (tepo_cli.kernels.token_entropy_terms).
+    mtp_logp, old_mtp_logp: [B, T, K−1], required by MPO with future=mtp: [b, t, n−2] is MTP
+                 depth n's log-prob at anchor t of the token n−1 valid positions after t.
+    old_entropy_term: [B, T] S = Σ_j p_j²(log p_j + H) of the rollout policy (TEPO first_order).
     token_weights: [B, T] ≥ 0, detached: each token's policy term is multiplied by its weight
                  (mismatch correction, tepo_cli.algos.mismatch); not the KL term. None = 1.
+    turns:       [B, T] int64 turn of each token (episodes only): no block or window spans two.
     overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
                  normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
                  `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
                  default T). With global normalisers, the sum of the micro-batch losses is the
                  loss of one big batch. A ValueError names the argument missing or misshapen.
 
-    Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac.
-    """
+    Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac."""
     normalisers = {name: overrides.pop(name) for name in NORMALISERS if name in overrides}
     cfg = resolve_algo(algo, overrides)
     raw = PolicyBatch(
@@ -69,6 +68,7 @@ def policy_loss(
         old_mtp_logp=old_mtp_logp,
         old_entropy_term=old_entropy_term,
         token_weights=token_weights,
+        turns=turns,
         **normalisers,
     )
     batch = checked_batch(raw)

@@ -27,6 +27,8 @@ class PolicyBatch:
     that token does not exist). TEPO's `first_order` mask reads `old_entropy_term` [B, T].
     `token_weights` [B, T] (None = 1) multiply each token's policy term: the rollout–training
     mismatch correction (algos/mismatch.py); a plugin that builds its own surrogate applies them.
+    `turns` [B, T] (multi-turn episodes, None otherwise): the turn of each of the model's tokens,
+    so that K-blocks and sliding windows stay inside one turn (docs/objectives.md §0.2).
     """
 
     logp: Tensor
@@ -40,6 +42,7 @@ class PolicyBatch:
     old_mtp_logp: Tensor | None = None
     old_entropy_term: Tensor | None = None
     token_weights: Tensor | None = None
+    turns: Tensor | None = None  # [B, T] int64 turn of each token (multi-turn episodes), or None
     num_tokens: Count | None = None
     num_seqs: Count | None = None
     max_len: Count | None = None
@@ -78,6 +81,9 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
     for name, count in counts.items():
         _check_count(name, count)
     token_advantages = advantages.dim() == 2
+    turns = raw.turns
+    if turns is not None and (not isinstance(turns, Tensor) or tuple(turns.shape) != shape):
+        raise ValueError(f"turns must be [B, T] shaped like logp {shape}, got {_describe(turns)}")
     return PolicyBatch(
         logp=_zero_padding(logp, mask, detach=False),  # type: ignore[arg-type]
         advantages=(
@@ -90,6 +96,7 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
         mtp_logp=_zero_padding(mtp_logp, mask, detach=False),
         old_mtp_logp=_zero_padding(old_mtp_logp, mask, detach=True),
         **{name: _zero_padding(t, mask, detach=True) for name, t in detached.items()},  # type: ignore[arg-type]
+        turns=turns,
         **counts,
     )
 

@@ -23,7 +23,9 @@ from tepo_cli.algos.tepo_mask import tepo_kl_mask
 from tepo_cli.kernels.units import unit_view
 
 
-def unit_advantages(advantages: Tensor, mask: Tensor, cfg: AlgoConfig) -> Tensor:
+def unit_advantages(
+    advantages: Tensor, mask: Tensor, cfg: AlgoConfig, turns: Tensor | None = None
+) -> Tensor:
     """The advantage each token's surrogate uses (§0.1), [B, 1] or [B, T].
 
     One advantage per response ([B]) is every token's. Token-level advantages ([B, T], e.g. GAE)
@@ -37,7 +39,7 @@ def unit_advantages(advantages: Tensor, mask: Tensor, cfg: AlgoConfig) -> Tensor
     own = cfg.unit == "token" or cfg.layout == "sliding" or cfg.route == "token"
     if own:
         return advantages
-    view = unit_view(mask, cfg.unit, cfg.k)
+    view = unit_view(mask, cfg.unit, cfg.k, turns)
     return view.broadcast(view.mean(advantages))
 
 
@@ -48,7 +50,7 @@ def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
         future = batch.mtp_logp - batch.old_mtp_logp
     knobs = {name: getattr(cfg, name) for name in RATIO_KNOBS}
     log_ratio = unit_log_ratio(
-        batch.logp, batch.old_logp, batch.mask, **knobs, future_log_ratio=future
+        batch.logp, batch.old_logp, batch.mask, **knobs, future_log_ratio=future, turns=batch.turns
     )
     return route_ratio(unit_ratio(log_ratio), batch.logp, cfg.route)
 
@@ -56,7 +58,7 @@ def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
 def policy_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
     """The clipped surrogate aggregated over the batch, and its clip / ratio metrics."""
     ratio = token_ratios(batch, cfg)
-    advantages = unit_advantages(batch.advantages, batch.mask, cfg)
+    advantages = unit_advantages(batch.advantages, batch.mask, cfg, batch.turns)
     surrogate, flags = clipped_surrogate(
         ratio, advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip
     )

@@ -26,7 +26,7 @@ def preset_names() -> tuple[str, ...]:
 @cache
 def _load_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """A preset's knobs; a preset may start from another one, as Hydra composes it:
-    `defaults: [other, _self_]` takes every knob of conf/algo/other.yaml, then its own; an entry
+    `defaults: [other, _self_]` takes every knob of `conf/algo/<other>.yaml`, then its own; an entry
     with a package (`file@_global_.reward`) sets another group and is not read here."""
     path = files("tepo_cli.conf") / "algo" / f"{name}.yaml"
     if not path.is_file():

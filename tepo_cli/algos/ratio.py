@@ -27,6 +27,7 @@ def unit_log_ratio(
     block_weights: str = "uniform",
     tail: WindowTail = "drop",
     future_log_ratio: Tensor | None = None,
+    turns: Tensor | None = None,
 ) -> Tensor:
     """Per-token view [B, T] of Λ_u, the log-ratio of the unit each token belongs to (0 on padding).
 
@@ -36,6 +37,7 @@ def unit_log_ratio(
     `mean` divides by the window size. `future_log_ratio` [B, T, K−1] supplies d^(n), n ≥ 2, per
     anchor (MPO's MTP modules); without it d^(n) is the backbone's own d_{t+n−1} (exact).
     Padding entries of `logp` / `old_logp` must be finite (the public API zeroes them).
+    `turns` (multi-turn episodes): blocks and windows stay inside one turn.
     """
     mask = mask.bool()
     diff = logp - old_logp
@@ -43,12 +45,12 @@ def unit_log_ratio(
         if k is None:
             raise ValueError("layout=sliding needs a window size k")
         log_ratio, sizes = sliding_window_sum(
-            diff, mask, k, block_weights, tail=tail, future=future_log_ratio
+            diff, mask, k, block_weights, tail=tail, future=future_log_ratio, turns=turns
         )
     elif future_log_ratio is not None:
         raise ValueError("future log-ratios (MTP) need layout=sliding: they belong to anchors")
     elif layout == "disjoint":
-        view = unit_view(mask, unit, k)
+        view = unit_view(mask, unit, k, turns)
         log_ratio = view.broadcast(view.sum(diff))
         sizes = view.token_sizes()
     else:

@@ -21,6 +21,7 @@ from pydantic import (
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.config.benchmark_schema import BenchmarkConfig
+from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.config.model_path import model_path_problem
 from tepo_cli.config.rollout_schema import (  # noqa: F401  (imported from here across tepo)
     PROMPT_ROOM,
@@ -60,7 +61,7 @@ class ModelConfig(Strict):
     gguf_file: str | None = None
     tokenizer: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # auto: only micro-batches over trainer.micro_batch_tokens (train/checkpointing.py)
+    # auto: only micro-batches over trainer.micro_batch_tokens (train/recompute.py)
     gradient_checkpointing: AutoBool = "auto"
     share_prompts: bool = True
     packing: bool = True
@@ -222,12 +223,12 @@ class TrainerConfig(Strict):
     save_every: int = Field(default=10, ge=0)
     keep_checkpoints: int = Field(default=2, ge=1)
     max_bad_steps: int = Field(default=3, ge=1)
-    collective_timeout_s: float = Field(default=1800.0, gt=0)  # train/collective_timeout.py
+    collective_timeout_s: float = Field(default=1800.0, gt=0)  # runtime/collective_timeout.py
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainerConfig:
         # max_steps counts training steps (a rollout each); the warm-up counts optimizer steps,
-        # ppo_epochs x minibatches of them per training step (train/engine.py).
+        # ppo_epochs x minibatches of them per training step (runtime/engine.py).
         optimizer_steps = self.max_steps * self.ppo_epochs * self.minibatches
         if self.warmup_steps > optimizer_steps > 0:
             raise ValueError(
@@ -258,6 +259,7 @@ class TrainConfig(Strict):
     benchmark: BenchmarkConfig
     rollout: RolloutConfig
     deepspeed: DeepSpeedConfig
+    env: EnvConfig = Field(default_factory=EnvConfig)
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
@@ -274,12 +276,33 @@ class TrainConfig(Strict):
             raise ValueError(f"lists {', '.join(twice)} more than once")
         return value
 
+    @property
+    def completion_tokens(self) -> int:
+        """The most tokens a row holds after its prompt: one answer (rollout.max_new_tokens),
+        or a whole episode of turns and observations (env.episode_tokens)."""
+        turn = self.rollout.max_new_tokens
+        assert turn is not None  # resolved from the benchmark below
+        return self.env.episode_tokens(turn) if self.env.multi_turn else turn
+
+    @model_validator(mode="after")
+    def _check_episodes(self) -> TrainConfig:
+        ranks = self.trainer.nproc
+        hf_zero3 = self.rollout.backend == "hf" and self.deepspeed.stage == 3
+        if self.env.multi_turn and hf_zero3 and ranks > 1:
+            raise ValueError(
+                f"env={self.env.name} with rollout=hf under deepspeed=zero3 on {ranks} ranks: "
+                "each rank's episodes end after their own number of turns, while every hf "
+                "generate() under ZeRO-3 is a collective that all ranks must enter together; use "
+                "rollout=vllm (one engine per rank), or deepspeed=zero2"
+            )
+        return self
+
     @model_validator(mode="after")
     def _check_batching(self) -> TrainConfig:
         if self.rollout.max_new_tokens is None:
             # One length story: the benchmark's answer length, unless training overrides it.
             self.rollout.max_new_tokens = self.benchmark.max_new_tokens
-        resolve_engine_length(self.rollout.engine, self.rollout.max_new_tokens)
+        resolve_engine_length(self.rollout.engine, self.completion_tokens)
         if self.trainer.lr is None:
             self.trainer.lr = LORA_LR if self.model.lora.enabled else FULL_FINE_TUNING_LR
         if self.model.source in ("reference", "replay"):
@@ -310,7 +333,7 @@ class TrainConfig(Strict):
             resolve_overlong_lengths(
                 self.algo.overlong_max_len,
                 self.algo.overlong_cache_len,
-                self.rollout.max_new_tokens,
+                self.completion_tokens,
             )
         algo = self.algo
         on_policy = t.ppo_epochs == 1 and t.minibatches == 1

@@ -4,7 +4,7 @@ objects from rank 0 or from all, and the barrier.
 Each is a no-op on one rank (no process group, or a group of one), so callers never ask
 `dist.is_initialized()` themselves, and each puts its tensor where the group's back-end wants it
 (the current CUDA device under NCCL, the host under gloo). Every collective waits at most the
-group's timeout, `trainer.collective_timeout_s` (train/collective_timeout.py turns a timeout into one
+group's timeout, `trainer.collective_timeout_s` (runtime/collective_timeout.py turns a timeout into one
 paragraph naming the rank and its phase). Every rank must enter each of them the same number of
 times, in the same order: a collective behind a rank-dependent branch is a deadlock.
 """

@@ -1,8 +1,9 @@
 """DeepSpeed, imported without its autotuner's MLflow import.
 
 Importing `deepspeed` imports `deepspeed.autotuning.autotuner`, which imports mlflow whenever it
-is installed — 1.5-2 s of every process start with MLflow 3 (every rank of every run, every
-`tepo` command), for DeepSpeed's autotuner, which tepo never runs. The import is made with mlflow
+is installed — seconds of every process start with MLflow 3 (every rank of every run, every
+`tepo` command; docs/guides/performance.md, "Figures behind the code"), for DeepSpeed's
+autotuner, which tepo never runs. The import is made with mlflow
 hidden (the autotuner records `has_mlflow = False`; nothing else in DeepSpeed reads it), and mlflow
 is importable again as soon as it returns: `logger=[mlflow]` imports it as usual.
 """

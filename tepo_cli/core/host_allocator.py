@@ -212,7 +212,7 @@ def cuda_expected(
     torch_dir: Path | None = None,
     env: Mapping[str, str] = os.environ,
 ) -> bool:
-    """`trainer.device=auto`'s answer before torch is imported (train/device_choice.py decides
+    """`trainer.device=auto`'s answer before torch is imported (runtime/device_choice.py decides
     after, with torch.cuda.is_available()): an NVIDIA driver's device node, a torch built with
     CUDA (its libtorch_cuda), and GPUs left visible. The two rules differ only where a driver is
     too old for the installed torch, which device_choice then reports."""

@@ -25,10 +25,19 @@ class Rollout:
     # [N, T] the engine's own log-probs of the sampled tokens (after temperature), 0 on padding;
     # None when the engine is the trainer's model (hf): its log-probs are the trainer's.
     logprobs: torch.Tensor | None = None
+    # [N, T] bool, multi-turn episodes only: the model's own tokens among `completion_mask`'s
+    # (the environment's observations between turns are in the context, not trained on). None:
+    # every completion token is the model's.
+    model_mask: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
+
+    @property
+    def trained_mask(self) -> torch.Tensor:
+        """The completion tokens the objective acts on: the model's own."""
+        return self.completion_mask if self.model_mask is None else self.model_mask
 
     def to(self, device: torch.device | str) -> Rollout:
         """This rollout with every tensor on `device` (tensors already there are not copied)."""
@@ -40,6 +49,7 @@ class Rollout:
             self.texts,
             self.truncated.to(device),
             None if self.logprobs is None else self.logprobs.to(device),
+            None if self.model_mask is None else self.model_mask.to(device),
         )
 
     def take(self, rows: torch.Tensor) -> Rollout:
@@ -52,6 +62,7 @@ class Rollout:
             [self.texts[i] for i in rows.tolist()],
             self.truncated[rows],
             None if self.logprobs is None else self.logprobs[rows],
+            None if self.model_mask is None else self.model_mask[rows],
         )
 
     @staticmethod
@@ -62,6 +73,7 @@ class Rollout:
         with_logprobs = [p.logprobs is not None for p in parts]
         if any(with_logprobs) and not all(with_logprobs):
             raise ValueError("cannot concatenate rollouts with and without engine log-probs")
+        multi_turn = any(p.model_mask is not None for p in parts)
         return Rollout(
             torch.cat([pad_left(p.prompt_ids, prompt_width, pad_id) for p in parts]),
             torch.cat([pad_left(p.prompt_mask, prompt_width, 0) for p in parts]),
@@ -71,6 +83,9 @@ class Rollout:
             torch.cat([p.truncated for p in parts]),
             torch.cat([pad_right(p.logprobs, width, 0.0) for p in parts])  # type: ignore[arg-type]
             if all(with_logprobs)
+            else None,
+            torch.cat([pad_right(p.trained_mask, width, False) for p in parts])
+            if multi_turn
             else None,
         )
 

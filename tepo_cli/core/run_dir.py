@@ -6,7 +6,7 @@ metrics.jsonl       one record per training step (and per MTP warm-up step)
 samples.jsonl       logged completions (train) or every graded sample (eval, resumable)
 eval.jsonl          held-out evaluations during training
 summary.json        the run's outcome
-checkpoints/        step_NNNNNNNN/, each sealed by manifest.json (train/checkpoint.py)
+checkpoints/        step_NNNNNNNN/, each sealed by manifest.json (runtime/checkpoint.py)
 final/              the trained model, a transformers directory
 mtp_modules.safetensors   MPO's MTP modules (future=mtp)
 critic/             the critic (advantage=gae, advantage.save_critic)

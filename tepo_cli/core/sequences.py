@@ -14,8 +14,11 @@ class SequenceBatch:
     input_ids: torch.Tensor  # [N, P + T]
     attention_mask: torch.Tensor  # [N, P + T]
     position_ids: torch.Tensor  # [N, P + T]
-    response_mask: torch.Tensor  # [N, T] bool
+    response_mask: torch.Tensor  # [N, T] bool: completion tokens in the context
     prompt_width: int  # P: completions start at this column
+    # [N, T] bool, multi-turn only: the model's own tokens, which the objective trains on (the
+    # observations between turns are context only). None: every completion token.
+    loss_mask: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(cls, rollout: Rollout) -> SequenceBatch:
@@ -31,7 +34,23 @@ class SequenceBatch:
             position_ids,
             rollout.completion_mask,
             rollout.prompt_ids.shape[1],
+            rollout.model_mask,
         )
+
+    @property
+    def trained_mask(self) -> torch.Tensor:
+        """[N, T] bool: the completion tokens the objective, the KL, the entropy and the
+        advantages act on — the model's own."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
+
+    @property
+    def turns(self) -> torch.Tensor | None:
+        """[N, T] int64 turn index of each trained token (a new turn after every hole in the
+        loss mask), so that no block or window of tokens spans an observation; None for
+        single-turn rows."""
+        if self.loss_mask is None:
+            return None
+        return turn_index(self.loss_mask)
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -53,7 +72,16 @@ class SequenceBatch:
             self.position_ids[rows, :stop],
             response_mask[:, :width],
             self.prompt_width,
+            None if self.loss_mask is None else self.loss_mask[rows, :width],
         )
+
+
+def turn_index(mask: torch.Tensor) -> torch.Tensor:
+    """[N, T] int64: for each token of `mask`, how many runs of True began in its row up to it,
+    minus one (the turn a model token belongs to; padding gets the last turn's index)."""
+    mask = mask.bool()
+    starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
+    return (starts.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 def widen(values: torch.Tensor, width: int) -> torch.Tensor:

@@ -2,10 +2,11 @@
 
 The chunked paths never hold more than one block of `rows x vocab_tile` logits (plus, for the
 entropy paths, one more of the same size). By default a block has a fixed vocabulary width
-and as many rows as a byte budget allows: on CPU 2048-wide tiles in 16 MiB blocks, the best
-of the shapes measured with MKL on the SmolLM2 and Qwen2.5 heads (wide enough for efficient
-matmuls, small enough to stay in cache-friendly sizes and keep few rows' partial gradients
-live); on CUDA 256 MiB blocks so each matmul is big enough to fill the GPU.
+and as many rows as a byte budget allows (the constants below): on CPU the
+narrower tiles and smaller blocks that MKL ran fastest on the SmolLM2 and Qwen2.5 heads (wide
+enough for efficient matmuls, small enough to stay in cache and keep few rows' partial gradients
+live; docs/guides/performance.md, "Figures behind the code"); on CUDA blocks large enough that each
+matmul fills the GPU.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`kernel.tf32`: TensorFloat-32 for the float32 matmuls of a policy on CUDA.
 
-An H100 multiplies float32 matrices about 7x faster in TF32 (10 mantissa bits in the products,
-float32 accumulation) than in IEEE float32. The setting is the process's, set once per rank at
+Tensor cores multiply float32 matrices several times faster in TF32 (10 mantissa bits in the
+products, float32 accumulation) than in IEEE float32 (NVIDIA's figures: docs/guides/performance.md). The setting is the process's, set once per rank at
 set-up: it covers every float32 matmul of the trainer (the backbone and the kernel path's
 lm-head chunks) and of the vLLM engine beside it. The cost is rounding: each product keeps 10
 mantissa bits (relative error up to 2^-11), so the trainer's float32 log-probs differ more from

@@ -39,6 +39,23 @@ def valid_positions(mask: Tensor) -> Tensor:
     return torch.where(mask, positions, -1)
 
 
+def turn_positions(mask: Tensor, turns: Tensor) -> tuple[Tensor, Tensor]:
+    """(index of each valid token among its turn's valid tokens, -1 on padding; the number of
+    valid tokens of the token's turn, 0 on padding). `turns` [B, T]: each token's turn index in
+    its row, non-decreasing along the valid tokens (multi-turn episodes: core/sequences.py)."""
+    mask = mask.bool()
+    rows, columns = mask.shape
+    positions = valid_positions(mask)
+    per_row = int(turns.max().item()) + 1 if turns.numel() else 1
+    key = torch.arange(rows, device=mask.device).unsqueeze(1) * per_row + turns.clamp(min=0)
+    key = torch.where(mask, key, rows * per_row)  # padding lands in a dump slot
+    first = torch.full((rows * per_row + 1,), columns, dtype=torch.long, device=mask.device)
+    first = first.scatter_reduce(0, key.reshape(-1), positions.reshape(-1), "amin")
+    counts = segment_sum(mask.long(), key, rows * per_row)
+    within = torch.where(mask, positions - first[key], -1)
+    return within, torch.where(mask, counts[key.clamp(max=rows * per_row - 1)], 0)
+
+
 def segment_sum(values: Tensor, ids: Tensor, num_units: int) -> Tensor:
     """Sum `values` into `num_units` slots by `ids` (same shape); the id `num_units` is dropped.
 
@@ -103,22 +120,51 @@ class UnitView:
         return broadcast_units(self.sizes, self.ids, 0)
 
 
-def unit_view(mask: Tensor, unit: UnitKind, k: int | None = None) -> UnitView:
+def unit_view(
+    mask: Tensor, unit: UnitKind, k: int | None = None, turns: Tensor | None = None
+) -> UnitView:
     """Cut each row's valid tokens into units: single tokens, disjoint K-blocks, or the whole row.
 
     Blocks start at the first valid token and the last block of a row may be shorter than K; a row
     shorter than K is one block. Token = block with K = 1, sequence = block with K >= row length.
+    With `turns` (multi-turn episodes), blocks start again at each turn's first token, so no
+    block spans an observation; a sequence is still the whole row (the episode).
     """
     if mask.dim() != 2:
         raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
     mask = mask.bool()
     rows, columns = mask.shape
     size = block_length(unit, k, columns)
+    if turns is not None and unit == "block" and size > 1:
+        return _turn_blocks(mask, turns, size)
     per_row = max(1, math.ceil(columns / size))
     num_units = rows * per_row
     positions = valid_positions(mask)
     row_base = torch.arange(rows, device=mask.device).unsqueeze(1) * per_row
     ids = torch.where(mask, row_base + positions.clamp(min=0) // size, num_units)
+    sizes = segment_sum(mask.long(), ids, num_units)
+    return UnitView(ids=ids, num_units=num_units, sizes=sizes, mask=mask)
+
+
+def _turn_blocks(mask: Tensor, turns: Tensor, size: int) -> UnitView:
+    """K-blocks that start again at each turn: a turn of n tokens owns ceil(n / K) blocks, the
+    turns' blocks one after another on the row's grid (at most ceil(T / K) + turns slots)."""
+    rows, columns = mask.shape
+    within, turn_tokens = turn_positions(mask, turns)
+    turn_count = int(turns.max().item()) + 1 if turns.numel() else 1
+    per_row = math.ceil(columns / size) + turn_count
+    num_units = rows * per_row
+    # blocks of each (row, turn), and the first block slot of each turn: the blocks of the turns
+    # before it in its row
+    key = torch.arange(rows, device=mask.device).unsqueeze(1) * turn_count + turns.clamp(min=0)
+    blocks = torch.zeros(rows * turn_count, dtype=torch.long, device=mask.device)
+    blocks = blocks.scatter_reduce(
+        0, key[mask], (turn_tokens[mask] + size - 1) // size, "amax", include_self=True
+    ).reshape(rows, turn_count)
+    offsets = (blocks.cumsum(dim=1) - blocks).reshape(-1)
+    row_base = torch.arange(rows, device=mask.device).unsqueeze(1) * per_row
+    block = offsets[key] + within.clamp(min=0) // size
+    ids = torch.where(mask, row_base + block, num_units)
     sizes = segment_sum(mask.long(), ids, num_units)
     return UnitView(ids=ids, num_units=num_units, sizes=sizes, mask=mask)
 
@@ -213,10 +259,11 @@ class Windows:
         return torch.where(self.present, gathered, 0.0)
 
 
-def sliding_windows(mask: Tensor, k: int) -> Windows:
+def sliding_windows(mask: Tensor, k: int, turns: Tensor | None = None) -> Windows:
     """One window of the next min(K, tokens left) valid tokens per valid anchor token, with index
     operations only (no loop over tokens). Valid tokens are counted, so holes in the mask are
-    skipped and the padding may be on either side."""
+    skipped and the padding may be on either side. With `turns` (multi-turn episodes) the tokens
+    left are those of the anchor's own turn: no window spans an observation."""
     if mask.dim() != 2:
         raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
     if k < 1:
@@ -232,7 +279,12 @@ def sliding_windows(mask: Tensor, k: int) -> Windows:
     source = torch.arange(columns, device=device).expand(rows, columns)
     column_of.scatter_(1, torch.where(mask, positions, columns + 1), source)
     targets = positions.unsqueeze(-1) + torch.arange(k, device=device)  # [B, T, K]
-    present = mask.unsqueeze(-1) & (targets < lengths.unsqueeze(-1))
+    if turns is None:
+        present = mask.unsqueeze(-1) & (targets < lengths.unsqueeze(-1))
+    else:
+        within, turn_tokens = turn_positions(mask, turns)
+        offsets = within.unsqueeze(-1) + torch.arange(k, device=device)
+        present = mask.unsqueeze(-1) & (offsets < turn_tokens.unsqueeze(-1))
     targets = torch.where(present, targets, columns)
     window_columns = column_of.gather(1, targets.reshape(rows, -1)).reshape(rows, columns, k)
     return Windows(columns=window_columns, present=present)
@@ -266,6 +318,7 @@ def sliding_window_sum(
     weights: str = "uniform",
     tail: WindowTail = "drop",
     future: Tensor | None = None,
+    turns: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Σ_n β_n · d^(n) over each valid anchor's window (docs/objectives.md §1.5).
 
@@ -274,13 +327,13 @@ def sliding_window_sum(
     - `future` given, [B, T, K−1]: slot 1 is still d_t, slots n ≥ 2 read future[b, t, n−2]
       (e.g. the MTP modules' log-ratios for the n-th token, evaluated at the anchor's state).
     Returns (sums [B, T], window sizes [B, T] int64), both 0 on padding anchors. Memory is
-    O(B·T·K): one gather of the windows.
+    O(B·T·K): one gather of the windows. `turns`: as for `sliding_windows`.
     """
     if values.shape != mask.shape or values.dim() != 2:
         raise ValueError(
             f"values {tuple(values.shape)} and mask {tuple(mask.shape)} must both be [B, T]"
         )
-    windows = sliding_windows(mask, k)
+    windows = sliding_windows(mask, k, turns)
     if future is None:
         slots = windows.gather(values)
     else:

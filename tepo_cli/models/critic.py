@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -98,6 +98,19 @@ class Critic(nn.Module):
             critic.value_head.load_state_dict(load_file(head, device=str(device)))
         return critic
 
+    def prompt_pass(self, batch: SequenceBatch, rows: torch.Tensor) -> PromptPass:
+        """The distinct prompts of `rows` run once, for the micro-batches that read them
+        (models/prompt_pass.py)."""
+        return self(batch, prompt_pass_rows=rows)
+
+    @overload
+    def forward(
+        self, batch: SequenceBatch, prompts: ExternalPrompts | None = None
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, batch: SequenceBatch, *, prompt_pass_rows: torch.Tensor) -> PromptPass: ...
+
     def forward(
         self,
         batch: SequenceBatch,
@@ -105,8 +118,8 @@ class Critic(nn.Module):
         prompt_pass_rows: torch.Tensor | None = None,
     ) -> torch.Tensor | PromptPass:
         """V at every completion position, [N, T] float32 (0 on padding). `prompts`: the rows'
-        prompts from a prompt pass; with `prompt_pass_rows`, that pass itself, returned
-        (models/prompt_pass.py)."""
+        prompts from a prompt pass; `prompt_pass_rows` is `prompt_pass`'s way in, a call of the
+        module as DeepSpeed's engine expects of every forward (models/prompt_pass.py)."""
         embedding = self.backbone.get_input_embeddings()
         if prompt_pass_rows is not None:
             return run_prompt_pass(self.backbone, batch, prompt_pass_rows, embedding)

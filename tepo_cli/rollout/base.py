@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.core.rollout import Rollout
+from tepo_cli.envs.episodes import SampledTurn
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,15 @@ class RolloutBackend(Protocol):
     called after each step's rollout, lets an engine with device memory of its own give it to the
     update until the next `sync` or `generate` (vLLM's sleep mode); it is optional (`OnPolicyDevice`
     skips a back-end without it). `close` releases the engine at the end of a job.
+    `sample_turns` samples one turn per context of token ids and returns token ids (multi-turn
+    episodes, tepo_cli/envs/episodes.py: nothing is decoded and encoded again between turns).
     """
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout: ...
+
+    def sample_turns(
+        self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling
+    ) -> list[SampledTurn]: ...
 
     def sync(self, lm: PreTrainedModel) -> None: ...
 
@@ -62,6 +69,12 @@ class OnPolicyDevice:
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         return self.backend.generate(prompts, sampling).to(self.device)
+
+    def sample_turns(
+        self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling
+    ) -> list[SampledTurn]:
+        """Turns are token-id lists, on no device: the episode's rollout crosses at its end."""
+        return self.backend.sample_turns(contexts, max_new_tokens, sampling)
 
     def sync(self, lm: PreTrainedModel) -> None:
         self.backend.sync(lm)

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.core import collective
 from tepo_cli.core.rollout import Rollout, left_padded_positions, pad_right
+from tepo_cli.envs.episodes import SampledTurn
 from tepo_cli.models.shared_prompts import prefill
 from tepo_cli.rollout.base import Sampling, completion_mask, eos_ids
 
@@ -30,6 +31,12 @@ class HfBackend:
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         return generate(self.model, self.tokenizer, prompts, sampling, self.share_prompts)
+
+    def sample_turns(
+        self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling
+    ) -> list[SampledTurn]:
+        """One turn for each context (token ids in, token ids out: multi-turn episodes)."""
+        return sample_turns(self.model, self.tokenizer, contexts, max_new_tokens, sampling)
 
     def sync(self, lm: PreTrainedModel) -> None:
         """Nothing to do: generate() reads the trainer's parameters themselves."""
@@ -78,13 +85,7 @@ def generate(
         output = model.generate(
             input_ids=prompt_ids[start:stop],
             attention_mask=prompt_mask[start:stop],
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not sampling.greedy,
-            temperature=None if sampling.greedy else sampling.temperature,
-            top_p=None if sampling.greedy else sampling.top_p,
-            top_k=None if sampling.greedy else sampling.top_k,
-            eos_token_id=eos,
-            pad_token_id=pad_id,
+            **_sampling_kwargs(sampling, sampling.max_new_tokens, eos, pad_id),
             synced_gpus=synced,
             **shared,
         )
@@ -99,6 +100,58 @@ def generate(
         skip_special_tokens=True,
     )
     return Rollout(prompt_ids, prompt_mask, completion_ids, valid, texts, torch.cat(truncated))
+
+
+@torch.no_grad()
+def sample_turns(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    contexts: list[list[int]],
+    max_new_tokens: int,
+    sampling: Sampling,
+) -> list[SampledTurn]:
+    """One sample per context, from its token ids as they are (left-padded into a batch, never
+    decoded): each turn's ids up to and including its first end-of-message token."""
+    device = next(model.parameters()).device
+    eos = eos_ids(model, tokenizer)
+    width = max(len(context) for context in contexts)
+    pad_id = tokenizer.pad_token_id
+    ids = torch.full((len(contexts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
+    for row, context in enumerate(contexts):
+        ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long, device=device)
+        mask[row, width - len(context) :] = 1
+    was_training = model.training
+    model.eval()
+    turns: list[SampledTurn] = []
+    for start in range(0, len(contexts), sampling.batch_size):
+        stop = start + sampling.batch_size
+        output = model.generate(
+            input_ids=ids[start:stop],
+            attention_mask=mask[start:stop],
+            **_sampling_kwargs(sampling, max_new_tokens, eos, pad_id),
+        )[:, width:]
+        valid, truncated = completion_mask(output, eos)
+        for row, keep, cut in zip(output.tolist(), valid.tolist(), truncated.tolist(), strict=True):
+            turns.append(SampledTurn(row[: sum(keep)], None, ended=not cut))
+    model.train(was_training)
+    return turns
+
+
+def _sampling_kwargs(
+    sampling: Sampling, max_new_tokens: int, eos: list[int], pad_id: int
+) -> dict[str, Any]:
+    """generate()'s sampling arguments for `sampling` (greedy: no temperature or truncation)."""
+    greedy = sampling.greedy
+    return {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": not greedy,
+        "temperature": None if greedy else sampling.temperature,
+        "top_p": None if greedy else sampling.top_p,
+        "top_k": None if greedy else sampling.top_k,
+        "eos_token_id": eos,
+        "pad_token_id": pad_id,
+    }
 
 
 def partitioned_across_ranks(model: PreTrainedModel) -> bool:

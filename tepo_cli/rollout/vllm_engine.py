@@ -20,6 +20,7 @@ each rank's current device switched to it); see `engine_arguments`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -36,10 +37,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tepo_cli.config.schema import EngineConfig, RolloutConfig
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.rollout import Rollout
+from tepo_cli.envs.episodes import SampledTurn
 from tepo_cli.rollout.base import Sampling, eos_ids
 from tepo_cli.rollout.cpu_sleep import release_kv_cache, release_weights
 from tepo_cli.rollout.vllm_model import engine_length, policy_weights, write_model_config
 from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes
+from tepo_cli.rollout.vllm_outputs import outputs_rollout, outputs_turn
 from tepo_cli.rollout.vllm_placement import (
     Placement,
     check_device,
@@ -82,13 +85,7 @@ class VllmBackend:
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         from vllm.inputs import TokensPrompt
 
-        if self._weights_released:
-            raise RunError(
-                "The vLLM engine was asked to generate while its weights were released for the "
-                "update (rollout.engine.sleep on the CPU): sync() reloads them first. This is a "
-                "bug in the caller's order of calls; rollout.engine.sleep=false avoids it."
-            )
-        self._call(self._cycle.before_generate())
+        self._ready()
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         self._check_length(ids, sampling.max_new_tokens)
         params = [self._params(sampling, i) for i in range(len(prompts))]
@@ -98,7 +95,33 @@ class VllmBackend:
         completions = [s for group in samples for s in group]
         if any(len(group) != sampling.n for group in samples):
             raise RunError(f"vLLM returned {[len(g) for g in samples]} samples, not {sampling.n}")
-        return self._rollout(ids, completions, sampling)
+        return outputs_rollout(self.tokenizer, ids, completions, sampling)
+
+    def sample_turns(
+        self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling
+    ) -> list[SampledTurn]:
+        """One turn per context of token ids, returned as token ids with the engine's log-probs
+        of them (multi-turn episodes: no decode and encode between turns). Context i draws
+        from seed + i with per-request seeds."""
+        from vllm.inputs import TokensPrompt
+
+        self._ready()
+        self._check_length(contexts, max_new_tokens)
+        one = dataclasses.replace(sampling, n=1, max_new_tokens=max_new_tokens)
+        params = [self._params(one, i) for i in range(len(contexts))]
+        requests = [TokensPrompt(prompt_token_ids=context) for context in contexts]
+        outputs = self.engine.generate(requests, params, use_tqdm=False)
+        return [outputs_turn(output.outputs[0]) for output in outputs]
+
+    def _ready(self) -> None:
+        """Refuse to run with released weights; wake what the sleep cycle put to sleep."""
+        if self._weights_released:
+            raise RunError(
+                "The vLLM engine was asked to generate while its weights were released for the "
+                "update (rollout.engine.sleep on the CPU): sync() reloads them first. This is a "
+                "bug in the caller's order of calls; rollout.engine.sleep=false avoids it."
+            )
+        self._call(self._cycle.before_generate())
 
     def sync(self, lm: PreTrainedModel) -> None:
         """Load the trainer's current weights into the engine, in place (the parameters keep
@@ -164,39 +187,6 @@ class VllmBackend:
             logprobs=None if sampling.greedy else 0,
             seed=seed,
             detokenize=False,
-        )
-
-    def _rollout(self, ids: list[list[int]], completions: list[Any], sampling: Sampling) -> Rollout:
-        """The engine's lists as host tensors; the back-end boundary (`OnPolicyDevice`, built by
-        `build_backend`) moves them to the policy's device."""
-        encoded = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")  # left, as hf's
-        rows = [list(c.token_ids) for c in completions]
-        width = max(1, *(len(r) for r in rows))
-        pad_id = self.tokenizer.pad_token_id
-        completion_ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device="cpu")
-        valid = torch.zeros((len(rows), width), dtype=torch.bool, device="cpu")
-        logprobs = torch.zeros((len(rows), width), dtype=torch.float32, device="cpu")
-        for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
-            completion_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
-            valid[i, : len(row)] = True
-            if completion.logprobs is not None:
-                values = [
-                    step[token].logprob
-                    for token, step in zip(row, completion.logprobs, strict=True)
-                ]
-                logprobs[i, : len(values)] = torch.tensor(values, dtype=torch.float32, device="cpu")
-        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
-        truncated = torch.tensor(
-            [c.finish_reason == "length" for c in completions], dtype=torch.bool, device="cpu"
-        )
-        return Rollout(
-            encoded["input_ids"].repeat_interleave(sampling.n, dim=0),
-            encoded["attention_mask"].repeat_interleave(sampling.n, dim=0),
-            completion_ids,
-            valid,
-            texts,
-            truncated,
-            None if sampling.greedy else logprobs,
         )
 
     def _check_length(self, ids: list[list[int]], max_new_tokens: int) -> None:

@@ -18,7 +18,7 @@ from tepo_cli.core.errors import RunError
 @dataclass(frozen=True)
 class Placement:
     """Where a rank's engine runs: the trainer's rank in its process group and the local device
-    index the engine must use (the rank's current CUDA device, which train/distributed.py set to
+    index the engine must use (the rank's current CUDA device, which runtime/distributed.py set to
     the policy's; the launcher's LOCAL_RANK on CPU)."""
 
     rank: int

@@ -13,8 +13,8 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
-from tepo_cli.models.prompt_pass import read_prompts
-from tepo_cli.train.clock import StepClock
+from tepo_cli.models.prompt_pass import MinibatchPrompts
+from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.micro_batches import micro_batches_for
 from tepo_cli.train.sampling import Groups
 
@@ -60,13 +60,13 @@ def critic_targets(
     width = batch.response_mask.shape[1]
     all_rows = torch.arange(len(batch), device="cpu")
     plan = micro_batches_for(cfg, batch, all_rows, critic)
-    prompts = critic(batch, prompt_pass_rows=all_rows) if plan.prompt_pass else None
+    prompts = MinibatchPrompts.run(critic.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass)
     parts = [
-        widen(critic(batch.select(rows), prompts=read_prompts(prompts, rows)), width)
-        for rows in plan.rows
+        widen(critic(batch.select(rows), prompts=prompts.read(index)), width)
+        for index, rows in enumerate(plan.rows)
     ]
     values = torch.cat(parts)[torch.argsort(torch.cat(plan.rows))].to(torch.float32)
-    mask = batch.response_mask
+    mask = batch.trained_mask  # multi-turn: GAE runs over the model's tokens, across observations
     advantages, returns = gae(
         token_rewards(rewards.to(values.dtype), mask), values, mask, settings.gamma, settings.lam
     )

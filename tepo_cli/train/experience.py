@@ -14,12 +14,12 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.core.sequences import SequenceBatch, widen
-from tepo_cli.models.prompt_pass import read_prompts
+from tepo_cli.models.policy import Policy
+from tepo_cli.models.prompt_pass import MinibatchPrompts
+from tepo_cli.models.reference import Reference
+from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.advantage import Advantages
-from tepo_cli.train.clock import StepClock
 from tepo_cli.train.micro_batches import micro_batches_for
-from tepo_cli.train.policy import Policy
-from tepo_cli.train.reference import Reference
 from tepo_cli.train.sampling import Groups
 
 
@@ -44,6 +44,7 @@ class Experience:
     sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
     refill_rounds: int = 0
     overlong_mean: float = 0.0
+    env_sums: dict[str, float] = field(default_factory=dict)  # multi-turn metric sums
 
 
 def on_policy(cfg: TrainConfig) -> bool:
@@ -92,12 +93,16 @@ def _add_scores(
     all_rows = torch.arange(len(batch), device="cpu")
     plan = micro_batches_for(cfg, batch, all_rows, policy)
     # Each distinct prompt once for all the micro-batches (models/prompt_pass.py), per model.
-    old_prompts = ref_prompts = None
-    if plan.prompt_pass and need_old:
-        old_prompts = policy(batch, prompt_pass_rows=all_rows)
-    if plan.prompt_pass and reference is not None:
-        ref_prompts = reference(batch, prompt_pass_rows=all_rows)
-    for rows in plan.rows:
+    old_prompts = ref_prompts = MinibatchPrompts(None, plan.rows)
+    if need_old:
+        old_prompts = MinibatchPrompts.run(
+            policy.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass
+        )
+    if reference is not None:
+        ref_prompts = MinibatchPrompts.run(
+            reference.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass
+        )
+    for index, rows in enumerate(plan.rows):
         part = batch.select(rows)
         if need_old:
             scores = policy(
@@ -106,16 +111,14 @@ def _add_scores(
                 with_entropy=cfg.algo.needs_old_entropy,
                 with_entropy_term=cfg.algo.needs_old_entropy_term,
                 with_mtp=cfg.algo.mtp_depths > 0,
-                prompts=read_prompts(old_prompts, rows),
+                prompts=old_prompts.read(index),
             )
             for name in ("logp", "entropy", "entropy_term", "mtp_logp"):
                 value = getattr(scores, name)
                 if value is not None:
                     parts[name].append(widen(value, width))
         if reference is not None:
-            scores = reference(
-                part, cfg.rollout.temperature, prompts=read_prompts(ref_prompts, rows)
-            )
+            scores = reference(part, cfg.rollout.temperature, prompts=ref_prompts.read(index))
             parts["ref"].append(widen(scores.logp, width))
     back = torch.argsort(torch.cat(plan.rows))  # the plan's row order back to the batch's
     joined = {name: torch.cat(values)[back] if values else None for name, values in parts.items()}

@@ -13,7 +13,7 @@ import torch
 
 from tepo_cli.algos import overlong_penalty, resolve_overlong_lengths
 from tepo_cli.config.schema import TrainConfig
-from tepo_cli.core.records import Problem
+from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.core.rollout import Rollout
 from tepo_cli.rewards import Reward
 
@@ -25,10 +25,19 @@ class Graded:
     overlong: torch.Tensor  # [N] float32, the overlong term included in rewards (0 when off)
 
 
-def grade(cfg: TrainConfig, rollout: Rollout, problems: list[Problem], reward: Reward) -> Graded:
-    group = cfg.rollout.n
-    owners = [problems[i // group] for i in range(len(rollout.texts))]
-    results = reward.score_many(rollout.texts, owners)
+def grade(
+    cfg: TrainConfig,
+    rollout: Rollout,
+    problems: list[Problem],
+    reward: Reward,
+    results: list[RewardResult] | None = None,
+) -> Graded:
+    """The rows' rewards: the grader's on each completion, or `results` already given (an
+    episode's environment grades it when it ends)."""
+    if results is None:
+        group = cfg.rollout.n
+        owners = [problems[i // group] for i in range(len(rollout.texts))]
+        results = reward.score_many(rollout.texts, owners)
     device = rollout.completion_ids.device
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool, device=device)
     algo = cfg.algo
@@ -36,8 +45,10 @@ def grade(cfg: TrainConfig, rollout: Rollout, problems: list[Problem], reward: R
     overlong = torch.zeros_like(rewards)
     if algo.overlong_penalty:
         max_len, cache_len = resolve_overlong_lengths(
-            algo.overlong_max_len, algo.overlong_cache_len, cfg.rollout.max_new_tokens
+            algo.overlong_max_len, algo.overlong_cache_len, cfg.completion_tokens
         )
-        overlong = overlong_penalty(rollout.lengths, max_len, cache_len).float()
+        # [our reading] in an episode, the model's own tokens are its length (docs §1.2)
+        lengths = rollout.trained_mask.sum(dim=1)
+        overlong = overlong_penalty(lengths, max_len, cache_len).float()
         rewards = rewards + overlong
     return Graded(rewards, correct, overlong)

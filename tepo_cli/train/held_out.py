@@ -3,6 +3,7 @@ shard, logged as an evaluation record."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,8 +15,9 @@ from tepo_cli.core.records import Problem
 from tepo_cli.eval.accuracy import evaluate, sample_and_grade
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.metrics import RunLog
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.metrics import RunLog
+from tepo_cli.train.multi_turn import sample_episodes
 
 
 def rank_shard(
@@ -53,7 +55,8 @@ def held_out_accuracy(
     step: int,
     when: str,
 ) -> float:
-    """Greedy accuracy on the held-out split; ranks evaluate disjoint shards and add up."""
+    """Greedy accuracy on the held-out split; ranks evaluate disjoint shards and add up. With a
+    multi-turn environment each problem is one greedy episode, graded by its environment."""
     problems, padding = rank_shard(task.eval_problems(), topo.rank, topo.world_size)
     sampling = Sampling(
         n=1,
@@ -61,13 +64,18 @@ def held_out_accuracy(
         max_new_tokens=cfg.rollout.max_new_tokens,
         batch_size=cfg.rollout.batch_size,
     )
-    batches = sample_and_grade(
-        backend, tokenizer, problems + padding, cfg.benchmark, reward, sampling
-    )
-    result = evaluate(_first_records(batches, len(problems)), len(problems))
-    totals = torch.tensor(
-        [result.accuracy * result.samples, result.samples], dtype=torch.float64, device="cpu"
-    )
+    if cfg.env.multi_turn:  # greedy episodes with the run's environment
+        began = time.perf_counter()
+        correct = _episodes_correct(cfg, backend, tokenizer, problems + padding, reward, sampling)
+        solved, samples = float(sum(correct[: len(problems)])), len(problems)
+        seconds = time.perf_counter() - began
+    else:
+        batches = sample_and_grade(
+            backend, tokenizer, problems + padding, cfg.benchmark, reward, sampling
+        )
+        result = evaluate(_first_records(batches, len(problems)), len(problems))
+        solved, samples, seconds = result.accuracy * result.samples, result.samples, result.seconds
+    totals = torch.tensor([solved, samples], dtype=torch.float64, device="cpu")
     totals = collective.all_sum(totals).cpu()
     accuracy = float(totals[0] / totals[1])
     if log is not None:
@@ -77,7 +85,21 @@ def held_out_accuracy(
                 "when": when,
                 "accuracy": accuracy,
                 "problems": int(totals[1]),
-                "seconds": result.seconds,
+                "seconds": seconds,
             }
         )
     return accuracy
+
+
+def _episodes_correct(
+    cfg: TrainConfig,
+    backend: RolloutBackend,
+    tokenizer: Any,
+    problems: list[Problem],
+    reward: Reward,
+    sampling: Sampling,
+) -> list[bool]:
+    """One greedy episode per problem: whether its environment graded it correct."""
+    one_each = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"n": 1})})
+    episodes = sample_episodes(one_each, backend, tokenizer, problems, reward, sampling)
+    return [result.correct for result in episodes.results]

@@ -20,8 +20,8 @@ from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS, discard_if_unused
 
 if TYPE_CHECKING:
-    from tepo_cli.train.device_choice import DeviceChoice
-    from tepo_cli.train.distributed import Topology
+    from tepo_cli.runtime.device_choice import DeviceChoice
+    from tepo_cli.runtime.distributed import Topology
 
 
 def train_job(cfg: DictConfig) -> None:
@@ -34,7 +34,7 @@ def train_job(cfg: DictConfig) -> None:
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
         check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
-        from tepo_cli.train.device_choice import apply_device_choice, choose_device
+        from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
 
         device = choose_device(config.trainer.device)
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
@@ -44,7 +44,7 @@ def train_job(cfg: DictConfig) -> None:
             return
         if config.resume and _finished_already(run_dir, config):
             return
-        from tepo_cli.train import distributed
+        from tepo_cli.runtime import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
             _relaunch(config, hydra_cfg, run_dir, device.type)
@@ -76,7 +76,7 @@ def train_job(cfg: DictConfig) -> None:
             write_status(run_dir, "failed", error=repr(error))
         raise
     finally:
-        from tepo_cli.train.distributed import teardown
+        from tepo_cli.runtime.distributed import teardown
 
         teardown()
 
@@ -103,7 +103,7 @@ def _relaunch(config: TrainConfig, hydra_cfg: Any, run_dir: Path, device_type: s
     """`trainer.nproc=N` without a launcher: run this job again as N ranks under the deepspeed
     launcher, and exit with its code when it failed."""
     from tepo_cli.config.launcher import parallel_job_threads
-    from tepo_cli.train import distributed
+    from tepo_cli.runtime import distributed
 
     overrides = list(hydra_cfg.overrides.task)
     explicit = any(o.lstrip("+~").startswith("trainer.num_threads=") for o in overrides)
@@ -121,8 +121,8 @@ def _relaunch(config: TrainConfig, hydra_cfg: Any, run_dir: Path, device_type: s
 def _join_ranks(config: TrainConfig, device: DeviceChoice) -> Topology:
     """This process as a rank: the checks that need no group, then its place in the group (one
     rank, or the launcher's), on the device `trainer.device` chose."""
-    from tepo_cli.train import collective_timeout, distributed
-    from tepo_cli.train.mtp_files import early_mtp_problem, mtp_unsupported_message
+    from tepo_cli.runtime import collective_timeout, distributed
+    from tepo_cli.runtime.mtp_files import early_mtp_problem, mtp_unsupported_message
 
     problem = early_mtp_problem(config)
     if problem is not None:
@@ -142,10 +142,12 @@ def _check_registered_names(config: TrainConfig) -> None:
     otherwise, before anything heavy starts."""
     from tepo_cli.algos.plugins import load_objectives
     from tepo_cli.benchmarks import check_benchmark
+    from tepo_cli.envs import environment
     from tepo_cli.rollout import check_backend
     from tepo_cli.trackers import check_trackers
 
     load_objectives(config.plugins, config.algo.name)  # imports the plugins first
+    environment(config.env.name)  # a plugin's environment is registered by now
     check_backend(config.rollout)
     check_benchmark(config.benchmark, config.reward)
     check_trackers(config.logger)
@@ -174,7 +176,7 @@ def _prepare_on_rank0(config: TrainConfig, run_dir: Path, topo: Topology) -> Non
 
 def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:
     """Check a resumed run's config against its own; refuse to start afresh over an earlier run."""
-    from tepo_cli.train import checkpoint, resume
+    from tepo_cli.runtime import checkpoint, resume
 
     current = config.model_dump(mode="json")
     previous = resume.read_config(run_dir)
@@ -198,7 +200,7 @@ def _has_steps(run_dir: Path) -> bool:
 def _fail_if_timed_out(run_dir: Path, owner: bool, config: TrainConfig, error: Exception) -> None:
     """A collective that waited past `trainer.collective_timeout_s` ends this rank with one
     paragraph (which rank, which phase) instead of a traceback from inside torch.distributed."""
-    from tepo_cli.train import collective_timeout, faults
+    from tepo_cli.runtime import collective_timeout, faults
 
     if not collective_timeout.timed_out(error):
         return

@@ -30,16 +30,17 @@ def micro_batch_objective(
     """The loss of the micro-batch `part` (these `rows` of the step) from the policy's `scores`,
     normalised by the minibatch's global token and sequence counts, and its metrics."""
     width = part.response_mask.shape[1]
+    mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
     old = _old_scores(experience, rows, width, scores)
     advantages = experience.advantages  # [N], or [N, T] from a critic
     advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
-    weights = _mismatch_weights(cfg, experience, rows, old.logp, part.response_mask, tally)
+    weights = _mismatch_weights(cfg, experience, rows, old.logp, mask, tally)
     loss, metrics = policy_loss(
         cfg.algo,
         scores.logp,
         old.logp,
         advantages,
-        part.response_mask,
+        mask,
         ref_logp=_rows(experience.ref_logp, rows, width),
         entropy=scores.entropy,
         old_entropy=old.entropy,
@@ -47,13 +48,14 @@ def micro_batch_objective(
         old_mtp_logp=old.mtp_logp,
         old_entropy_term=old.entropy_term,
         token_weights=weights,
+        turns=part.turns,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
-        max_len=cfg.rollout.max_new_tokens,
+        max_len=cfg.completion_tokens,
     )
     metrics = dict(metrics)
     if scores.mtp_logp is not None:
-        loss = _with_mtp_terms(cfg, loss, scores, part.response_mask, num_tokens, metrics)
+        loss = _with_mtp_terms(cfg, loss, scores, mask, num_tokens, metrics)
     return loss, metrics
 
 

@@ -27,10 +27,10 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
+from tepo_cli.models.policy import Policy
 from tepo_cli.rollout.hf import generate
-from tepo_cli.train import faults
-from tepo_cli.train.master_weights import MasterAdamW
-from tepo_cli.train.policy import Policy
+from tepo_cli.runtime import faults
+from tepo_cli.runtime.master_weights import MasterAdamW
 from tepo_cli.train.sampling import training_sampling
 
 Emit = Callable[[dict[str, Any]], None]

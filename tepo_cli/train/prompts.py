@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.resumable import CountingStream
-from tepo_cli.train.state import RankState, TrainerState
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.rng_and_streams import CountingStream
+from tepo_cli.runtime.state import RankState, TrainerState
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import Any
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.host_allocator import release_free_memory
+from tepo_cli.runtime.clock import StepClock
+from tepo_cli.runtime.distributed import Topology
 from tepo_cli.train.advantage import estimate
-from tepo_cli.train.clock import StepClock
-from tepo_cli.train.distributed import Topology
 from tepo_cli.train.experience import score
 from tepo_cli.train.records import step_record, step_samples
 from tepo_cli.train.run import Run

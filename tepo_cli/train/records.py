@@ -9,7 +9,7 @@ import torch
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
-from tepo_cli.train.clock import StepClock
+from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.experience import Experience
 from tepo_cli.train.flops import model_shape, peak_flops, update_work
 
@@ -53,7 +53,32 @@ def step_record(
     record.update({f"{phase}_seconds": v for phase, v in clock.seconds.items()})
     record.update(update_metrics)
     record.update(_throughput(cfg, engine, experience, record.get("update_seconds")))
+    if cfg.env.multi_turn:
+        record.update(_episode_metrics(experience.env_sums, engine.device))
     return record
+
+
+def _episode_metrics(sums: dict[str, float], device: torch.device) -> dict[str, float]:
+    """The multi-turn metrics over every rank's episodes (train/multi_turn.py): means per
+    episode, and shares of episodes for how they ended (`env_end_*`). One collective, entered
+    by every rank of a multi-turn run each step."""
+    names = sorted(sums)
+    totals = collective.all_sum(
+        torch.tensor([sums[name] for name in names], dtype=torch.float64, device=device)
+    ).tolist()
+    summed = dict(zip(names, totals, strict=True))
+    episodes = max(summed.pop("episodes", 0.0), 1.0)
+    means = {
+        "env_turns": "env_turns_mean",
+        "env_tool_calls": "env_tool_calls_mean",
+        "env_observation_tokens": "env_observation_tokens_mean",
+    }
+    return {
+        means.get(name, f"{name}_frac" if name.startswith("env_end_") else name): (
+            value / episodes if name in means or name.startswith("env_end_") else value
+        )
+        for name, value in summed.items()
+    }
 
 
 def _throughput(
@@ -127,5 +152,5 @@ def response_advantage(experience: Experience, index: int) -> float:
     advantages = experience.advantages[index]
     if advantages.dim() == 0:
         return float(advantages)
-    mask = experience.batch.response_mask[index]
+    mask = experience.batch.trained_mask[index]
     return float(advantages[mask].mean()) if mask.any() else 0.0

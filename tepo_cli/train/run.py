@@ -19,20 +19,20 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import RunError, StopRequested
 from tepo_cli.models.critic import Critic
+from tepo_cli.models.policy import Policy
+from tepo_cli.models.reference import Reference
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend
+from tepo_cli.runtime import checkpoint, collective_timeout, faults, finish
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.metrics import RunLog
+from tepo_cli.runtime.resume import log_lengths
+from tepo_cli.runtime.rng_and_streams import capture_rng
+from tepo_cli.runtime.state import RankState, TrainerState
+from tepo_cli.runtime.stop import StopSignals
 from tepo_cli.trackers import Trackers
-from tepo_cli.train import checkpoint, collective_timeout, faults, finish
-from tepo_cli.train.distributed import Topology
 from tepo_cli.train.held_out import held_out_accuracy
-from tepo_cli.train.metrics import RunLog
-from tepo_cli.train.policy import Policy
 from tepo_cli.train.prompts import Prompts
-from tepo_cli.train.reference import Reference
-from tepo_cli.train.resumable import capture_rng
-from tepo_cli.train.resume import log_lengths
-from tepo_cli.train.state import RankState, TrainerState
-from tepo_cli.train.stop import StopSignals
 
 
 @dataclass

@@ -26,9 +26,10 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
-from tepo_cli.train import faults
-from tepo_cli.train.clock import StepClock
+from tepo_cli.runtime import faults
+from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.grading import Graded, grade
+from tepo_cli.train.multi_turn import EpisodeRollout, sample_episodes
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Groups:
     overlong_mean: float  # mean overlong term included in the rewards (0 when off)
     sampled_groups: int  # groups generated (more than kept under dynamic sampling)
     refill_rounds: int
+    env_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # multi-turn metrics
 
 
 def rollout_and_grade(
@@ -55,23 +57,24 @@ def rollout_and_grade(
     seed: int | None = None,
     clock: StepClock | None = None,
 ) -> Groups:
-    """Sample and grade this rank's groups, refilling dropped ones under dynamic sampling.
-
-    `seed` seeds engines that take per-request seeds (`rollout_seed`); hf samples from torch's
-    generator, which checkpoints restore."""
+    """Sample and grade this rank's groups, refilling dropped ones under dynamic sampling. `seed`
+    seeds engines with per-request seeds (`rollout_seed`); hf draws from torch's generator."""
     clock = clock or StepClock()
     wanted = len(problems)
     kept: list[tuple[Rollout, Graded, list[Problem]]] = []
-    kept_groups, sampled, rounds = 0, 0, 0
+    kept_groups, sampled, rounds, env_sums = 0, 0, 0, dict[str, float]()
     batch_problems = problems
     for round_index in itertools.count():
         if batch_problems:
             with clock("rollout"):
                 round_seed = None if seed is None else seed + sampled * cfg.rollout.n
-                rollout = _sample(cfg, backend, tokenizer, batch_problems, round_seed)
+                rollout, episodes = _sample(
+                    cfg, backend, tokenizer, batch_problems, round_seed, reward
+                )
+                _add_sums(env_sums, episodes)
             faults.maybe_kill("rollout")
             with clock("reward"):
-                graded = grade(cfg, rollout, batch_problems, reward)
+                graded = grade(cfg, rollout, batch_problems, reward, episodes and episodes.results)
             sampled += len(batch_problems)
             keep = _keep(cfg, graded, len(batch_problems), wanted - kept_groups)
             if keep.any():
@@ -102,6 +105,7 @@ def rollout_and_grade(
         overlong_mean=float(torch.cat([g.overlong for _, g, _ in kept]).mean()),
         sampled_groups=sampled,
         refill_rounds=rounds,
+        env_sums=env_sums,
     )
 
 
@@ -142,9 +146,22 @@ def _sample(
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
     seed: int | None,
-) -> Rollout:
-    prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
-    return backend.generate(prompts, training_sampling(cfg, seed))
+    reward: Reward,
+) -> tuple[Rollout, EpisodeRollout | None]:
+    """The round's rollout; with a multi-turn environment also its episodes, already graded by
+    their environments."""
+    sampling = training_sampling(cfg, seed)
+    if not cfg.env.multi_turn:
+        prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
+        return backend.generate(prompts, sampling), None
+    episodes = sample_episodes(cfg, backend, tokenizer, problems, reward, sampling)
+    return episodes.rollout, episodes
+
+
+def _add_sums(env_sums: dict[str, float], episodes: EpisodeRollout | None) -> None:
+    """A round's episode metric sums into the step's (nothing for single answers)."""
+    for key, value in ({} if episodes is None else episodes.sums).items():
+        env_sums[key] = env_sums.get(key, 0.0) + value
 
 
 def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:

@@ -29,24 +29,24 @@ from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer, resolve_dtype, weights_location
 from tepo_cli.models.lora import full_numel, trainable_parameters
 from tepo_cli.models.mtp import mtp_support_problem
+from tepo_cli.models.policy import Policy
+from tepo_cli.models.reference import build_reference
 from tepo_cli.rollout import build_backend
 from tepo_cli.rollout.vllm_modes import resolve_modes
+from tepo_cli.runtime import checkpoint
+from tepo_cli.runtime.critic_files import build_critic
+from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.engine import build_engine, deepspeed_config
+from tepo_cli.runtime.host_memory import set_up_host_memory
+from tepo_cli.runtime.metrics import RunLog
+from tepo_cli.runtime.mtp_files import mtp_unsupported_message
+from tepo_cli.runtime.resume import truncate_logs
+from tepo_cli.runtime.rng_and_streams import restore_rng
+from tepo_cli.runtime.state import RankState, TrainerState
 from tepo_cli.trackers import Trackers, open_trackers
-from tepo_cli.train import checkpoint
-from tepo_cli.train.critic_files import build_critic
-from tepo_cli.train.distributed import Topology
-from tepo_cli.train.engine import build_engine, deepspeed_config
-from tepo_cli.train.host_memory import set_up_host_memory
-from tepo_cli.train.metrics import RunLog
-from tepo_cli.train.mtp_files import mtp_unsupported_message
 from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
-from tepo_cli.train.policy import Policy
 from tepo_cli.train.prompts import open_prompts
-from tepo_cli.train.reference import build_reference
-from tepo_cli.train.resumable import restore_rng
-from tepo_cli.train.resume import truncate_logs
 from tepo_cli.train.run import Models, Run
-from tepo_cli.train.state import RankState, TrainerState
 from tepo_cli.train.update import accumulation_steps
 
 

@@ -26,13 +26,13 @@ from tepo_cli.algos.gae import value_loss
 from tepo_cli.algos.mismatch import MismatchTally
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
-from tepo_cli.models.prompt_pass import PromptPass, reads_prompt_pass
-from tepo_cli.train import faults
-from tepo_cli.train.checkpointing import checkpoint_plan, checkpointed, prompt_pass_checkpointed
+from tepo_cli.models.prompt_pass import MinibatchPrompts, reads_prompt_pass, through_engine
+from tepo_cli.runtime import faults
+from tepo_cli.runtime.guards import skipped_optimizer_steps
 from tepo_cli.train.experience import Experience, on_policy
-from tepo_cli.train.guards import skipped_optimizer_steps
 from tepo_cli.train.micro_batch_objective import micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
+from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
 # micro-batches of an optimizer step (the others are token-weighted means, see _Tally).
@@ -120,7 +120,7 @@ def _optimizer_step(
     """One minibatch: its micro-batches' forward and backward, then the optimizer step that
     DeepSpeed takes at the accumulation boundary (the critic's engine alongside)."""
     world = collective.world_size()
-    num_tokens = _global_sum(experience.batch.response_mask[minibatch].sum().item(), engine.device)
+    num_tokens = _global_sum(experience.batch.trained_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
     if num_tokens == 0:
         # Only empty completions on every rank: no token to learn from. The whole accumulation
@@ -130,26 +130,24 @@ def _optimizer_step(
         return
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
     prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
-    tally.sums["prompt_pass_tokens"] += 0 if prompts is None else prompts.tokens
+    tally.sums["prompt_pass_tokens"] += prompts.tokens
     critic_prompts = _prompt_pass(cfg, critic_engine, experience, minibatch, plan, tally.seconds)
-    mask = experience.batch.response_mask
+    mask = experience.batch.trained_mask
     own_tokens = int(mask[minibatch].sum())
     own_norm = critic_own_norm = None
+    counts = (num_tokens, num_seqs, world)
     for index, rows in enumerate(plan.rows):
-        boundary = index == len(plan.rows) - 1
-        counts = (num_tokens, num_seqs, world)
+        boundary = prompts.last(index)
         mismatch = tally.mismatch if first_epoch else None  # each row counted once
         engine.set_gradient_accumulation_boundary(boundary)
         with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
             metrics = _forward_backward(
-                cfg, engine, experience, rows, *counts, tally.seconds, mismatch, prompts, boundary
+                cfg, engine, experience, prompts, index, *counts, tally.seconds, mismatch
             )
         if critic_engine is not None:
             critic_engine.set_gradient_accumulation_boundary(boundary)
             metrics.update(
-                _critic_backward(
-                    cfg, critic_engine, experience, rows, *counts, critic_prompts, boundary
-                )
+                _critic_backward(cfg, critic_engine, experience, critic_prompts, index, *counts)
             )
         share = int(mask[rows].sum()) / own_tokens if own_tokens else 1 / len(plan.rows)
         for key, value in metrics.items():
@@ -175,7 +173,7 @@ def _plan(
 ) -> tuple[Plan, list[bool]]:
     """The minibatch's micro-batches (by token budget, train/micro_batches.py, with a prompt
     pass where the policy reads one) and which of them recompute their layers in backward
-    (train/checkpointing.py)."""
+    (train/recompute.py)."""
     plan = micro_batches_for(cfg, experience.batch, minibatch, engine.module)
     budget = cfg.trainer.micro_batch_tokens
     checkpoint = checkpoint_plan(plan, cfg.model.gradient_checkpointing, budget)
@@ -189,14 +187,16 @@ def _prompt_pass(
     minibatch: torch.Tensor,
     plan: Plan,
     seconds: dict[str, float],
-) -> PromptPass | None:
+) -> MinibatchPrompts:
     """The minibatch's distinct prompts through `engine`'s model once, for all its micro-batches
     (models/prompt_pass.py), when the plan has a prompt pass and the model reads one."""
     if engine is None or not (plan.prompt_pass and reads_prompt_pass(engine.module)):
-        return None
+        return MinibatchPrompts(None, plan.rows)
     began = time.perf_counter()
     with checkpointed(engine.module, prompt_pass_checkpointed(cfg.model.gradient_checkpointing)):
-        prompts = engine(experience.batch, prompt_pass_rows=minibatch)
+        prompts = MinibatchPrompts.run(
+            through_engine(engine), experience.batch, minibatch, plan.rows, enabled=True
+        )
     seconds["forward_seconds"] += time.perf_counter() - began
     return prompts
 
@@ -220,19 +220,18 @@ def _forward_backward(
     cfg: TrainConfig,
     engine: Any,
     experience: Experience,
-    rows: torch.Tensor,
+    prompts: MinibatchPrompts,
+    index: int,
     num_tokens: float,
     num_seqs: float,
     world: int,
     seconds: dict[str, float],
     tally: MismatchTally | None = None,
-    prompts: PromptPass | None = None,
-    last: bool = True,
 ) -> dict[str, float]:
-    """The objective on one micro-batch (plus MPO's auxiliary MTP loss) and its backward; with
-    `prompts`, its answers read the minibatch's prompt pass (`last`: the minibatch's last
-    micro-batch, whose backward runs the prompt pass's)."""
+    """The objective on micro-batch `index` of the minibatch (plus MPO's auxiliary MTP loss) and
+    its backward; its answers read the minibatch's prompt pass where there is one."""
     began = time.perf_counter()
+    rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
     algo = cfg.algo
     scores = engine(
@@ -241,20 +240,19 @@ def _forward_backward(
         with_entropy=True,
         with_entropy_term=algo.needs_old_entropy_term and experience.old_logp is None,
         with_mtp=algo.mtp_depths > 0,
-        prompts=None if prompts is None else prompts.for_rows(rows, last),
+        prompts=prompts.read(index),
     )
     loss, metrics = micro_batch_objective(
         cfg, experience, rows, part, scores, num_tokens, num_seqs, tally
     )
     if faults.armed("nan_loss"):
         loss = loss * float("nan")
-    if prompts is not None and last:
-        loss = prompts.with_grads(loss)
+    loss = prompts.carry_grads(index, loss)
     forward_done = time.perf_counter()
     seconds["forward_seconds"] += forward_done - began
     engine.backward(loss * world, scale_wrt_gas=False)
     seconds["backward_seconds"] += time.perf_counter() - forward_done
-    valid = part.response_mask
+    valid = part.trained_mask
     metrics["loss"] = float(loss.detach())
     if scores.entropy is not None:
         entropy = scores.entropy.detach()
@@ -266,35 +264,34 @@ def _critic_backward(
     cfg: TrainConfig,
     critic_engine: Any,
     experience: Experience,
-    rows: torch.Tensor,
+    prompts: MinibatchPrompts,
+    index: int,
     num_tokens: float,
     num_seqs: float,
     world: int,
-    prompts: PromptPass | None = None,
-    last: bool = True,
 ) -> dict[str, float]:
-    """The critic's value-clipped loss on these rows, aggregated as the policy term (§0.1);
-    `prompts` and `last` as for the policy (`_forward_backward`)."""
+    """The critic's value-clipped loss on micro-batch `index`, aggregated as the policy term
+    (§0.1); `prompts`: the critic's own prompt pass of the minibatch."""
+    rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
     width = part.response_mask.shape[1]
-    values = critic_engine(part, prompts=None if prompts is None else prompts.for_rows(rows, last))
+    values = critic_engine(part, prompts=prompts.read(index))
     per_token, clipped = value_loss(
         values,
         experience.old_values[rows, :width],
         experience.returns[rows, :width],
         cfg.advantage.value_clip,
     )
-    mask = part.response_mask
+    mask = part.trained_mask
     loss = aggregate(
         per_token,
         mask,
         cfg.algo.loss_agg,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
-        max_len=cfg.rollout.max_new_tokens,
+        max_len=cfg.completion_tokens,
     )
-    if prompts is not None and last:
-        loss = prompts.with_grads(loss)
+    loss = prompts.carry_grads(index, loss)
     critic_engine.backward(loss * world, scale_wrt_gas=False)
     count = int(mask.sum())
     return {

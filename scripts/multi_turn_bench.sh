@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Multi-turn episodes against one answer per prompt, on the same prompts (docs/results/multi_turn/):
+# env=python_tool on word_math and env=code_feedback on mbpp, each beside env=single, with the
+# embedded model and vLLM, a short run each. Records (never weights) and `tepo report` go to
+# RESULTS_DIR; steps per second and peak memory are in the report, the reward curves in its plots.
+#   bash scripts/multi_turn_bench.sh [RUNS_DIR] [RESULTS_DIR]
+# Runs resume (resume=true) and a published run is skipped, so after an interruption the same
+# command goes on. STEPS=N sets the steps of each run (default 6); SMOKE=1 runs each on the tiny
+# model with rollout=hf, one step (CI). TEPO=/path/to/tepo picks the executable.
+set -euo pipefail
+TEPO=${TEPO:-tepo}
+if ! command -v "$TEPO" >/dev/null; then
+    echo "multi_turn_bench.sh: no '$TEPO' executable: activate the environment tepo is installed" \
+        "in (e.g. source .venv/bin/activate), or set TEPO=/path/to/tepo. Nothing was run." >&2
+    exit 2
+fi
+runs_dir=${1:-multirun/multi_turn}
+results_dir=${2:-docs/results/multi_turn/runs}
+common=(seed=0 trainer.max_steps="${STEPS:-6}" trainer.prompts_per_step=4 rollout.n=4
+    rollout.temperature=0.7 rollout.max_new_tokens=192 trainer.lr=1e-5 trainer.warmup_steps=0
+    trainer.eval_before=false trainer.eval_after=false trainer.save_every=2 trainer.save_final=false
+    trainer.progress=false env.max_turns=3)
+engine=(rollout=vllm rollout.engine.kv_cache_gib=2)
+if [[ -n "${SMOKE:-}" ]]; then
+    engine=(rollout=hf)
+    common+=(model=tiny trainer.max_steps=1 rollout.n=2 trainer.prompts_per_step=2
+        rollout.max_new_tokens=16)
+fi
+failed=()
+# MBPP's training split lives on the hub; offline, its prepared test split is the training stream
+# (no held-out evaluation runs here: the comparison is of steps, memory and training reward).
+mbpp_train="benchmark.train_split=test benchmark.allow_test_split=true"
+runs=(
+    "single_word_math|benchmark=word_math reward=word_math env=single"
+    "python_tool_word_math|benchmark=word_math reward=word_math env=python_tool"
+    "single_mbpp|benchmark=mbpp env=single $mbpp_train"
+    "code_feedback_mbpp|benchmark=mbpp env=code_feedback $mbpp_train"
+)
+mkdir -p "$runs_dir" "$results_dir"
+for entry in "${runs[@]}"; do
+    name=${entry%%|*}
+    read -r -a overrides <<<"${entry#*|}"
+    if [[ -f "$results_dir/$name/status.json" ]]; then
+        echo "== $name: published already, skipped"
+        continue
+    fi
+    echo "== $name: $TEPO train ${overrides[*]}"
+    "$TEPO" train "${engine[@]}" "${common[@]}" "${overrides[@]}" resume=true \
+        hydra.run.dir="$runs_dir/$name" 2>&1 | tee -a "$runs_dir/$name.console.log" || true
+    if grep -q '"state": *"finished"' "$runs_dir/$name/status.json" 2>/dev/null; then
+        mkdir -p "$results_dir/$name"
+        cp -r "$runs_dir/$name"/{.hydra,config.yaml,metrics.jsonl,samples.jsonl,summary.json} \
+            "$runs_dir/$name/status.json" "$results_dir/$name/"
+        rm -rf "$runs_dir/$name/checkpoints"
+    else
+        echo "== $name did not finish (the same command resumes it)"
+        failed+=("$name")
+    fi
+done
+"$TEPO" report "$results_dir"
+if ((${#failed[@]})); then
+    echo "multi_turn_bench.sh: not finished: ${failed[*]}" >&2
+    exit 1
+fi

@@ -1,0 +1,27 @@
+"""What keeps a training run alive, apart from what a step computes (that is `tepo_cli/train/`).
+
+Checkpoints and resume
+    checkpoint       resumable checkpoints: written whole, hashed, found again, pruned
+    state            what a run carries from step to step (what a checkpoint saves)
+    rng_and_streams  random-number states and prompt-stream positions, restored exactly
+    resume           which directory a resumed run continues, and whether it is the same run
+    atomic_dir       a directory written whole or not at all
+    finish           the end of a run: rank checksums, final/, the optimizer state dropped
+    lora_files, mtp_files, critic_files   what final/ holds beside the model, per feature
+Processes and devices
+    distributed      process topology: one process, or ranks from the deepspeed launcher
+    collective_timeout   every collective bounded in time, and the rank that never came named
+    device_choice    `trainer.device`: decided once at start-up
+    deepspeed_env    `tepo deepspeed-env` for multi-node launches
+    shm_buffers      DeepSpeed's /dev/shm buffers, removed when stale
+    host_memory      freed buffers back to the operating system
+Engines and numbers
+    engine           the DeepSpeed engine: parameters, optimizer, learning-rate schedule
+    master_weights   float32 master weights for the MTP warm-up's own optimizer
+    guards           an optimizer step with non-finite gradients does not happen
+Signals, faults, logs
+    stop             SIGINT/SIGTERM: finish the step, checkpoint, exit
+    faults           fault injection at named points, for the tests that prove nothing is lost
+    clock            wall-clock seconds per phase of a step
+    metrics          metrics.jsonl, samples.jsonl and the console
+"""

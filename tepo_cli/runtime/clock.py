@@ -1,0 +1,28 @@
+"""Wall-clock seconds per phase of a step, summed when a phase runs more than once (DAPO refills)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tepo_cli.runtime import collective_timeout
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            with collective_timeout.phase(phase):
+                yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def elapsed(self) -> float:
+        """Seconds since the step began."""
+        return time.perf_counter() - self.began

@@ -1,0 +1,162 @@
+"""The rollout of a multi-turn step (`env` other than `single`): one episode per sample, run by
+the environment (tepo_cli/envs/), laid out as one row each — the prompt, then every turn and
+observation, with `model_mask` marking the model's own tokens (the objective's; the
+observations are context only) — and graded by the environment when it ended.
+
+Metrics per step (summed here per rank, averaged over every rank's episodes in the record):
+turns per episode, tool calls and their failures (sandbox timeouts apart), observation tokens,
+observations cut, and the share of episodes by how they ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.records import Problem, RewardResult
+from tepo_cli.core.rollout import Rollout
+from tepo_cli.data.prompts import render_prompt
+from tepo_cli.envs import Environment, EnvSettings, environment
+from tepo_cli.envs.episodes import ENDS, Episode, SampledTurn, TurnSampler, run_episodes
+from tepo_cli.rewards import Reward
+from tepo_cli.rollout import Sampling
+from tepo_cli.runtime import faults
+
+
+@dataclasses.dataclass
+class EpisodeRollout:
+    """A multi-turn round: its rollout, each row's reward (its environment's), and the round's
+    metric sums."""
+
+    rollout: Rollout
+    results: list[RewardResult]
+    sums: dict[str, float]
+
+
+def env_settings(cfg: TrainConfig) -> EnvSettings:
+    """The environment's limits from the `env` group (a turn: rollout.max_new_tokens)."""
+    env = cfg.env
+    return EnvSettings(
+        max_turns=env.max_turns,
+        max_turn_tokens=cfg.rollout.max_new_tokens,
+        max_episode_tokens=cfg.completion_tokens,
+        max_observation_tokens=env.max_observation_tokens,
+        observation_role=env.observation_role,
+        timeout_s=env.timeout_s,
+        respond_timeout_s=env.respond_timeout_s,
+    )
+
+
+def sample_episodes(
+    cfg: TrainConfig,
+    backend: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[Problem],
+    reward: Reward,
+    sampling: Sampling,
+) -> EpisodeRollout:
+    """`rollout.n` episodes per problem, each with its own environment; the prompt is the
+    benchmark's, with the environment's instructions after the question."""
+    n = cfg.rollout.n
+    settings = env_settings(cfg)
+    make = environment(cfg.env.name)
+    prompts = [
+        render_prompt(tokenizer, cfg.benchmark, with_instructions(p, make)) for p in problems
+    ]
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    rows = [list(prompt_ids[i // n]) for i in range(len(prompts) * n)]
+    envs = [make(problems[i // n], reward, settings) for i in range(len(rows))]
+    episodes = run_episodes(_sampler(backend, sampling), tokenizer, rows, envs, settings)
+    rollout = episodes_rollout(episodes, tokenizer.pad_token_id, tokenizer)
+    device = getattr(backend, "device", None)
+    if device is not None:
+        rollout = rollout.to(device)
+    results = [episode.reward or RewardResult(0.0, False, None) for episode in episodes]
+    return EpisodeRollout(rollout, results, episode_sums(episodes))
+
+
+def with_instructions(problem: Problem, make: type[Environment]) -> str:
+    """The question the prompt template gets: the problem's, then the environment's
+    instructions (when it has any) after a blank line."""
+    if not make.instructions:
+        return problem.question
+    return f"{problem.question}\n\n{make.instructions}"
+
+
+def _sampler(backend: Any, sampling: Sampling) -> TurnSampler:
+    """The back-end's `sample_turns`, one call per turn; an engine with per-request seeds gets a
+    fresh block of seeds each turn (a resumed step samples the same turns)."""
+    calls = 0
+
+    def sample(contexts: list[list[int]], max_new_tokens: int) -> list[SampledTurn]:
+        nonlocal calls
+        seed = None if sampling.seed is None else sampling.seed + calls * len(contexts) * 7919
+        calls += 1
+        one = dataclasses.replace(sampling, n=1, seed=seed)
+        turns = backend.sample_turns(contexts, max_new_tokens, one)
+        faults.maybe_kill("episode")  # mid-episode: a turn sampled, its observation not yet made
+        return turns
+
+    return sample
+
+
+def episodes_rollout(
+    episodes: list[Episode], pad_id: int, tokenizer: PreTrainedTokenizerBase
+) -> Rollout:
+    """The episodes as rows on the host: prompts left-padded, episodes right-padded."""
+    rows = len(episodes)
+    prompt_width = max(len(e.prompt_ids) for e in episodes)
+    width = max(1, *(len(e.ids) for e in episodes))
+    prompt_ids = torch.full((rows, prompt_width), pad_id, dtype=torch.long, device="cpu")
+    prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long, device="cpu")
+    ids = torch.full((rows, width), pad_id, dtype=torch.long, device="cpu")
+    present = torch.zeros((rows, width), dtype=torch.bool, device="cpu")
+    model = torch.zeros((rows, width), dtype=torch.bool, device="cpu")
+    logprobs = torch.zeros((rows, width), dtype=torch.float32, device="cpu")
+    for row, episode in enumerate(episodes):
+        length, start = len(episode.ids), prompt_width - len(episode.prompt_ids)
+        prompt_ids[row, start:] = torch.tensor(episode.prompt_ids, dtype=torch.long, device="cpu")
+        prompt_mask[row, start:] = 1
+        ids[row, :length] = torch.tensor(episode.ids, dtype=torch.long, device="cpu")
+        present[row, :length] = True
+        model[row, :length] = torch.tensor(episode.from_model, dtype=torch.bool, device="cpu")
+        logprobs[row, :length] = torch.tensor(episode.logprobs, dtype=torch.float32, device="cpu")
+    texts = tokenizer.batch_decode([e.ids for e in episodes], skip_special_tokens=True)
+    truncated = torch.tensor(
+        [e.end in ("turn-tokens", "episode-tokens") for e in episodes], device="cpu"
+    )
+    engine_logprobs = all(e.engine_logprobs for e in episodes)
+    return Rollout(
+        prompt_ids,
+        prompt_mask,
+        ids,
+        present,
+        texts,
+        truncated,
+        logprobs if engine_logprobs else None,
+        model,
+    )
+
+
+def episode_sums(episodes: list[Episode]) -> dict[str, float]:
+    """This rank's sums of the episode metrics (the record divides by `episodes` over ranks)."""
+    sums = {
+        "episodes": float(len(episodes)),
+        "env_turns": float(sum(len(e.turns) for e in episodes)),
+        "env_tool_calls": float(sum(e.environment.tool_calls() for e in episodes)),
+        "env_tool_failures": 0.0,
+        "env_tool_timeouts": 0.0,
+        "env_observation_tokens": float(sum(e.observation_tokens for e in episodes)),
+        "env_observations_cut": float(sum(e.observations_cut for e in episodes)),
+    }
+    for episode in episodes:
+        failures = episode.environment.tool_failures()
+        sums["env_tool_failures"] += sum(failures.values())
+        sums["env_tool_timeouts"] += failures.get("timeout", 0)
+    for end in ENDS:
+        sums[f"env_end_{end.replace('-', '_')}"] = float(sum(e.end == end for e in episodes))
+    return sums

