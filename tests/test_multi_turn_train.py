@@ -68,14 +68,9 @@ def test_vllm_episodes_train_on_the_tokens_the_engine_sampled(tmp_path):
         *QUICK,
         "rollout=vllm",
         "rollout.engine.kv_cache_gib=1",
-        "trainer.max_steps=2",
-        "algo=mpo",
-        "k=3",
         "hydra.run.dir=run",
     )
     for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if "step" not in record:
-            continue  # the MTP warm-up's records
         assert record["mismatch_abs_max"] < 1e-3, record
         assert "env_turns_mean" in record
