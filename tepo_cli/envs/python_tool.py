@@ -1,8 +1,8 @@
 """`env=python_tool`: tool-integrated reasoning on a maths task.
 
-The model may end a turn with a fenced Python block; the last block of the turn runs in tepo's
-sandbox (the code grader's isolation and limits, with `env.timeout_s`), and what it printed —
-stdout, then stderr, cut to `env.max_observation_tokens` by the rollout — comes back as the next
+A turn stops at its first closed fenced Python block (`turn_end`), which runs in tepo's sandbox
+(the code grader's isolation and limits, with `env.timeout_s`); what it printed — stdout, then
+its own traceback, cut to `env.max_observation_tokens` by the rollout — comes back as the next
 message, in an ```output fence. A turn without a block is the answer: the episode is over, and
 the task's own grader reads that last turn. Each run is a fresh program: nothing carries over
 from one block to the next (the model re-states what it needs, as in ToRA-style prompts).
