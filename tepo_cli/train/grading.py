@@ -47,7 +47,7 @@ def grade(
         max_len, cache_len = resolve_overlong_lengths(
             algo.overlong_max_len, algo.overlong_cache_len, cfg.completion_tokens
         )
-        # [our reading] in an episode, the model's own tokens are its length (docs §1.2)
+        # [our reading] an episode's length is its model tokens (docs/objectives.md §0.2)
         lengths = rollout.trained_mask.sum(dim=1)
         overlong = overlong_penalty(lengths, max_len, cache_len).float()
         rewards = rewards + overlong
