@@ -86,8 +86,9 @@ def newest_unfinished(root: Path) -> Path | None:
 
 
 def check_same_run(previous: dict[str, Any], current: dict[str, Any], run_dir: Path) -> None:
-    """Refuse a continuation whose config would compute different steps than the original."""
-    old, new = _flatten(previous), _flatten(current)
+    """Refuse a continuation whose config would compute different steps than the original. A
+    run saved before a key existed resumes when the key has its default now (`with_defaults`)."""
+    old, new = _flatten(with_defaults(previous)), _flatten(current)
     changed = sorted(
         key
         for key in old.keys() | new.keys()
@@ -101,6 +102,20 @@ def check_same_run(previous: dict[str, Any], current: dict[str, Any], run_dir: P
             f"that change what the run computes — {shown}{more}. Resume with the original "
             f"settings (only {', '.join(HARMLESS)} may change), or start a new run."
         )
+
+
+def with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved run config with every key tepo has gained since at its default: the config as
+    this version reads it. A config this version cannot read at all is returned as it is (the
+    comparison then names what differs)."""
+    from pydantic import ValidationError
+
+    from tepo_cli.config.schema import TrainConfig
+
+    try:
+        return TrainConfig.model_validate(saved).model_dump(mode="json")
+    except ValidationError:
+        return saved
 
 
 def read_config(run_dir: Path) -> dict[str, Any] | None:
