@@ -114,7 +114,7 @@ def with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
 
     try:
         return TrainConfig.model_validate(saved).model_dump(mode="json")
-    except ValidationError:
+    except (ValidationError, ValueError, TypeError):
         return saved
 
 
