@@ -20,18 +20,20 @@ class ObservationFormat:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, role: str = "user") -> None:
         self.tokenizer = tokenizer
-        self.head, self.tail = _framing(tokenizer, role)
+        head, tail = _framing(tokenizer, role)
+        # The framing is the same for every observation: encoded once.
+        self.head_ids = tokenizer.encode(head, add_special_tokens=False)
+        self.tail_ids = tokenizer.encode(tail, add_special_tokens=False)
+        self.cut_ids = tokenizer.encode("\n[cut]", add_special_tokens=False)
 
     def ids(self, text: str, max_tokens: int) -> tuple[list[int], bool]:
         """The observation message's ids, its text cut to `max_tokens` tokens; and whether it
         was cut."""
-        encode = self.tokenizer.encode
-        content = encode(text, add_special_tokens=False)
+        content = self.tokenizer.encode(text, add_special_tokens=False)
         cut = len(content) > max_tokens
         if cut:
-            content = content[:max_tokens] + encode("\n[cut]", add_special_tokens=False)
-        head = encode(self.head, add_special_tokens=False)
-        return head + content + encode(self.tail, add_special_tokens=False), cut
+            content = content[:max_tokens] + self.cut_ids
+        return self.head_ids + content + self.tail_ids, cut
 
 
 def _framing(tokenizer: PreTrainedTokenizerBase, role: str) -> tuple[str, str]:

@@ -68,17 +68,18 @@ def _episode_metrics(sums: dict[str, float], device: torch.device) -> dict[str, 
     ).tolist()
     summed = dict(zip(names, totals, strict=True))
     episodes = max(summed.pop("episodes", 0.0), 1.0)
-    means = {
-        "env_turns": "env_turns_mean",
-        "env_tool_calls": "env_tool_calls_mean",
-        "env_observation_tokens": "env_observation_tokens_mean",
-    }
-    return {
-        means.get(name, f"{name}_frac" if name.startswith("env_end_") else name): (
-            value / episodes if name in means or name.startswith("env_end_") else value
-        )
-        for name, value in summed.items()
-    }
+    record = {}
+    for name, value in summed.items():
+        if name in PER_EPISODE:
+            record[f"{name}_mean"] = value / episodes
+        elif name.startswith("env_end_"):
+            record[f"{name}_frac"] = value / episodes
+        else:  # counts over the step: tool failures, timeouts, observations cut
+            record[name] = value
+    return record
+
+
+PER_EPISODE = frozenset({"env_turns", "env_tool_calls", "env_observation_tokens"})
 
 
 def _throughput(
