@@ -2,7 +2,7 @@
 # The GPU verdict on a node that reaches no package index: the kit that scripts/device_kit.sh built
 # (.device-kit/, carried beside the repository) installed with pip --no-index --no-deps --target,
 # the repository put on the path, then scripts/gpu_check.py on the one GPU with the tiny model and
-# the log-prob kernel benchmark at Liger's shapes in bf16. Everything worth keeping lands in OUT as
+# the CUDA-only tests, and the log-prob kernel benchmark at Liger's shapes in bf16. Everything worth keeping lands in OUT as
 # at most 8 files: gpu_check.md/.json, bench_logprob.md/.json, environment.txt (GPU, driver, the
 # image's pip list), pip-check.txt, and logs.tar.gz (every check's log). Exit 1 when a check failed.
 #
@@ -40,13 +40,22 @@ export PYTHONPATH="$scratch/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 } >"$out/environment.txt" 2>&1
 "$python" -m pip check >"$out/pip-check.txt" 2>&1
 
-# gpu_check gets what is left of the budget less the benchmark's share (about 90 s).
-left=$((budget - (SECONDS - started) - 90))
+# gpu_check gets what is left of the budget less the CUDA tests' and the benchmark's (about 120 s).
+left=$((budget - (SECONDS - started) - 120))
 # shellcheck disable=SC2086  # the arguments are words
 timeout --kill-after=10 "$((left + 30))" "$python" scripts/gpu_check.py $gpu_check_args \
     --out "$scratch/runs" --markdown "$out/gpu_check.md" --timeout 150 --budget "$left"
 verdict=$?
 cp "$scratch/runs/gpu_check.json" "$out/" 2>/dev/null || echo "gpu_check wrote no JSON (exit $verdict)" >>"$out/gpu_check.md"
+
+# The CUDA-only tests: FlashAttention's varlen path against the padded batch, in bf16.
+TEPO_TEST_TOKENIZER="$kit/tokenizer" timeout --kill-after=5 60 "$python" -m pytest -q \
+    -p no:cacheprovider tests/test_packing.py -k cuda >"$scratch/pytest_cuda.log" 2>&1
+tested=$?
+echo "" >>"$out/gpu_check.md"
+echo "CUDA tests (pytest tests/test_packing.py -k cuda): $(tail -1 "$scratch/pytest_cuda.log")" \
+    >>"$out/gpu_check.md"
+[ "$tested" -eq 0 ] || verdict=1
 
 left=$((budget - (SECONDS - started) - 10))
 # shellcheck disable=SC2086
@@ -55,6 +64,6 @@ timeout --kill-after=10 "$((left > 30 ? left : 30))" "$python" scripts/bench_log
 echo "bench_logprob exit $?" >>"$scratch/bench_logprob.log"
 
 tar -czf "$out/logs.tar.gz" -C "$scratch" --exclude='*/checkpoints' --exclude='*.safetensors' \
-    --exclude='*.pt' --exclude='*/final' runs bench_logprob.log 2>/dev/null
+    --exclude='*.pt' --exclude='*/final' runs bench_logprob.log pytest_cuda.log 2>/dev/null
 echo "device_check: $((SECONDS - started)) s; results in $out"
 exit $verdict

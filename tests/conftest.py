@@ -79,4 +79,7 @@ def tiny_model(tiny_tokenizer):
 def _tiny_model_config():
     from tepo_cli.config.schema import ModelConfig
 
-    return ModelConfig(name="tiny", source="tiny", tokenizer="smollm2_135m", dtype="float32")
+    # TEPO_TEST_TOKENIZER: a tokenizer folder where the embedded model's conversion is absent (a
+    # GPU node that has the device kit's copy: scripts/device_check.sh).
+    tokenizer = os.environ.get("TEPO_TEST_TOKENIZER", "smollm2_135m")
+    return ModelConfig(name="tiny", source="tiny", tokenizer=tokenizer, dtype="float32")

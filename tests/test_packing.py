@@ -218,3 +218,48 @@ def test_layers_keep_one_attention_mask_per_segment_shape(tiny_model, tiny_token
     assert grads.keys() == torch_grads.keys()
     for name, grad in grads.items():
         assert torch.equal(grad, torch_grads[name]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashAttention's varlen kernel: CUDA")
+@pytest.mark.parametrize("share", [True, False])
+def test_packed_on_cuda_goes_through_flash_varlen_and_agrees_with_the_padded(
+    tiny_model, tiny_tokenizer, share, monkeypatch
+):
+    """The half-precision CUDA path (FlashAttention's variable-length kernel, grouped-query: the
+    tiny model has 2 query heads per key head) against the padded batch's attention, in bf16."""
+    import dataclasses
+
+    import torch.nn.attention.varlen as varlen
+
+    batch = _batch(tiny_model, tiny_tokenizer, n=3)
+    cuda = torch.device("cuda")
+    batch = dataclasses.replace(
+        batch,
+        **{
+            field.name: getattr(batch, field.name).to(cuda)
+            for field in dataclasses.fields(batch)
+            if isinstance(getattr(batch, field.name), torch.Tensor)
+        },
+    )
+    model = tiny_model.to(cuda, torch.bfloat16)
+    calls = []
+    real = varlen.varlen_attn
+    monkeypatch.setattr(varlen, "varlen_attn", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kernel = KernelConfig(backend="torch")
+    results = []
+    for packing in (False, True):
+        model.zero_grad(set_to_none=True)
+        scores = Policy(model, kernel, share, packing=packing)(batch, 0.7, with_entropy=True)
+        weights = torch.linspace(-1.0, 2.0, scores.logp.numel(), device=cuda)
+        (scores.logp.float() * weights.view_as(scores.logp)).sum().backward()
+        grads = {
+            n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None
+        }
+        results.append((scores.logp.float().detach(), grads))
+    assert calls, "the packed pass did not reach FlashAttention's varlen kernel"
+    (padded_logp, padded_grads), (packed_logp, packed_grads) = results
+    mask = batch.response_mask
+    torch.testing.assert_close(packed_logp[mask], padded_logp[mask], rtol=0, atol=0.1)
+    for name, grad in packed_grads.items():
+        error = float((grad - padded_grads[name]).norm() / padded_grads[name].norm().clamp(1e-12))
+        assert error < 0.05, f"{name}: relative error {error:.2e} in bf16"

@@ -10,6 +10,7 @@ A change outside tepo's own objects: listed in docs/patches.md.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -93,17 +94,24 @@ def packed_attention(
     if _flash_varlen_applies(query):
         from torch.nn.attention.varlen import varlen_attn
 
+        keys = key[0].transpose(0, 1).index_select(0, layout.key_index)  # [K, Hkv, D]
+        values = value[0].transpose(0, 1).index_select(0, layout.key_index)
+        causal, takes_gqa = _varlen_signature()
+        if gqa and not takes_gqa:  # torch before 2.13: as many key heads as query heads
+            repeats = query.shape[1] // key.shape[1]
+            keys, values = keys.repeat_interleave(repeats, 1), values.repeat_interleave(repeats, 1)
+        gqa_option = {"enable_gqa": gqa} if takes_gqa else {}
         out = varlen_attn(
             query[0].transpose(0, 1),  # [L, Hq, D]
-            key[0].transpose(0, 1).index_select(0, layout.key_index),  # [K, Hkv, D]
-            value[0].transpose(0, 1).index_select(0, layout.key_index),
+            keys,
+            values,
             layout.cu_queries,
             layout.cu_keys,
             layout.max_queries,
             layout.max_keys,
             scale=scaling,
-            window_size=(-1, 0),  # causal, aligned to the bottom right: the answer's own tokens
-            enable_gqa=gqa,
+            **causal,
+            **gqa_option,
         )
         return out[None], None
     parts = _segment_by_segment(query[0], key[0], value[0], layout, scaling, gqa)
@@ -111,6 +119,18 @@ def packed_attention(
     # o_proj keeps its input for backward: a copy of what the segments' attention keeps anyway.
     SAVED_OUTPUTS.register(out, lambda: _token_major(parts))  # lean_layers: kept as a recipe
     return out, None
+
+
+@functools.cache
+def _varlen_signature() -> tuple[dict[str, Any], bool]:
+    """The causal mask in the installed torch's words (aligned to the bottom right: the answer's
+    own tokens after a prompt pass's keys), and whether it takes fewer key heads than query heads.
+    torch 2.10 knows `is_causal` only, 2.11 `window_size`, 2.13 also `enable_gqa`."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    accepted = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in accepted else {"is_causal": True}
+    return causal, "enable_gqa" in accepted
 
 
 def _layer_index(module: torch.nn.Module) -> int:
