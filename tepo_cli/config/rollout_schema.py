@@ -47,7 +47,8 @@ class RolloutConfig(Strict):
     batch_size: int = Field(default=64, ge=1)
     correction: Literal["auto", "none", "token_tis", "seq_mask"] = "auto"
     correction_cap: float = Field(default=3.0, gt=1.0)
-    truncated_sampling: Literal["refuse", "biased"] = "refuse"
+    # docs/objectives.md §0.9: score under the sampler's top-k/top-p, refuse them, or ignore them
+    truncated_sampling: Literal["renormalise", "refuse", "biased"] = "renormalise"
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")
@@ -59,14 +60,16 @@ class RolloutConfig(Strict):
                 "generates: there is no gap. Use rollout.correction=auto or none with hf."
             )
         truncated = self.top_p < 1.0 or self.top_k > 0
-        if truncated and self.truncated_sampling == "refuse":
+        if not truncated:  # the setting acts on nothing: kept at its default (resume compares)
+            self.truncated_sampling = "renormalise"
+        elif self.truncated_sampling == "refuse":
             raise ValueError(
                 f"rollout.top_p={self.top_p:g} / rollout.top_k={self.top_k} sample from a "
-                "truncated distribution, but the trainer's log-probs (the ratio's numerator and "
-                "denominator) are the full softmax's, so the objective's ratio and the KL ignore "
-                "the truncation: a biased gradient (docs/objectives.md §0.9). Sample with "
-                "rollout.top_p=1.0 rollout.top_k=0, or accept the bias knowingly with "
-                "rollout.truncated_sampling=biased"
+                "truncated distribution, and rollout.truncated_sampling=refuse refuses that "
+                "(docs/objectives.md §0.9). Sample with rollout.top_p=1.0 rollout.top_k=0, let "
+                "the trainer score under the sampler's kept tokens with "
+                "rollout.truncated_sampling=renormalise (the default), or accept a biased "
+                "ratio knowingly with rollout.truncated_sampling=biased"
             )
         return self
 

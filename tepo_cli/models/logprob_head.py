@@ -11,16 +11,21 @@ import torch
 from torch import nn
 
 from tepo_cli.config.schema import KernelConfig
-from tepo_cli.kernels import token_logprobs
+from tepo_cli.kernels import token_entropy_terms, token_logprobs
+from tepo_cli.kernels.truncated import Truncation, truncated_entropy_terms, truncated_token_logprobs
 
 
 class LogprobHead(nn.Module):
-    """log softmax(hidden @ weight.T / T)[target], chunk by chunk (never the [N, V] logits)."""
+    """log softmax(hidden @ weight.T / T)[target], chunk by chunk (never the [N, V] logits).
+
+    With an active `truncation` (rollout.truncated_sampling=renormalise) the softmax is the
+    sampler's: over the tokens its top-k and top-p keep (kernels/truncated.py)."""
 
     def __init__(self, weight: nn.Parameter, kernel: KernelConfig) -> None:
         super().__init__()
         self.weight = weight
         self.kernel = kernel
+        self.truncation = Truncation()
 
     @classmethod
     def of(cls, lm_head: nn.Module, kernel: KernelConfig) -> LogprobHead:
@@ -42,15 +47,39 @@ class LogprobHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`weight_grad=False` keeps the weight out of the graph (e.g. the backbone's own head
         scoring MTP terms that must not train the backbone)."""
+        weight = self.weight if weight_grad else self.weight.detach()
+        if self.truncation.active:
+            return truncated_token_logprobs(
+                hidden,
+                weight,
+                targets,
+                temperature,
+                with_entropy,
+                self.truncation,
+                chunk_size=self.kernel.chunk_size,
+            )
         return token_logprobs(
             hidden,
-            self.weight if weight_grad else self.weight.detach(),
+            weight,
             targets,
             temperature=temperature,
             with_entropy=with_entropy,
             chunk_size=self.kernel.chunk_size,
             backend=self.kernel.backend,
         )
+
+    def entropy_terms(
+        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        """[N] S = Σ_j p_j²(log p_j + H) of the head's distribution, no grad (TEPO's
+        first_order mask, kernels/entropy_terms.py)."""
+        hidden, weight = hidden.detach(), self.weight.detach()
+        chunk = self.kernel.chunk_size
+        if self.truncation.active:
+            terms = truncated_entropy_terms(hidden, weight, targets, temperature, self.truncation)
+        else:
+            terms = token_entropy_terms(hidden, weight, targets, temperature, chunk_size=chunk)
+        return terms[2]
 
 
 def _weight_of(lm_head: nn.Module) -> nn.Parameter:

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from tepo_cli.algos.config import MtpConfig
 from tepo_cli.config.schema import KernelConfig, LoraConfig
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.kernels import token_entropy_terms
+from tepo_cli.kernels.truncated import Truncation
 from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.lora import add_adapters, dropout_in_training, lora_dropouts
 from tepo_cli.models.mtp import MtpStack, SharedPrompts
@@ -59,7 +59,10 @@ class Policy(nn.Module):
         mtp_depths: int = 0,
         mtp: MtpConfig | None = None,
         packing: bool = False,
+        truncation: Truncation | None = None,
     ) -> None:
+        """`truncation`: the sampler's top-k/top-p, under which every log-prob the objective reads
+        is scored (rollout.truncated_sampling=renormalise; docs/objectives.md §0.9)."""
         super().__init__()
         # Sampling and training must see the same function (ratio = 1 on-policy): no dropout.
         self.lm = lm.eval()
@@ -72,6 +75,10 @@ class Policy(nn.Module):
         )
         if self.mtp is not None and not self.mtp_config.trainable:
             self.mtp.requires_grad_(False)
+        self.truncation = truncation or Truncation()
+        for module in self.modules():
+            if isinstance(module, LogprobHead):
+                module.truncation = self.truncation
         self.adapted = False  # LoRA adapters in `lm` (add_adapters)
         self._lora_dropouts: list[nn.Module] = []
 
@@ -166,13 +173,7 @@ class Policy(nn.Module):
             scores.entropy = _scatter(valid, entropy_flat)
         if with_entropy_term:
             with torch.no_grad():
-                _, _, term = token_entropy_terms(
-                    response_hidden[valid].detach(),
-                    self.head.weight.detach(),
-                    targets,
-                    temperature,
-                    chunk_size=self.head.kernel.chunk_size,
-                )
+                term = self.head.entropy_terms(response_hidden[valid], targets, temperature)
             scores.entropy_term = _scatter(valid, term)
         if with_mtp:
             scores.mtp_logp, _ = self.mtp_logprobs(batch, hidden, temperature, embedded=embedded)

@@ -133,7 +133,13 @@ def frozen_copy(policy: Policy, cfg: TrainConfig) -> Policy:
 
 
 def _frozen(lm: PreTrainedModel, policy: Policy, cfg: TrainConfig) -> Policy:
-    reference = Policy(lm, cfg.kernel, share_prompts=policy.share_prompts, packing=policy.packing)
+    reference = Policy(
+        lm,
+        cfg.kernel,
+        share_prompts=policy.share_prompts,
+        packing=policy.packing,
+        truncation=policy.truncation,
+    )
     reference.eval()
     reference.requires_grad_(False)
     return reference

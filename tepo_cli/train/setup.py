@@ -25,6 +25,7 @@ from tepo_cli.core.run_dir import METRICS
 from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.kernels.tf32 import set_tf32
+from tepo_cli.kernels.truncated import Truncation
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer, resolve_dtype, weights_location
 from tepo_cli.models.lora import full_numel, trainable_parameters
@@ -231,7 +232,15 @@ def build_policy(cfg: TrainConfig, lm: Any) -> Policy:
         packing=cfg.model.packing,
         mtp_depths=depths,
         mtp=cfg.algo.mtp,
+        truncation=sampler_truncation(cfg),
     )
+
+
+def sampler_truncation(cfg: TrainConfig) -> Truncation | None:
+    """The sampler's top-k/top-p when the trainer scores under it (docs/objectives.md §0.9)."""
+    if cfg.rollout.truncated_sampling != "renormalise":
+        return None
+    return Truncation(top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p)
 
 
 def model_sizes(policy: Policy, critic: Critic | None = None) -> dict[str, int]:
