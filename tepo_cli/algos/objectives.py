@@ -138,8 +138,8 @@ SHIPPED: dict[str, str] = {
 }
 """The shipped objectives and what their presets' knobs make of `clipped_policy_loss`."""
 
-for _name in SHIPPED:
-    register_policy_loss(_name)(clipped_policy_loss)
+for _name in SHIPPED:  # every term but the KL is (clipped ratio) x advantage
+    register_policy_loss(_name, advantage_proportional=True)(clipped_policy_loss)
 
 
 def _share(flags: Tensor, mask: Tensor) -> float:

@@ -14,13 +14,18 @@ PolicyLossFn = Callable[[PolicyBatch, AlgoConfig], tuple[Tensor, dict[str, float
 F = TypeVar("F", bound=PolicyLossFn)
 
 _REGISTRY: dict[str, PolicyLossFn] = {}
+# Objectives whose policy term is a multiple of each token's advantage (train/zero_advantage.py).
+_ADVANTAGE_PROPORTIONAL: set[str] = set()
 
 
-def register_policy_loss(name: str) -> Callable[[F], F]:
+def register_policy_loss(name: str, *, advantage_proportional: bool = False) -> Callable[[F], F]:
     """Decorator: make `fn` the loss of objective `name` (the `name` key of an algo config).
 
-    A name can be registered once; registering it again raises ValueError (two plugins silently
-    shadowing each other would change an experiment without a trace).
+    `advantage_proportional=True` declares that, the KL term aside, a response whose advantages
+    are all 0 adds nothing to the loss's gradient: the update may then leave such rows out
+    (trainer.skip_zero_advantage). A name can be registered once; registering it again raises
+    ValueError (two plugins silently shadowing each other would change an experiment without a
+    trace).
     """
     if not name or not isinstance(name, str):
         raise ValueError(f"a policy loss needs a non-empty name, got {name!r}")
@@ -29,6 +34,8 @@ def register_policy_loss(name: str) -> Callable[[F], F]:
         if name in _REGISTRY:
             raise ValueError(f"policy loss {name!r} is already registered ({_REGISTRY[name]!r})")
         _REGISTRY[name] = fn
+        if advantage_proportional:
+            _ADVANTAGE_PROPORTIONAL.add(name)
         return fn
 
     return decorate
@@ -47,3 +54,8 @@ def get_policy_loss(name: str) -> PolicyLossFn:
 
 def registered_policy_losses() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
+
+
+def advantage_proportional(name: str) -> bool:
+    """Whether objective `name` was registered as a multiple of the advantages (its KL aside)."""
+    return name in _ADVANTAGE_PROPORTIONAL

@@ -223,6 +223,8 @@ class TrainerConfig(Strict):
     save_every: int = Field(default=10, ge=0)
     keep_checkpoints: int = Field(default=2, ge=1)
     max_bad_steps: int = Field(default=3, ge=1)
+    # leave rows whose advantage is all 0 out of the update when no other term reads them
+    skip_zero_advantage: bool = True  # train/zero_advantage.py
     collective_timeout_s: float = Field(default=1800.0, gt=0)  # runtime/collective_timeout.py
 
     @model_validator(mode="after")

@@ -30,6 +30,7 @@ HARMLESS = (
     "trainer.save_every",
     "trainer.keep_checkpoints",
     "trainer.max_bad_steps",
+    "trainer.skip_zero_advantage",  # the same gradient (a step with none left: no AdamW step)
     "trainer.collective_timeout_s",
     "trainer.eval_every",
     "trainer.eval_before",

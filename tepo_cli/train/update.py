@@ -33,6 +33,7 @@ from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.micro_batch_objective import micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
+from tepo_cli.train.zero_advantage import may_skip, rows_with_gradient
 
 # Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
 # micro-batches of an optimizer step (the others are token-weighted means, see _Tally).
@@ -62,6 +63,7 @@ class _Tally:
 
     sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    counts: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # whole step
     optimizer_steps: int = 0
     grad_norms: list[float] = field(default_factory=list)
     critic_norms: list[float] = field(default_factory=list)
@@ -71,6 +73,7 @@ class _Tally:
         empty = self.sums.pop("empty_minibatches", 0.0)
         result = {key: value / max(1, self.optimizer_steps) for key, value in self.sums.items()}
         result["empty_minibatches"] = empty
+        result.update(self.counts)
         result.update(self.seconds)
         if self.grad_norms:
             result["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
@@ -128,6 +131,10 @@ def _optimizer_step(
         # stay as they were.
         tally.sums["empty_minibatches"] += 1
         return
+    if critic_engine is None and may_skip(cfg):  # normalisers above: over every row
+        minibatch = _rows_with_gradient(experience, minibatch, tally.counts)
+        if minibatch is None:  # no gradient anywhere: the optimizer step is left out
+            return
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
     prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
     tally.sums["prompt_pass_tokens"] += prompts.tokens
@@ -166,6 +173,17 @@ def _optimizer_step(
     _keep_norm(tally.grad_norms, engine.get_global_grad_norm(), own_norm)
     if critic_engine is not None:
         _keep_norm(tally.critic_norms, critic_engine.get_global_grad_norm(), critic_own_norm)
+
+
+def _rows_with_gradient(
+    experience: Experience, minibatch: torch.Tensor, counts: dict[str, float]
+) -> torch.Tensor | None:
+    """The minibatch's rows that can move the weights (train/zero_advantage.py), counting the
+    rows and the minibatches left out."""
+    moving = rows_with_gradient(experience.advantages, experience.batch.trained_mask, minibatch)
+    counts["zero_advantage_rows"] += len(minibatch) - (0 if moving is None else len(moving))
+    counts["zero_advantage_minibatches"] += int(moving is None)
+    return moving
 
 
 def _plan(
