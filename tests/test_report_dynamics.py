@@ -41,6 +41,8 @@ def write_run(root: Path, algo: str, seed: int, held_out: list[float], **series:
     with (run / "metrics.jsonl").open("w") as handle:
         for step in range(1, 5):
             record = {"step": step, "step_seconds": 1.0, "reward_mean": 0.5, "accuracy": 0.5}
+            if algo == "grpo":  # the tepo runs stand for runs logged before step_cpu_seconds
+                record["step_cpu_seconds"] = 0.5
             record.update({key: values[step - 1] for key, values in series.items()})
             handle.write(json.dumps(record) + "\n")
     evals = zip((0, 2, 4), ("before", "every", "after"), held_out, strict=True)
@@ -74,11 +76,13 @@ def test_levels_are_fractions_of_the_reference_groups_best_held_out_mean(sweep, 
     half, ninety = grpo.reaches
     assert (half.reached, half.steps.mean, half.steps.half_width) == (2, 2.0, 0.0)
     assert half.seconds.mean == pytest.approx(2.0)
+    assert half.cpu_seconds.mean == pytest.approx(1.0)
     assert ninety.steps.mean == pytest.approx(3.0)
     assert ninety.steps.half_width == pytest.approx(12.7062, abs=1e-4)
     half, ninety = tepo.reaches
     assert half.reached == 2 and half.steps.mean == pytest.approx(1.0)  # seed 1 at step 0
     assert half.seconds.mean == pytest.approx(1.0)
+    assert half.cpu_seconds is None  # not logged: not guessed
     assert (ninety.reached, ninety.finished, ninety.steps.mean) == (1, 2, 2.0)
     assert ninety.steps.half_width is None  # one run: no spread to judge
     assert grpo.entropy_first.mean == pytest.approx(0.95)
@@ -100,8 +104,11 @@ def test_the_report_prints_and_writes_the_dynamics(sweep, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Learning dynamics" in result.stdout and "Held-out accuracy by step" in result.stdout
     markdown = (sweep / "report.md").read_text()
-    assert "| steps to 50% (0.250) | seconds to it | steps to 90% (0.450) |" in markdown
-    assert "| algo=tepo | 0.500 ± 2.541 | 1.0 ± 12.7 | 1 ± 13 | 2.0 (1/2) | 2 (1/2) |" in markdown
+    header = "| steps to 50% (0.250) | seconds to it | CPU s to it | steps to 90% (0.450) |"
+    assert header in markdown
+    tepo = "| algo=tepo | 0.500 ± 2.541 | 1.0 ± 12.7 | 1 ± 13 | — | 2.0 (1/2) | 2 (1/2) | — (1/2) |"
+    assert tepo in markdown
+    assert "| algo=grpo | 0.600 ± 0.000 | 2.0 ± 0.0 | 2 ± 0 | 1 ± 0 |" in markdown
     assert "| algo=grpo | 0.200 ± 0.000 | 0.500 ± 1.271 | 0.500 ± 1.271 |" in markdown
     curve = (sweep / "report_eval_curve.csv").read_text().splitlines()
     assert curve[0] == "group,step,held_out_mean,held_out_ci95,n"

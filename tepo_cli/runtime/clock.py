@@ -1,4 +1,7 @@
-"""Wall-clock seconds per phase of a step, summed when a phase runs more than once (DAPO refills)."""
+"""Wall-clock seconds per phase of a step, summed when a phase runs more than once (DAPO refills),
+and the process's CPU seconds over the step: every thread's, vLLM's in-process engine's too. On a
+machine other jobs share, wall seconds grow with their load while CPU seconds stay close to the
+work the step did (docs/results/word_math/index.md compares runs by both)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from tepo_cli.runtime import collective_timeout
 class StepClock:
     def __init__(self) -> None:
         self.began = time.perf_counter()
+        self.cpu_began = time.process_time()
         self.seconds: dict[str, float] = {}
 
     @contextmanager
@@ -26,3 +30,7 @@ class StepClock:
     def elapsed(self) -> float:
         """Seconds since the step began."""
         return time.perf_counter() - self.began
+
+    def cpu_elapsed(self) -> float:
+        """CPU seconds of this process (all its threads) since the step began."""
+        return time.process_time() - self.cpu_began

@@ -42,6 +42,7 @@ def step_record(
         "overlong_penalty_mean": overlong / count,
         "lr": float(engine.get_lr()[0]),
         "step_seconds": seconds,
+        "step_cpu_seconds": clock.cpu_elapsed(),  # this rank's process, every thread
         "tokens_per_second": length / seconds,
         # ru_maxrss is in KiB on Linux: this process's high-water mark so far.
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

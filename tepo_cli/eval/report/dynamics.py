@@ -37,6 +37,7 @@ class Reach:
     fraction: float
     steps: Estimate | None
     seconds: Estimate | None
+    cpu_seconds: Estimate | None
     reached: int
     finished: int
 
@@ -98,14 +99,26 @@ def _matches(group: Group, key: str, value: str) -> bool:
 
 def first_reaching(run: Run, level: float) -> Crossing | None:
     """The first evaluated step whose held-out accuracy is ≥ level, with the training seconds up to
-    it (the sum of step_seconds of the steps before and at it; evaluations excluded)."""
+    it (the sum of step_seconds of the steps before and at it; evaluations excluded) and the CPU
+    seconds likewise (step_cpu_seconds; None for a run that logged none)."""
     curve = held_out_curve(run)
     step = next((s for s in sorted(curve) if curve[s] >= level - 1e-12), None)
     if step is None:
         return None
-    seconds = [m.get("step_seconds") for m in run.metrics if "step" in m and m["step"] <= step]
-    known = None if any(s is None for s in seconds) else float(sum(seconds))
-    return Crossing(step, known)
+    return Crossing(
+        step, _summed(run, "step_seconds", step), _summed(run, "step_cpu_seconds", step)
+    )
+
+
+def _summed(run: Run, key: str, step: int) -> float | None:
+    """The sum of `key` over the training steps up to `step`; None when a step lacks it."""
+    values = [m.get(key) for m in run.metrics if "step" in m and m["step"] <= step]
+    return None if any(v is None for v in values) else float(sum(values))
+
+
+def _estimate_known(values: list[float | None]) -> Estimate | None:
+    """Over every run or none: a run that did not log a time leaves the group's unknown."""
+    return None if any(v is None for v in values) else estimate(values)
 
 
 def _mean(metrics: list[dict[str, Any]], key: str, take: slice) -> float | None:
@@ -128,7 +141,8 @@ def dynamics_row(
             Reach(
                 fraction,
                 estimate(float(c.step) for c in hit),
-                estimate(c.seconds for c in hit),
+                _estimate_known([c.seconds for c in hit]),
+                _estimate_known([c.cpu_seconds for c in hit]),
                 len(hit),
                 len(done),
             )

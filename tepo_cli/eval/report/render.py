@@ -103,6 +103,12 @@ def dynamics_columns(
             columns.append(
                 ("seconds to it", lambda r, i=index: _reach(r.reaches[i], r.reaches[i].seconds, 0))
             )
+            columns.append(
+                (
+                    "CPU s to it",
+                    lambda r, i=index: _reach(r.reaches[i], r.reaches[i].cpu_seconds, 0),
+                )
+            )
     columns += [
         (f"entropy first {options.last}", lambda r: _fmt(r.entropy_first, 3)),
         (f"entropy last {options.last}", lambda r: _fmt(r.entropy_last, 3)),
@@ -131,7 +137,8 @@ def dynamics_legend(reference: Reference | None, options: Options) -> str:
         )
     else:
         reach = (
-            f"steps / seconds: the first evaluated step (training seconds to it) whose held-out "
+            f"steps / seconds: the first evaluated step (training seconds to it; CPU s: the "
+            f"process's CPU seconds, which other jobs on the machine barely change) whose held-out "
             f"accuracy reaches a fraction of {reference.best:.3f}, the best mean held-out accuracy "
             f"of {reference.label} (at step {reference.step}); (k/n) when only k of n runs did"
         )

@@ -64,6 +64,7 @@ class Crossing:
 
     step: int
     seconds: float | None  # sum of step_seconds up to and including `step`; None if not logged
+    cpu_seconds: float | None = None  # the same of step_cpu_seconds
 
 
 def first_crossing(
