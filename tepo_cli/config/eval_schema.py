@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.config.schema import (
     BenchmarkConfig,
     ModelConfig,
@@ -39,11 +40,19 @@ class EvalConfig(Strict):
     benchmark: BenchmarkConfig
     reward: RewardConfig
     eval: EvalOptions = Field(default_factory=EvalOptions)
+    env: EnvConfig = Field(default_factory=EnvConfig)  # multi-turn episodes (tepo_cli/envs/)
     num_threads: int | None = Field(default=None, ge=1)
     plugins: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _engine_length(self) -> EvalConfig:
-        answers = self.eval.max_new_tokens or self.benchmark.max_new_tokens
+        answers = self.turn_tokens
+        if self.env.multi_turn:  # the engine holds a whole episode after the prompt
+            answers = self.env.episode_tokens(answers)
         resolve_engine_length(self.rollout.engine, answers)
         return self
+
+    @property
+    def turn_tokens(self) -> int:
+        """The most tokens one answer (one turn of an episode) may hold."""
+        return self.eval.max_new_tokens or self.benchmark.max_new_tokens

@@ -44,6 +44,7 @@ def eval_job(cfg: DictConfig) -> None:
         from tepo_cli.rollout import check_backend
 
         import_plugins(config.plugins)
+        _check_environment(config)
         check_backend(config.rollout)
         check_benchmark(config.benchmark, config.reward)
         if dry_run(config, "eval"):
@@ -59,6 +60,19 @@ def eval_job(cfg: DictConfig) -> None:
         print(f"tepo eval: {error}", file=sys.stderr)
         sys.exit(2 if isinstance(error, ConfigError) else 1)
     _print_table(summary, run_dir)
+
+
+def _check_environment(config: EvalConfig) -> None:
+    """The environment exists (a plugin's is registered by now) and has a model to take turns."""
+    from tepo_cli.envs import environment
+
+    environment(config.env.name)
+    if config.env.multi_turn and config.model.source in ("reference", "replay"):
+        raise ConfigError(
+            f"env={config.env.name} runs episodes in which the model takes turns, but "
+            f"model={config.model.source} scores texts given in advance. Evaluate a model "
+            "(model.path=... or a model preset) with env=..., or these texts with env=single."
+        )
 
 
 # rollout.* keys of the training rollout; tepo eval's sampling is eval.*'s
@@ -137,6 +151,11 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,
         **({"replay": replay_note} if replay_note else {}),
     }
+    if config.env.multi_turn:
+        from tepo_cli.eval.episodes import episode_summary
+
+        env = {"name": config.env.name, "max_turns": config.env.max_turns}
+        summary["env"] = {**env, **episode_summary(records)}
     _write_json(run_dir / SUMMARY, summary)
     return summary
 
@@ -159,7 +178,14 @@ def _model_records(
     rollout = config.rollout.model_copy(update={"engine": without_updates(config.rollout.engine)})
     backend = build_backend(rollout, model, tokenizer, config.model.share_prompts, device)
     with contextlib.closing(backend):
-        yield from sample_and_grade(backend, tokenizer, todo, config.benchmark, reward, sampling)
+        if config.env.multi_turn:
+            from tepo_cli.eval.episodes import episode_records
+
+            yield from episode_records(config, backend, tokenizer, todo, reward, sampling)
+        else:
+            yield from sample_and_grade(
+                backend, tokenizer, todo, config.benchmark, reward, sampling
+            )
 
 
 def _append(path: Path, batch: list[dict[str, Any]], done: dict[str, list[dict[str, Any]]]) -> None:
@@ -257,4 +283,11 @@ def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
     )
     console = Console()
     console.print(table)
+    if "env" in summary:
+        env = summary["env"]
+        ended = ", ".join(f"{end} {share:.0%}" for end, share in env["ends"].items() if share)
+        console.print(
+            f"env={env['name']}: {env['turns_mean']:.2f} turns and {env['tool_calls_mean']:.2f} "
+            f"tool calls per episode; ended by {ended}"
+        )
     console.print(f"summary: {run_dir / SUMMARY}   per-sample records: {run_dir / SAMPLES}")

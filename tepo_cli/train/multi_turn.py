@@ -19,9 +19,8 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.core.rollout import Rollout
-from tepo_cli.data.prompts import render_prompt
-from tepo_cli.envs import Environment, EnvSettings, environment
-from tepo_cli.envs.episodes import ENDS, Episode, SampledTurn, TurnSampler, run_episodes
+from tepo_cli.envs.episodes import ENDS, Episode
+from tepo_cli.envs.problem_episodes import env_settings, problem_episodes, turn_sampler
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import Sampling
 from tepo_cli.runtime import faults
@@ -37,20 +36,6 @@ class EpisodeRollout:
     sums: dict[str, float]
 
 
-def env_settings(cfg: TrainConfig) -> EnvSettings:
-    """The environment's limits from the `env` group (a turn: rollout.max_new_tokens)."""
-    env = cfg.env
-    return EnvSettings(
-        max_turns=env.max_turns,
-        max_turn_tokens=cfg.rollout.max_new_tokens,
-        max_episode_tokens=cfg.completion_tokens,
-        max_observation_tokens=env.max_observation_tokens,
-        observation_role=env.observation_role,
-        timeout_s=env.timeout_s,
-        respond_timeout_s=env.respond_timeout_s,
-    )
-
-
 def sample_episodes(
     cfg: TrainConfig,
     backend: Any,
@@ -61,47 +46,18 @@ def sample_episodes(
 ) -> EpisodeRollout:
     """`rollout.n` episodes per problem, each with its own environment; the prompt is the
     benchmark's, with the environment's instructions after the question."""
-    n = cfg.rollout.n
-    settings = env_settings(cfg)
-    make = environment(cfg.env.name)
-    prompts = [
-        render_prompt(tokenizer, cfg.benchmark, with_instructions(p, make)) for p in problems
-    ]
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    rows = [list(prompt_ids[i // n]) for i in range(len(prompts) * n)]
-    envs = [make(problems[i // n], reward, settings) for i in range(len(rows))]
-    episodes = run_episodes(_sampler(backend, sampling), tokenizer, rows, envs, settings)
+    assert cfg.rollout.max_new_tokens is not None  # resolved from the benchmark
+    settings = env_settings(cfg.env, cfg.rollout.max_new_tokens)
+    sampler = turn_sampler(backend, sampling, lambda: faults.maybe_kill("episode"))
+    episodes = problem_episodes(
+        cfg.env, settings, cfg.benchmark, sampler, tokenizer, problems, reward, cfg.rollout.n
+    )
     rollout = episodes_rollout(episodes, tokenizer.pad_token_id, tokenizer)
     device = getattr(backend, "device", None)
     if device is not None:
         rollout = rollout.to(device)
     results = [episode.reward or RewardResult(0.0, False, None) for episode in episodes]
     return EpisodeRollout(rollout, results, episode_sums(episodes))
-
-
-def with_instructions(problem: Problem, make: type[Environment]) -> str:
-    """The question the prompt template gets: the problem's, then the environment's
-    instructions (when it has any) after a blank line."""
-    if not make.instructions:
-        return problem.question
-    return f"{problem.question}\n\n{make.instructions}"
-
-
-def _sampler(backend: Any, sampling: Sampling) -> TurnSampler:
-    """The back-end's `sample_turns`, one call per turn; an engine with per-request seeds gets a
-    fresh block of seeds each turn (a resumed step samples the same turns)."""
-    calls = 0
-
-    def sample(contexts: list[list[int]], max_new_tokens: int) -> list[SampledTurn]:
-        nonlocal calls
-        seed = None if sampling.seed is None else sampling.seed + calls * len(contexts) * 7919
-        calls += 1
-        one = dataclasses.replace(sampling, n=1, seed=seed)
-        turns = backend.sample_turns(contexts, max_new_tokens, one)
-        faults.maybe_kill("episode")  # mid-episode: a turn sampled, its observation not yet made
-        return turns
-
-    return sample
 
 
 def episodes_rollout(
