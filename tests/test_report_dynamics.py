@@ -131,3 +131,39 @@ def test_no_reference_group_is_said_not_guessed(sweep, tmp_path):
     assert result.returncode == 2 and "--fractions '0.5,2' must be numbers in (0, 1]" in (
         result.stderr
     )
+
+
+def test_levels_of_the_gain_start_from_the_references_mean_before_training(sweep, tmp_path):
+    """grpo starts at 0.2 and peaks at a mean of 0.5 (step 2): 50 % of the gain is 0.35, 90 %
+    0.47 — where 50 % of the best (0.25) would sit barely above the start."""
+    options = Options(last=2, reference="algo=grpo", fractions=(0.5, 0.9), gain=True)
+    report = build_report(sweep, tmp_path / "out", options, plots=False)
+    assert report.reference.start == pytest.approx(0.2) and report.reference.gain
+    assert report.reference.level(0.5) == pytest.approx(0.35)
+    grpo, tepo = report.dynamics
+    half, ninety = grpo.reaches
+    assert (half.reached, half.steps.mean) == (2, 2.0)  # both runs at step 2 (0.4 and 0.6)
+    assert (ninety.reached, ninety.steps.mean) == (2, 3.0)  # .47: seed 0 at 4 (.6), seed 1 at 2
+    half, _ = tepo.reaches
+    assert (half.reached, half.finished, half.steps.mean) == (1, 2, 2.0)  # seed 1 stays at .3
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| steps to 50% (0.350) |" in markdown
+    assert "its start 0.200 plus a fraction of the gain" in markdown
+
+
+def test_the_command_takes_the_levels_and_refuses_others(sweep):
+    ran = subprocess.run(
+        [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--no-plots", "--levels", "gain"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "steps to 50% (0.350)" in (sweep / "report.md").read_text()
+    refused = subprocess.run(
+        [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--levels", "half"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "--levels" in refused.stderr

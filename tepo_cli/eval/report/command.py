@@ -60,6 +60,13 @@ def parser() -> argparse.ArgumentParser:
         default="0.5,0.9",
         help="fractions of the reference's best held-out accuracy (default 0.5,0.9)",
     )
+    parse.add_argument(
+        "--levels",
+        choices=("best", "gain"),
+        default="best",
+        help="best: the --fractions are of the reference's best held-out accuracy; gain: of its\n"
+        "gain from before training to its best (for models that start well above 0)",
+    )
     parse.add_argument("--no-plots", action="store_true", help="tables only")
     return parse
 
@@ -82,7 +89,13 @@ def main(arguments: list[str]) -> int:
         return 2
     reference = None if args.reference.lower() in ("", "none") else args.reference
     options = Options(
-        args.threshold, args.threshold_key, args.smooth, args.last, reference, fractions
+        args.threshold,
+        args.threshold_key,
+        args.smooth,
+        args.last,
+        reference,
+        fractions,
+        gain=args.levels == "gain",
     )
     console = Console()
     if not console.is_terminal:

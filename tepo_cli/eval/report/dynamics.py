@@ -4,7 +4,9 @@
 - Convergence time, as TEPO's paper measures it: the first evaluated step (and the training
   seconds to it) at which a run's held-out accuracy reaches a fraction (50 %, 90 %) of the best
   mean held-out accuracy of a reference group (GRPO by default) — one level for every group, so
-  the steps compare.
+  the steps compare. Where training starts above such a level (a model that already solves a
+  fifth of the problems), `--levels gain` takes the fractions of the reference's gain instead:
+  start + fraction × (best − start), start being its mean before training.
 - Entropy collapse: the mean token entropy of the sampled answers over the first and the last
   `last` steps, and TEPO's KL-mask share (`kl_mask_frac`), when logged.
 - Answer length and the truncated share over the last `last` steps.
@@ -23,11 +25,19 @@ from tepo_cli.eval.report.stats import Crossing, Estimate, estimate
 
 @dataclass(frozen=True)
 class Reference:
-    """The level the fractions are of: the best mean held-out accuracy of one group."""
+    """The levels the fractions make: of the best mean held-out accuracy of one group, or, with
+    `gain`, of that group's gain from its mean before training (`start`) to its best."""
 
     label: str
     best: float
     step: int
+    start: float = 0.0
+    gain: bool = False
+
+    def level(self, fraction: float) -> float:
+        if self.gain:
+            return self.start + fraction * (self.best - self.start)
+        return fraction * self.best
 
 
 @dataclass(frozen=True)
@@ -71,10 +81,11 @@ def group_curve(runs: list[Run]) -> dict[int, Estimate]:
     return {step: value for step, value in points.items() if value is not None}
 
 
-def find_reference(groups: list[Group], wanted: str | None) -> Reference | None:
+def find_reference(groups: list[Group], wanted: str | None, gain: bool = False) -> Reference | None:
     """The first group matching every `key=value` of `wanted` (e.g. "algo=grpo": a swept value, or
     else the runs' config, `algo.name` for a group choice), with the best mean of its held-out
-    curve; None when no group matches or it has no evaluation."""
+    curve (and its mean before training, step 0); None when no group matches or it has no
+    evaluation."""
     if not wanted:
         return None
     parts = [part.split("=", 1) for part in wanted.split()]
@@ -84,7 +95,8 @@ def find_reference(groups: list[Group], wanted: str | None) -> Reference | None:
             if not curve:
                 return None
             step = max(curve, key=lambda s: (curve[s].mean, -s))
-            return Reference(group.label, curve[step].mean, step)
+            start = curve[0].mean if 0 in curve else 0.0
+            return Reference(group.label, curve[step].mean, step, start, gain)
     return None
 
 
@@ -134,7 +146,7 @@ def dynamics_row(
     reaches = []
     for fraction in fractions:
         crossings = (
-            [first_reaching(run, fraction * reference.best) for run in done] if reference else []
+            [first_reaching(run, reference.level(fraction)) for run in done] if reference else []
         )
         hit = [c for c in crossings if c is not None]
         reaches.append(
@@ -164,7 +176,11 @@ def dynamics_row(
 
 
 def build_dynamics(
-    groups: list[Group], wanted_reference: str | None, fractions: tuple[float, ...], last: int
+    groups: list[Group],
+    wanted_reference: str | None,
+    fractions: tuple[float, ...],
+    last: int,
+    gain: bool = False,
 ) -> tuple[Reference | None, list[DynamicsRow]]:
-    reference = find_reference(groups, wanted_reference)
+    reference = find_reference(groups, wanted_reference, gain)
     return reference, [dynamics_row(g, reference, fractions, last) for g in groups]

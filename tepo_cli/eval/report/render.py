@@ -93,7 +93,7 @@ def dynamics_columns(
     ]
     if reference is not None:
         for index, fraction in enumerate(options.fractions):
-            level = fraction * reference.best
+            level = reference.level(fraction)
             columns.append(
                 (
                     f"steps to {fraction:.0%} ({level:.3f})",
@@ -127,6 +127,14 @@ def curve_columns(rows: list[DynamicsRow]) -> list[tuple[str, Callable[[Dynamics
     return columns
 
 
+def _levels_said(reference: Reference) -> str:
+    best = f"{reference.best:.3f}, the best mean held-out accuracy of {reference.label} (at step "
+    best += f"{reference.step})"
+    if not reference.gain:
+        return f"a fraction of {best}"
+    return f"its start {reference.start:.3f} plus a fraction of the gain from there to {best}"
+
+
 def dynamics_legend(reference: Reference | None, options: Options) -> str:
     if reference is None:
         reach = (
@@ -139,8 +147,7 @@ def dynamics_legend(reference: Reference | None, options: Options) -> str:
         reach = (
             f"steps / seconds: the first evaluated step (training seconds to it; CPU s: the "
             f"process's CPU seconds, which other jobs on the machine barely change) whose held-out "
-            f"accuracy reaches a fraction of {reference.best:.3f}, the best mean held-out accuracy "
-            f"of {reference.label} (at step {reference.step}); (k/n) when only k of n runs did"
+            f"accuracy reaches {_levels_said(reference)}; (k/n) when only k of n runs did"
         )
     return (
         "mean ± 95 % CI over the finished runs of a group. best held-out: each run's best "

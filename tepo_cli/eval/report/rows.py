@@ -32,6 +32,7 @@ class Options:
     last: int = 5
     reference: str | None = "algo=grpo"  # the group whose best held-out mean the fractions are of
     fractions: tuple[float, ...] = (0.5, 0.9)
+    gain: bool = False  # the fractions are of the reference's gain over its start, not its best
 
 
 @dataclass(frozen=True)
