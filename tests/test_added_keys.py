@@ -56,6 +56,12 @@ def test_an_added_key_the_preset_ignores_is_refused(override, choices, fragments
         (["benchmark.hub_id=x"], {"benchmark": "arith"}),  # no '+': Hydra's own error applies
         (["++benchmark.hub_id=x"], {"benchmark": "gsm8k"}),  # force-add: the user insists
         (["+trainer.lr=1e-5"], {"benchmark": "arith"}),  # not a group: the schema checks it
+        # deepspeed.extra is {}: raw DeepSpeed entries, at any depth, as documented
+        (["+deepspeed.extra.steps_per_print=5"], {"deepspeed": "zero3"}),
+        (
+            ["+deepspeed.extra.zero_optimization.stage3_max_reuse_distance=0"],
+            {"deepspeed": "zero3"},
+        ),
     ],
 )
 def test_keys_the_preset_uses_and_other_forms_pass(overrides, choices):

@@ -38,8 +38,12 @@ def preset_keys(group: str, option: str) -> dict[str, Any]:
 
 
 def _has(tree: Mapping[str, Any], path: Sequence[str]) -> bool:
+    """Whether the preset has the key, or leaves an empty mapping on its way open for any keys
+    (`deepspeed.extra: {}`, the raw DeepSpeed entries `+deepspeed.extra.KEY=VALUE` adds)."""
     node: Any = tree
     for part in path:
+        if isinstance(node, Mapping) and not node and node is not tree:
+            return True  # a free-form mapping: whatever goes below it is read as given
         if not isinstance(node, Mapping) or part not in node:
             return False
         node = node[part]

@@ -27,6 +27,14 @@ def deepspeed_config(
         zero["offload_optimizer"] = {"device": cfg.offload_optimizer}
     if cfg.offload_param != "none":
         zero["offload_param"] = {"device": cfg.offload_param}
+    if cfg.stage == 3:
+        # ZeRO-3 records the order its modules ran in during one step and, once it has it,
+        # looks that far ahead before releasing each module's gathered parameters. A tepo step
+        # also generates (every token a forward of the whole model), so the record holds every
+        # token's modules, and each release of the next generation walks it: steps after the
+        # second became 30 times slower (docs/guides/performance.md). Releasing at once costs a
+        # re-gather of a parameter used twice in a forward (a tied embedding) instead.
+        zero["stage3_max_reuse_distance"] = 0
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": accumulation,
