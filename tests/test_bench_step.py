@@ -212,6 +212,7 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
 
     metrics = [
         {"step": s, "step_seconds": t, "rollout_seconds": 1.0, "update_seconds": u}
+        | {"update_flops": 3e9 * s}
         for s, t, u in ((1, 9.0, 5.0), (2, 4.0, 2.0), (3, 6.0, 2.0))
     ]
     probe = {
@@ -231,6 +232,8 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
     gflops = 6 * 1000 * 24 / 4.0 / 1e9  # steps 2-3: 24 answer tokens in 4 update seconds
     assert summary["update_gflops"] == pytest.approx(gflops)
     assert summary["matmul_share"] == pytest.approx(gflops / 1e-4)
+    # MFU as the step records give it: steps 2-3 need 6e9 + 9e9 FLOPs in 4 update seconds
+    assert summary["update_mfu"] == pytest.approx(15e9 / 4.0 / 1e9 / 1e-4)
     own = dict(metrics[1], update_token_slots=50, update_real_tokens=45, update_answer_tokens=12)
     (step,) = long_report.tepo_steps([own], [probe])
     assert step["shapes"]["padding_share"] == pytest.approx(0.1)  # tepo's own records win

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.train import flops
 from tepo_cli.train.flops import ModelShape, model_shape, update_work
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def batch() -> SequenceBatch:
@@ -38,6 +41,27 @@ def test_prompts_count_once_answers_per_row_and_context_is_causal():
     needed, tokens = update_work(shape, batch(), epochs=2)
     assert tokens == 2 * 11
     assert needed == 2 * (6 * 1000 * 11 + 12 * 2 * 8 * (9 + 25))
+
+
+def test_the_benchmarks_count_another_trainers_step_with_the_same_formula():
+    """scripts/benchstep/trl_side.py records TRL's inputs and counts them with needed_flops: the
+    same batch as above, as TRL hands it over (prompt ids and masks, answer masks), gives the
+    same FLOPs as the trainer's own count."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchstep.trl_side import StepClock
+
+    shape = ModelShape(matmul_params=1000, layers=2, attention_width=8, hidden=8, intermediate=16)
+    clock = StepClock(ROOT / "unused.jsonl")
+    clock.shape = shape
+    rows = batch()
+    inputs = {
+        "prompt_ids": rows.input_ids[:, :4],
+        "prompt_mask": rows.attention_mask[:, :4],
+        "completion_mask": rows.response_mask.long(),
+    }
+    clock.record_inputs({k: v[:2] for k, v in inputs.items()})  # two micro-batches of one step:
+    clock.record_inputs({k: v[2:] for k, v in inputs.items()})  # the shared prompt counts once
+    assert clock.update_flops() == update_work(shape, rows, epochs=1)[0]
 
 
 def test_the_shape_of_the_tiny_model(tiny_model):

@@ -50,6 +50,7 @@ def tepo_steps(metrics: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any
                 "max_new_tokens": probe.get("max_new_tokens"),
                 "shapes": shapes,
                 "params": probe.get("params"),
+                "update_flops": row.get("update_flops"),  # tepo's own count (train/flops.py)
             }
         )
     return steps
@@ -70,6 +71,7 @@ def trl_steps(timings: Sequence[dict[str, Any]]) -> list[dict]:
             if "update" in row
             else None,
             "params": row.get("params"),
+            "update_flops": row.get("update_flops"),  # the same formula (trl_side.py)
         }
         for row in timings
     ]
@@ -89,6 +91,9 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
     params = next((s["params"] for s in steps if s["params"]), None)
     gflops = update_gflops(params, answer_tokens, update_seconds) if params else None
     median = _median(s["total"] for s in timed)
+    needed = [s.get("update_flops") for s in timed if s["update"] is not None]
+    known = needed and all(f is not None for f in needed) and update_seconds
+    needed_gflops = sum(needed) / update_seconds / 1e9 if known else None
     return {
         "side": run["side"],
         "status": run["status"],
@@ -112,6 +117,9 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
         "params": params,
         "update_gflops": gflops,
         "matmul_share": gflops / matmul_gflops if gflops is not None and matmul_gflops else None,
+        # MFU as every step record gives it (train/flops.py): the needed FLOPs (prompts once,
+        # attention included) over the update's seconds x the matmul rate of the same shape
+        "update_mfu": needed_gflops / matmul_gflops if needed_gflops and matmul_gflops else None,
         "peak_rss_bytes": run["peak_rss_bytes"],
         "wall_s": run["wall_seconds"],
     }
@@ -196,6 +204,7 @@ def markdown(
             f"… / matmul rate ({float(matmul['gflops']):.1f} GFLOP/s)",
             each(lambda s: _s(s["matmul_share"])),
         ),
+        row("update MFU (as in each step record)", each(lambda s: _s(s.get("update_mfu")))),
         "",
     ]
     trl = next((s for s in summaries if s["side"] == "trl"), None)

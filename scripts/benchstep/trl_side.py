@@ -53,6 +53,9 @@ class StepClock(TrainerCallback):
         self.batches: list[dict[str, int]] = []
         self.lengths: list[int] = []
         self.params: int | None = None
+        self.shape: Any = None  # tepo_cli.train.flops.ModelShape of TRL's model
+        self.prompts: dict[tuple[int, ...], int] = {}  # the step's distinct prompts: length
+        self.answers: list[tuple[int, int]] = []  # (answer length, its prompt's length)
         self.max_new_tokens: int | None = None
 
     def add(self, key: str, seconds: float) -> None:
@@ -86,9 +89,30 @@ class StepClock(TrainerCallback):
             }
         )
         self.lengths.extend(int(n) for n in answer.sum(dim=1).tolist())
+        for ids, mask, length in zip(inputs["prompt_ids"], prompt, answer.sum(dim=1), strict=True):
+            real = tuple(ids[mask.bool()].tolist())
+            self.prompts[real] = len(real)
+            self.answers.append((int(length), len(real)))
+
+    def update_flops(self) -> float | None:
+        """The step's needed FLOPs by tepo's own formula (tepo_cli/train/flops.py): each
+        distinct prompt once, every answer after its prompt, forward and backward."""
+        if self.shape is None or not self.answers:
+            return None
+        from tepo_cli.train.flops import needed_flops
+
+        answers, prompts = zip(*self.answers, strict=True)
+        flops, _ = needed_flops(
+            self.shape,
+            torch.tensor(list(self.prompts.values())),
+            torch.tensor(answers),
+            torch.tensor(prompts),
+        )
+        return flops
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.sums, self.rewards, self.batches, self.lengths = {}, [], [], []
+        self.prompts, self.answers = {}, []
         self.begin = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -110,6 +134,7 @@ class StepClock(TrainerCallback):
             "max_new_tokens": self.max_new_tokens,
             "update": padded_shapes(self.batches).as_dict(),
             "params": self.params,
+            "update_flops": self.update_flops(),
         }
         with self.sink.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -249,6 +274,9 @@ def main(argv: list[str]) -> None:
     clock.wrap(trainer, "training_step", "training_step_seconds")
     clock.wrap(trainer.accelerator, "backward", "backward_seconds")
     clock.params = sum(p.numel() for p in trainer.model.parameters())
+    from tepo_cli.train.flops import model_shape
+
+    clock.shape = model_shape(trainer.model)
     clock.max_new_tokens = job.max_new_tokens
     compute_loss = trainer.compute_loss
 

@@ -76,7 +76,22 @@ def update_work(shape: ModelShape, batch: SequenceBatch, epochs: int) -> tuple[f
     prompts = prompt_mask.sum(dim=1).double().cpu()
     answers = batch.response_mask.sum(dim=1).double().cpu()
     first, _ = distinct_prompts(batch.input_ids[:, :width].cpu(), prompt_mask.cpu())
-    distinct = prompts[first]
+    flops, tokens = needed_flops(shape, prompts[first], answers, prompts)
+    return epochs * flops, epochs * tokens
+
+
+def needed_flops(
+    shape: ModelShape,
+    distinct_prompts: torch.Tensor,
+    answers: torch.Tensor,
+    answer_prompts: torch.Tensor,
+) -> tuple[float, float]:
+    """(FLOPs, tokens) of one forward and backward: each distinct prompt's tokens once
+    (`distinct_prompts`: their lengths), every answer (`answers`: lengths) after its prompt
+    (`answer_prompts`: that prompt's length, row by row). The benchmarks count another trainer's
+    step with the same formula (scripts/benchstep)."""
+    distinct, answers = distinct_prompts.double(), answers.double()
+    prompts = answer_prompts.double()
     tokens = float(distinct.sum() + answers.sum())
     context = float(
         (distinct * (distinct + 1) / 2).sum()
@@ -85,7 +100,7 @@ def update_work(shape: ModelShape, batch: SequenceBatch, epochs: int) -> tuple[f
     flops = (
         6.0 * shape.matmul_params * tokens + 12.0 * shape.layers * shape.attention_width * context
     )
-    return epochs * flops, epochs * tokens
+    return flops, tokens
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, shape: ModelShape) -> float | None:
