@@ -1,7 +1,7 @@
 """Wall-clock seconds per phase of a step, summed when a phase runs more than once (DAPO refills),
-and the process's CPU seconds over the step: every thread's, vLLM's in-process engine's too. On a
-machine other jobs share, wall seconds grow with their load while CPU seconds stay close to the
-work the step did (docs/results/word_math/index.md compares runs by both)."""
+and the process's CPU seconds over the step: every thread's, vLLM's in-process engine's too. Other
+jobs on the machine stretch both, the CPU seconds less (docs/guides/performance.md, "Throughput
+and MFU in every step")."""
 
 from __future__ import annotations
 

@@ -146,7 +146,7 @@ def dynamics_legend(reference: Reference | None, options: Options) -> str:
     else:
         reach = (
             f"steps / seconds: the first evaluated step (training seconds to it; CPU s: the "
-            f"process's CPU seconds, which other jobs on the machine barely change) whose held-out "
+            f"process's CPU seconds, which other jobs on the machine inflate less) whose held-out "
             f"accuracy reaches {_levels_said(reference)}; (k/n) when only k of n runs did"
         )
     return (
