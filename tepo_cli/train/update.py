@@ -125,16 +125,9 @@ def _optimizer_step(
     world = collective.world_size()
     num_tokens = _global_sum(experience.batch.trained_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
-    if num_tokens == 0:
-        # Only empty completions on every rank: no token to learn from. The whole accumulation
-        # cycle is left out, so the weights, AdamW moments and DeepSpeed's micro-step count all
-        # stay as they were.
-        tally.sums["empty_minibatches"] += 1
+    minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
+    if minibatch is None:
         return
-    if critic_engine is None and may_skip(cfg):  # normalisers above: over every row
-        minibatch = _rows_with_gradient(experience, minibatch, tally.counts)
-        if minibatch is None:  # no gradient anywhere: the optimizer step is left out
-            return
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
     prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
     tally.sums["prompt_pass_tokens"] += prompts.tokens
@@ -175,14 +168,26 @@ def _optimizer_step(
         _keep_norm(tally.critic_norms, critic_engine.get_global_grad_norm(), critic_own_norm)
 
 
-def _rows_with_gradient(
-    experience: Experience, minibatch: torch.Tensor, counts: dict[str, float]
+def _rows_to_train(
+    cfg: TrainConfig,
+    critic_engine: Any,
+    experience: Experience,
+    minibatch: torch.Tensor,
+    num_tokens: float,
+    tally: _Tally,
 ) -> torch.Tensor | None:
-    """The minibatch's rows that can move the weights (train/zero_advantage.py), counting the
-    rows and the minibatches left out."""
+    """The minibatch's rows the update runs (its normalisers are counted over all of them).
+    None leaves the whole accumulation cycle out, so the weights, AdamW moments and DeepSpeed's
+    micro-step count all stay as they were: only empty completions on every rank (no token to
+    learn from), or no row with a gradient on any rank (train/zero_advantage.py)."""
+    if num_tokens == 0:
+        tally.sums["empty_minibatches"] += 1
+        return None
+    if critic_engine is not None or not may_skip(cfg):
+        return minibatch
     moving = rows_with_gradient(experience.advantages, experience.batch.trained_mask, minibatch)
-    counts["zero_advantage_rows"] += len(minibatch) - (0 if moving is None else len(moving))
-    counts["zero_advantage_minibatches"] += int(moving is None)
+    tally.counts["zero_advantage_rows"] += len(minibatch) - (0 if moving is None else len(moving))
+    tally.counts["zero_advantage_minibatches"] += int(moving is None)
     return moving
 
 
