@@ -48,12 +48,14 @@ timeout --kill-after=10 "$((left + 30))" "$python" scripts/gpu_check.py $gpu_che
 verdict=$?
 cp "$scratch/runs/gpu_check.json" "$out/" 2>/dev/null || echo "gpu_check wrote no JSON (exit $verdict)" >>"$out/gpu_check.md"
 
-# The CUDA-only tests: FlashAttention's varlen path against the padded batch, in bf16.
+# The CUDA-only tests, in bf16: FlashAttention's varlen path against the padded batch, and the
+# chunked log-prob path in TF32 against the naive one.
+cuda_tests=(tests/test_packing.py tests/test_kernels.py)
 TEPO_TEST_TOKENIZER="$kit/tokenizer" timeout --kill-after=5 60 "$python" -m pytest -q \
-    -p no:cacheprovider tests/test_packing.py -k cuda >"$scratch/pytest_cuda.log" 2>&1
+    -p no:cacheprovider "${cuda_tests[@]}" -k cuda >"$scratch/pytest_cuda.log" 2>&1
 tested=$?
 echo "" >>"$out/gpu_check.md"
-echo "CUDA tests (pytest tests/test_packing.py -k cuda): $(tail -1 "$scratch/pytest_cuda.log")" \
+echo "CUDA tests (pytest ${cuda_tests[*]} -k cuda): $(tail -1 "$scratch/pytest_cuda.log")" \
     >>"$out/gpu_check.md"
 [ "$tested" -eq 0 ] || verdict=1
 

@@ -161,7 +161,8 @@ def test_a_kit_built_and_installed_the_node_way_runs_the_node_script(tmp_path):
     assert [(r["label"], r["verdict"]) for r in rows] == [("zero2@1", "pass")]
     verdict = (out / "gpu_check.md").read_text()
     assert "| zero2@1 | pass |" in verdict
-    assert "CUDA tests (pytest tests/test_packing.py -k cuda): 2 skipped" in verdict  # no GPU
+    cuda_tests = "CUDA tests (pytest tests/test_packing.py tests/test_kernels.py -k cuda)"
+    assert f"{cuda_tests}: 3 skipped" in verdict  # no GPU here
     bench = json.loads((out / "bench_logprob.json").read_text())
     assert {r["backend"] for r in bench["results"]} == {"naive", "torch"}
     assert all(r["fwdbwd_ms"] > 0 for r in bench["results"])

@@ -366,3 +366,32 @@ def test_auto_falls_back_to_torch_once_the_triton_call_fails(monkeypatch):
     assert kernel_dispatch._triton_broken is not None and calls == [1]
     with pytest.raises(RuntimeError, match="no kernel image"):  # explicit triton: no fallback
         token_logprobs(hidden, weight, targets, backend="triton")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 and the CUDA path need a GPU")
+def test_bfloat16_on_cuda_in_tf32_stays_within_the_naive_paths_error():
+    """The chunked path multiplies half-precision inputs in TF32 on CUDA (kernels/tf32.py): its
+    log-probs and gradients stay as close to the float64 reference as the naive bf16 path's."""
+    cuda = torch.device("cuda")
+    hidden, weight, targets = make_inputs(64, 256, 4096, dtype=torch.bfloat16, scale=0.3)
+    hidden = hidden.detach().to(cuda).requires_grad_()
+    weight = weight.detach().to(cuda).requires_grad_()
+    targets = targets.to(cuda)
+    g_logp = upstream(64).to(cuda)
+    results = {}
+    for backend in ("torch", "naive"):
+        results[backend] = grads_of(
+            lambda h, w, b=backend: token_logprobs(h, w, targets, 0.7, False, backend=b),
+            hidden,
+            weight,
+            g_logp,
+        )
+    h64 = hidden.detach().to(F64).requires_grad_()
+    w64 = weight.detach().to(F64).requires_grad_()
+    exact = grads_of(
+        lambda h, w: token_logprobs(h, w, targets, 0.7, False, backend="naive"), h64, w64, g_logp
+    )
+    for index in (0, 2, 3):  # logp, grad_hidden, grad_weight
+        ours = (results["torch"][index].to(F64) - exact[index]).abs().max()
+        naive = (results["naive"][index].to(F64) - exact[index]).abs().max()
+        assert ours <= 2 * naive + 1e-6, (index, float(ours), float(naive))

@@ -47,3 +47,27 @@ def test_on_the_cpu_nothing_changes(precision_kept):
 def test_a_bad_value_is_refused():
     with pytest.raises(ValidationError, match="must be auto, true or false, not 'fast'"):
         KernelConfig(tf32="fast")
+
+
+def test_the_chunked_path_multiplies_half_inputs_in_tf32_on_cuda_only(precision_kept, monkeypatch):
+    """kernels/tf32.tf32_for_half_inputs: "high" inside, for bf16/fp16 CUDA inputs only, and the
+    process's own setting back afterwards (also after an error)."""
+    from tepo_cli.kernels.tf32 import tf32_for_half_inputs
+
+    torch.set_float32_matmul_precision("highest")
+    seen = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        weight = torch.zeros(2, 2, dtype=dtype)
+        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+        with tf32_for_half_inputs(weight):
+            seen.append(torch.get_float32_matmul_precision())
+        monkeypatch.undo()
+        with tf32_for_half_inputs(weight):  # on the CPU: nothing changes
+            assert torch.get_float32_matmul_precision() == "highest"
+    assert seen == ["high", "high", "highest"]
+    assert torch.get_float32_matmul_precision() == "highest"
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with pytest.raises(RuntimeError), tf32_for_half_inputs(torch.zeros(1, dtype=torch.bfloat16)):
+        raise RuntimeError("a failing kernel")
+    monkeypatch.undo()
+    assert torch.get_float32_matmul_precision() == "highest"

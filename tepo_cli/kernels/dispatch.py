@@ -14,6 +14,7 @@ import os
 import warnings
 from numbers import Real
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -21,6 +22,7 @@ from tepo_cli.kernels.blocking import choose_blocking, full_vocab_rows
 from tepo_cli.kernels.chunked import chunked_backward, chunked_forward
 from tepo_cli.kernels.function import Backend, TokenLogprobs
 from tepo_cli.kernels.naive import naive_token_logprobs
+from tepo_cli.kernels.tf32 import tf32_for_half_inputs
 
 BACKENDS = ("auto", "torch", "triton", "naive")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -198,7 +200,7 @@ def token_logprobs(
         hidden.shape[0], weight.shape[0], hidden.device, chunk_size, vocab_chunk_size
     )
     if not _needs_grad(hidden, weight):
-        logp, ent, _ = chunked_forward(
+        logp, ent, _ = _torch_forward(
             hidden.detach(), weight.detach(), targets, temperature, with_entropy, blocking
         )
         return logp, ent
@@ -208,7 +210,18 @@ def token_logprobs(
     return logp, (ent if with_entropy else None)
 
 
-_TORCH = Backend(chunked_forward, chunked_backward)
+def _torch_forward(hidden: torch.Tensor, weight: torch.Tensor, *args: Any) -> Any:
+    """chunked.py's forward; half-precision CUDA inputs multiply in TF32 (kernels/tf32.py)."""
+    with tf32_for_half_inputs(weight):
+        return chunked_forward(hidden, weight, *args)
+
+
+def _torch_backward(active: Any, weight: torch.Tensor, *args: Any) -> Any:
+    with tf32_for_half_inputs(weight):
+        return chunked_backward(active, weight, *args)
+
+
+_TORCH = Backend(_torch_forward, _torch_backward)
 
 
 def _triton_logprobs(

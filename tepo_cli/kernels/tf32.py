@@ -20,6 +20,8 @@ A change outside tepo's own objects: listed in docs/patches.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -43,3 +45,24 @@ def set_tf32(setting: Literal["auto"] | bool, dtype: torch.dtype, device: torch.
     if device.type == "cuda":
         torch.set_float32_matmul_precision(matmul_precision(enabled))
     return enabled
+
+
+@contextmanager
+def tf32_for_half_inputs(inputs: torch.Tensor) -> Iterator[None]:
+    """TF32 for the chunked path's float32 matmuls while it scores half-precision inputs on CUDA.
+
+    The path multiplies bf16/fp16 hidden states and head weights in float32 (its compute dtype),
+    which on tensor cores is the slow IEEE rate (docs/results/gpu/index.md). The operands' values
+    come from 8- or 11-bit mantissas, so TF32's rounding (10 bits kept: 2^-11 relative) costs
+    them no more than the naive path's bfloat16 logits (2^-8) do, and the matmuls run at the TF32
+    rate. The process's setting is restored afterwards; elsewhere this changes nothing.
+    """
+    half = inputs.is_cuda and inputs.dtype in (torch.bfloat16, torch.float16)
+    before = torch.get_float32_matmul_precision()
+    if half:
+        torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        if half:
+            torch.set_float32_matmul_precision(before)
