@@ -248,3 +248,36 @@ def test_the_setting_is_inert_and_stored_at_its_default_without_truncation(compo
     )
     assert (config.rollout.top_p, config.rollout.top_k) == (1.0, 0)
     assert config.rollout.truncated_sampling == "renormalise"
+
+
+@pytest.mark.slow
+def test_on_vllm_the_trainers_truncated_logprobs_are_the_engines(tmp_path):
+    """rollout=vllm end to end with top-k and top-p: the engine reports the log-probs of its
+    processed (truncated) distribution; with renormalise the trainer's ℓ^old equal them (the
+    mismatch is rounding), with biased they are the full softmax's and differ by far more."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if os.environ.get("TEPO_REQUIRE_VLLM") != "1":
+        pytest.importorskip("vllm", reason="rollout=vllm needs `make install-vllm`")
+    common = ["-m", "model=tiny", "rollout=vllm", "rollout.top_k=8", "rollout.top_p=0.9"]
+    common += ["trainer.max_steps=1", "trainer.eval_before=false", "trainer.eval_after=false"]
+    common += ["trainer.save_final=false", "trainer.progress=false"]
+    common += ["rollout.truncated_sampling=renormalise,biased", "hydra.sweep.dir=sweep"]
+    ran = subprocess.run(
+        [sys.executable, "-m", "tepo_cli", "train", *common],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    mismatch = {}
+    for metrics in (tmp_path / "sweep").glob("*/metrics.jsonl"):
+        config = (metrics.parent / "config.yaml").read_text()
+        mode = "renormalise" if "truncated_sampling: renormalise" in config else "biased"
+        mismatch[mode] = json.loads(metrics.read_text().splitlines()[-1])["mismatch_abs_max"]
+    assert mismatch["renormalise"] < 1e-3, mismatch
+    assert mismatch["biased"] > 0.05, mismatch
