@@ -22,7 +22,8 @@ Per variant: the update's seconds (best of `--repeats`, each after one warm-up u
 forward/backward/optimizer split, the micro-batches it ran, peak RSS, and the rate on real answer
 tokens, 6 x parameters x answer tokens / update seconds, beside an fp32 `torch.mm` of the model's
 MLP shape timed in the same process before and after the updates, the better of the two (the long
-job's reference, benchstep/matmul.py). `--profile`
+job's reference, benchstep/matmul.py), and the update's MFU as every step record gives it
+(tepo_cli/train/flops.py: each distinct prompt once, attention included) against that rate. `--profile`
 runs one more update under torch.profiler and splits its operators' own CPU time into matmuls,
 attention and the rest, naming the largest of the rest (benchstep/op_shares.py).
 """
@@ -157,6 +158,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from tepo_cli.runtime.engine import build_engine
     from tepo_cli.runtime.host_memory import set_up_host_memory
     from tepo_cli.train.experience import Experience
+    from tepo_cli.train.flops import model_shape, update_work
     from tepo_cli.train.setup import build_policy
     from tepo_cli.train.update import accumulation_steps, update
 
@@ -200,6 +202,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     hidden, inner = lm.config.hidden_size, lm.config.intermediate_size
     matmul = max(before, matmul_gflops(2048, hidden, inner), key=lambda m: m["gflops"])
     gflops = 6.0 * params * sum(answers) / seconds / 1e9
+    # MFU as every step record gives it (tepo_cli/train/flops.py): the needed FLOPs, each distinct
+    # prompt once and attention included, over the update's seconds x the matmul rate above
+    needed, _ = update_work(model_shape(lm), batch, cfg.trainer.ppo_epochs)
     return {
         "update_seconds": seconds,
         "forward_seconds": metrics["forward_seconds"],
@@ -213,6 +218,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "update_gflops": gflops,
         "matmul_gflops": matmul["gflops"],
         "of_matmul_rate": gflops / matmul["gflops"],
+        "update_mfu": needed / seconds / (matmul["gflops"] * 1e9),
         "threads": torch.get_num_threads(),
         "host_allocator": allocator,
         **shares,
@@ -275,15 +281,16 @@ def _report(results: dict[str, dict[str, Any]]) -> None:
     )
     print(
         "| variant | allocator | update s (forward / backward / optimizer) | micro-batches "
-        "| peak RSS GB | GFLOP/s on answer tokens | / matmul rate |"
+        "| peak RSS GB | GFLOP/s on answer tokens | / matmul rate | update MFU |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, run in results.items():
         print(
             f"| {name} | {run['host_allocator']} | {run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
             f"{run['backward_seconds']:.2f} / {run['optimizer_seconds']:.2f}) | "
             f"{run['micro_batches']} | {run['peak_rss_gb']:.2f} | {run['update_gflops']:.1f} | "
-            f"{run['of_matmul_rate']:.2f} (of {run['matmul_gflops']:.1f}) |"
+            f"{run['of_matmul_rate']:.2f} (of {run['matmul_gflops']:.1f}) | "
+            f"{run['update_mfu']:.2f} |"
         )
     print()
     for name, run in results.items():
