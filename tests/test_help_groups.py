@@ -26,6 +26,6 @@ def test_eval_help_offers_no_group_eval_refuses(tmp_path):
     assert result.returncode == 0, result.stderr
     groups = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     listed = [line.split(":")[0] for line in groups.splitlines() if ": " in line]
-    assert listed == ["model", "benchmark", "reward", "rollout"]
+    assert listed == ["model", "benchmark", "reward", "rollout", "env"]
     for refused in ("algo", "advantage", "deepspeed", "recipe"):
         assert f"\n{refused}: " not in result.stdout
