@@ -69,6 +69,11 @@ class Episode:
     engine_logprobs: bool = True  # every turn came with the engine's log-probs (vllm)
 
     @property
+    def truncated(self) -> bool:
+        """Whether a token limit (the turn's or the episode's) ended it."""
+        return self.end in ("turn-tokens", "episode-tokens")
+
+    @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.ids
 

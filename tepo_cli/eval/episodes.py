@@ -56,7 +56,7 @@ def _record(problem: Problem, sample: int, episode: Episode, text: str) -> dict[
         "reward": 0.0 if result is None else result.reward,
         "passed": False if result is None else result.correct,
         "length": sum(episode.from_model),
-        "truncated": episode.end in ("turn-tokens", "episode-tokens"),
+        "truncated": episode.truncated,
         "turns": len(episode.turns),
         "tool_calls": episode.environment.tool_calls(),
         "tool_failures": sum(episode.environment.tool_failures().values()),

@@ -82,9 +82,7 @@ def episodes_rollout(
         model[row, :length] = torch.tensor(episode.from_model, dtype=torch.bool, device="cpu")
         logprobs[row, :length] = torch.tensor(episode.logprobs, dtype=torch.float32, device="cpu")
     texts = tokenizer.batch_decode([e.ids for e in episodes], skip_special_tokens=True)
-    truncated = torch.tensor(
-        [e.end in ("turn-tokens", "episode-tokens") for e in episodes], device="cpu"
-    )
+    truncated = torch.tensor([e.truncated for e in episodes], device="cpu")
     engine_logprobs = all(e.engine_logprobs for e in episodes)
     return Rollout(
         prompt_ids,
