@@ -7,6 +7,9 @@
 # Runs resume (resume=true) and a published run is skipped, so after an interruption the same
 # command goes on. STEPS=N sets the steps of each run (default 6); SMOKE=1 runs each on the tiny
 # model with rollout=hf, one step (CI). TEPO=/path/to/tepo picks the executable.
+# OBJECTIVES=1 runs instead env=python_tool on word_math with every objective on both back-ends
+# (ALGOS and BACKENDS narrow it; STEPS default 2), into multirun/multi_turn_objectives and
+# docs/results/multi_turn/objectives: that each objective trains on episodes, and at what cost.
 set -euo pipefail
 TEPO=${TEPO:-tepo}
 if ! command -v "$TEPO" >/dev/null; then
@@ -14,15 +17,25 @@ if ! command -v "$TEPO" >/dev/null; then
         "in (e.g. source .venv/bin/activate), or set TEPO=/path/to/tepo. Nothing was run." >&2
     exit 2
 fi
-runs_dir=${1:-multirun/multi_turn}
-results_dir=${2:-docs/results/multi_turn/runs}
-common=(seed=0 trainer.max_steps="${STEPS:-6}" trainer.prompts_per_step=4 rollout.n=4
+if [[ -n "${OBJECTIVES:-}" ]]; then
+    runs_dir=${1:-multirun/multi_turn_objectives}
+    results_dir=${2:-docs/results/multi_turn/objectives}
+    steps=${STEPS:-2}
+else
+    runs_dir=${1:-multirun/multi_turn}
+    results_dir=${2:-docs/results/multi_turn/runs}
+    steps=${STEPS:-6}
+fi
+common=(seed=0 trainer.max_steps="$steps" trainer.prompts_per_step=4 rollout.n=4
     rollout.temperature=0.7 rollout.max_new_tokens=192 trainer.lr=1e-5 trainer.warmup_steps=0
     trainer.eval_before=false trainer.eval_after=false trainer.save_every=2 trainer.save_final=false
     trainer.progress=false env.max_turns=3)
-engine=(rollout=vllm rollout.engine.kv_cache_gib=2)
+# the matrix's runs smaller: rollout=hf generates one token per forward, ~10× vLLM's time here
+[[ -z "${OBJECTIVES:-}" ]] || common+=(trainer.prompts_per_step=2 rollout.max_new_tokens=128 env.max_turns=2)
+vllm="rollout=vllm rollout.engine.kv_cache_gib=2"
+hf="rollout=hf"
 if [[ -n "${SMOKE:-}" ]]; then
-    engine=(rollout=hf)
+    vllm=$hf
     common+=(model=tiny trainer.max_steps=1 rollout.n=2 trainer.prompts_per_step=2
         rollout.max_new_tokens=16)
 fi
@@ -31,11 +44,26 @@ failed=()
 # (no held-out evaluation runs here: the comparison is of steps, memory and training reward).
 mbpp_train="benchmark.train_split=test benchmark.allow_test_split=true"
 runs=(
-    "single_word_math|benchmark=word_math reward=word_math env=single"
-    "python_tool_word_math|benchmark=word_math reward=word_math env=python_tool"
-    "single_mbpp|benchmark=mbpp env=single $mbpp_train"
-    "code_feedback_mbpp|benchmark=mbpp env=code_feedback $mbpp_train"
+    "single_word_math|$vllm benchmark=word_math reward=word_math env=single"
+    "python_tool_word_math|$vllm benchmark=word_math reward=word_math env=python_tool"
+    "single_mbpp|$vllm benchmark=mbpp env=single $mbpp_train"
+    "code_feedback_mbpp|$vllm benchmark=mbpp env=code_feedback $mbpp_train"
 )
+if [[ -n "${OBJECTIVES:-}" ]]; then
+    # DAPO's dynamic sampling off: a 135M model's tool episodes are all wrong in most groups,
+    # and the question here is whether each objective's loss trains on episodes
+    tool="benchmark=word_math reward=word_math env=python_tool algo.dynamic_sampling=false"
+    runs=()
+    for backend in ${BACKENDS:-hf vllm}; do
+        [[ $backend == hf || $backend == vllm ]] || {
+            echo "multi_turn_bench.sh: BACKENDS holds hf and/or vllm, not '$backend'." >&2
+            exit 2
+        }
+        for algo in ${ALGOS:-grpo dapo gspo tepo mpo}; do
+            runs+=("${algo}_$backend|${!backend} $tool algo=$algo")
+        done
+    done
+fi
 mkdir -p "$runs_dir" "$results_dir"
 for entry in "${runs[@]}"; do
     name=${entry%%|*}
@@ -45,7 +73,7 @@ for entry in "${runs[@]}"; do
         continue
     fi
     echo "== $name: $TEPO train ${overrides[*]}"
-    "$TEPO" train "${engine[@]}" "${common[@]}" "${overrides[@]}" resume=true \
+    "$TEPO" train "${common[@]}" "${overrides[@]}" resume=true \
         hydra.run.dir="$runs_dir/$name" 2>&1 | tee -a "$runs_dir/$name.console.log" || true
     if grep -q '"state": *"finished"' "$runs_dir/$name/status.json" 2>/dev/null; then
         mkdir -p "$results_dir/$name"

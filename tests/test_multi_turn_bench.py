@@ -45,3 +45,30 @@ def test_the_multi_turn_bench_runs_every_pair_and_skips_them_the_second_time(tmp
     assert (results / "report.md").is_file()
     again = bench(tmp_path)
     assert again.stdout.count("published already, skipped") == 4
+
+
+def test_the_objectives_matrix_trains_each_pair_and_refuses_an_unknown_back_end(tmp_path):
+    matrix = {"TEPO": str(TEPO), "SMOKE": "1", "OBJECTIVES": "1", "ALGOS": "mpo"}
+    script = str(ROOT / "scripts" / "multi_turn_bench.sh")
+    wrong = subprocess.run(
+        ["bash", script, "runs", "results"],
+        cwd=tmp_path,
+        env={**os.environ, **matrix, "BACKENDS": "sglang"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert wrong.returncode == 2 and "not 'sglang'" in wrong.stderr
+    assert not (tmp_path / "runs").exists()
+    result = subprocess.run(
+        ["bash", script, "runs", "results"],
+        cwd=tmp_path,
+        env={**os.environ, **matrix, "BACKENDS": "hf"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads((tmp_path / "results/mpo_hf/metrics.jsonl").read_text().splitlines()[-1])
+    assert record["env_turns_mean"] >= 1.0 and record["step"] == 1
+    assert (tmp_path / "results/mpo_hf/.hydra/overrides.yaml").read_text().count("algo=mpo") == 1

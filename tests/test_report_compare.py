@@ -23,6 +23,7 @@ from test_report_dynamics import OPTIONS, write_run
 
 from tepo_cli.eval.report import build_report
 from tepo_cli.eval.report.compare import difference
+from tepo_cli.eval.report.stats import seeds_for_power, t_quantile
 
 
 @pytest.fixture()
@@ -51,11 +52,13 @@ def test_differences_intervals_and_seed_counts_against_the_reference(sweep, tmp_
     mean = rows[("algo=tepo", "held-out mean over training")]
     assert mean.difference == pytest.approx(-0.05)
     assert mean.half_width == pytest.approx(1.90593, rel=1e-9)
-    assert mean.seeds_needed == 142
+    # pooled s² = (.045 + 0)/2, δ = .05: 18 (t₀.₉₇₅ + t₀.₈)² at 282 df ≈ 18 × 7.90 = 142.2
+    assert mean.seeds_needed == 143
     one_seed = rows[("algo=gspo", "held-out final")]
     assert (one_seed.n, one_seed.difference) == (1, pytest.approx(0.3))
     assert one_seed.half_width == pytest.approx(12.7062 * math.sqrt(0.03), rel=1e-9)
-    assert one_seed.seeds_needed == 4
+    # s² = .02 (borrowed), δ = .3: n = 4 needs 4.99 > 4 at 6 df; n = 5 needs 4.54 at 8 df
+    assert one_seed.seeds_needed == 5
     # entropy over the last 2 steps: tepo (1.0 + .9)/2 = .95 against grpo (.5 + .8)/2 = .65
     entropy = rows[("algo=tepo", "entropy last 2")]
     assert entropy.difference == pytest.approx(0.3)
@@ -77,7 +80,7 @@ def test_the_comparison_is_in_the_markdown_and_its_csv(sweep, tmp_path):
     with (out / "report_compare.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     gspo = next(r for r in rows if r["group"] == "algo=gspo" and r["quantity"] == "held-out final")
-    assert (gspo["seeds_for_80_power"], gspo["ci_excludes_zero"]) == ("4", "False")
+    assert (gspo["seeds_for_80_power"], gspo["ci_excludes_zero"]) == ("5", "False")
 
 
 def test_a_clear_difference_is_separable_and_two_single_runs_have_no_interval():
@@ -94,3 +97,40 @@ def test_no_reference_group_no_comparison(sweep, tmp_path):
     options = OPTIONS.__class__(last=2, reference=None, fractions=(0.5,))
     report = build_report(sweep, tmp_path / "out", options, plots=False)
     assert report.differences == []
+
+
+def _exact_power(n: int, effect: float) -> float:
+    """A two-sided 5 % two-sample t test's power at n per group and effect δ/s: the noncentral t's
+    tails beyond ±t₀.₉₇₅, integrated over the chi-square of the variance (float64 reference)."""
+    mp = pytest.importorskip("mpmath")
+    df, shift = 2 * n - 2, effect * math.sqrt(n / 2)
+    critical = mp.mpf(t_quantile(0.975, df))
+
+    def density(v):
+        return mp.exp((df / 2 - 1) * mp.log(v) - v / 2 - (df / 2) * mp.log(2) - mp.loggamma(df / 2))
+
+    def beyond(v):
+        scale = mp.sqrt(v / df)
+        return density(v) * (
+            mp.ncdf(-critical * scale - shift) + 1 - mp.ncdf(critical * scale - shift)
+        )
+
+    return float(mp.quad(beyond, [0, df, mp.inf]))
+
+
+@pytest.mark.parametrize(("delta", "variance"), [(0.3, 0.03), (0.1, 0.01), (0.05, 0.02)])
+def test_seeds_for_power_is_the_first_seed_count_with_80_percent_power(delta, variance):
+    seeds = seeds_for_power(delta, variance)
+    effect = delta / math.sqrt(variance)
+    assert _exact_power(seeds, effect) >= 0.8 > _exact_power(seeds - 1, effect)
+    assert seeds_for_power(-delta, variance) == seeds
+    assert seeds_for_power(0.0, variance) is None
+
+
+def test_the_t_quantile_tables_are_student_s():
+    mp = pytest.importorskip("mpmath")
+    for df in (1, 2, 5, 30, 31, 60):
+        for probability in (0.975, 0.8):
+            x = mp.mpf(t_quantile(probability, df))
+            upper = mp.betainc(df / 2, 0.5, 0, df / (df + x * x), regularized=True) / 2
+            assert float(1 - upper) == pytest.approx(probability, abs=2e-5), (df, probability)

@@ -4,8 +4,9 @@ A claim ("TEPO converges faster than GRPO", "K-token blocks beat tokens") is a d
 two groups of seeds in one per-run quantity. For each quantity this gives the difference of the
 group means (group − reference), its 95 % confidence interval (Welch's), whether the interval
 excludes zero, and how many seeds per group a two-sided test at the 5 % level would need to detect
-a difference of the observed size with 80 % power, given the observed spread:
-n = ⌈2 (z₀.₉₇₅ + z₀.₈)² s² / δ²⌉ with s² the two groups' pooled variance. When one group has a
+a difference of the observed size with 80 % power, given the observed spread: the smallest n
+with n ≥ 2 (t₀.₉₇₅ + t₀.₈)² s² / δ², t at 2n − 2 degrees of freedom and s² the two groups' pooled
+variance (stats.seeds_for_power). When one group has a
 single run (a variant measured on one seed), its variance is taken to be the other group's: an
 assumption, said in the legend, not a measurement.
 """
@@ -21,10 +22,7 @@ from dataclasses import dataclass
 from tepo_cli.eval.report.dynamics import Reference, held_out_curve
 from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.runs import Run
-from tepo_cli.eval.report.stats import t_quantile_975
-
-_Z975 = 1.959964
-_Z80 = 0.841621
+from tepo_cli.eval.report.stats import seeds_for_power, t_quantile_975
 
 
 @dataclass(frozen=True)
@@ -110,9 +108,7 @@ def difference(
         a, b = variance_a / n, variance_b / m
         df = _welch_df(a, b, n, m)
         half = t_quantile_975(df) * math.sqrt(a + b)
-        pooled = (variance_a + variance_b) / 2
-        if abs(delta) > 1e-12:
-            seeds = max(2, math.ceil(2 * (_Z975 + _Z80) ** 2 * pooled / delta**2))
+        seeds = seeds_for_power(delta, (variance_a + variance_b) / 2)
     return Difference(
         group, quantity, statistics.fmean(values), statistics.fmean(reference), n, m, delta, half,
         seeds,

@@ -1,6 +1,6 @@
 """Across-seed statistics: mean with a Student-t 95 % confidence interval, and time to a threshold.
 
-scipy is not a dependency, so the t quantiles are a table (df 1-30, exact to 4 decimals) and a
+scipy is not a dependency, so the t quantiles are tables (df 1-30, exact to 4 decimals) and a
 Cornish-Fisher expansion above that (error < 1e-4 for df > 30).
 """
 
@@ -18,17 +18,45 @@ _T975 = (
     2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
     2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423,
 )  # fmt: skip
+# t_{0.80, df} for df = 1..30 (the power term of a sample size)
+_T80 = (
+    1.3764, 1.0607, 0.9785, 0.9410, 0.9195, 0.9057, 0.8960, 0.8889, 0.8834, 0.8791,
+    0.8755, 0.8726, 0.8702, 0.8681, 0.8662, 0.8647, 0.8633, 0.8620, 0.8610, 0.8600,
+    0.8591, 0.8583, 0.8575, 0.8569, 0.8562, 0.8557, 0.8551, 0.8546, 0.8542, 0.8538,
+)  # fmt: skip
 _Z975 = 1.959964
+_Z80 = 0.841621
+# probability -> (its table, its standard normal quantile)
+_TABLES = {0.975: (_T975, _Z975), 0.8: (_T80, _Z80)}
+
+
+def t_quantile(probability: float, df: int) -> float:
+    """The `probability` quantile (0.975 or 0.8) of Student's t with `df` degrees of freedom."""
+    if df < 1:
+        raise ValueError("t quantile needs at least one degree of freedom")
+    table, z = _TABLES[probability]
+    if df <= len(table):
+        return table[df - 1]
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def t_quantile_975(df: int) -> float:
     """The 97.5 % quantile of Student's t with `df` degrees of freedom."""
-    if df < 1:
-        raise ValueError("t quantile needs at least one degree of freedom")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = _Z975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return t_quantile(0.975, df)
+
+
+def seeds_for_power(delta: float, variance: float) -> int | None:
+    """Runs per group a two-sided 5 % two-sample t test needs to detect a difference `delta` with
+    80 % power at a common `variance`: the smallest n ≥ 2 with
+    n ≥ 2 (t₀.₉₇₅ + t₀.₈)² s² / δ², both quantiles at the test's 2n − 2 degrees of freedom (the
+    normal quantiles' 2 (1.96 + 0.84)² s² / δ² understates it at a few seeds). None: δ = 0."""
+    if abs(delta) <= 1e-12:
+        return None
+    ratio = 2 * variance / delta**2
+    n = 2
+    while n < ratio * (t_quantile(0.975, 2 * n - 2) + t_quantile(0.8, 2 * n - 2)) ** 2:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
