@@ -62,6 +62,9 @@ def test_differences_intervals_and_seed_counts_against_the_reference(sweep, tmp_
     # entropy over the last 2 steps: tepo (1.0 + .9)/2 = .95 against grpo (.5 + .8)/2 = .65
     entropy = rows[("algo=tepo", "entropy last 2")]
     assert entropy.difference == pytest.approx(0.3)
+    # change, last 2 − first 2: grpo .5 − .9 = −.4 and .8 − 1 = −.2 (mean −.3); tepo 0 and −.1
+    change = rows[("algo=tepo", "entropy change, last 2 − first 2")]
+    assert (change.reference_mean, change.mean) == (pytest.approx(-0.3), pytest.approx(-0.05))
     assert not any(row.group == "algo=grpo" for row in report.differences)
     # worst drop: grpo .2 .4 .6 -> 0 and .2 .6 .4 -> .2 (mean .1); tepo .2 .5 .7 -> 0, .3 .3 .3 -> 0
     drop = rows[("algo=tepo", "held-out worst drop")]

@@ -54,6 +54,7 @@ def per_run_quantities(last: int) -> dict[str, Callable[[Run], float | None]]:
         "held-out best": _best_held_out,
         "held-out worst drop": _worst_drop,
         f"entropy last {last}": lambda run: _metric_mean(run, "entropy", last),
+        f"entropy change, last {last} − first {last}": lambda run: _entropy_change(run, last),
         f"length last {last}": lambda run: _metric_mean(run, "response_length", last),
     }
 
@@ -83,6 +84,17 @@ def _worst_drop(run: Run) -> float | None:
     if len(values) < 2:
         return None
     return max(0.0, *(before - after for before, after in itertools.pairwise(values)))
+
+
+def _entropy_change(run: Run, steps: int) -> float | None:
+    """Mean entropy of the last `steps` steps minus that of the first: a collapse is a fall, and
+    the difference within one run leaves out where each seed's entropy happened to start."""
+    values = [
+        float(m["entropy"]) for m in run.metrics if "step" in m and m.get("entropy") is not None
+    ]
+    if not values:
+        return None
+    return statistics.fmean(values[-steps:]) - statistics.fmean(values[:steps])
 
 
 def _metric_mean(run: Run, key: str, last: int) -> float | None:

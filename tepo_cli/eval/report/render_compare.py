@@ -55,7 +55,8 @@ def compare_legend(reference: Reference | None) -> str:
         "held-out final: the last evaluation; held-out mean over training: the mean of the "
         "evaluations after step 0 (higher when learning is faster); worst drop: the largest fall "
         "from one evaluation to the next (steadiness); entropy and length: mean over "
-        "the last steps."
+        "the last steps; entropy change: each run's last steps' mean entropy minus its first "
+        "steps' (a collapse is a fall)."
     )
 
 
