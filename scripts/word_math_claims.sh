@@ -13,6 +13,16 @@
 # LIST=1 prints the runs and their overrides; SMOKE=1 runs two of them on the tiny model, two steps
 # each, with rollout=hf (CI). TEPO=/path/to/tepo picks the executable (default: tepo on PATH).
 set -euo pipefail
+# -h, --help or any other option: the usage above, nothing run (an option is never a directory)
+for argument in "$@"; do
+    if [[ $argument == -h || $argument == --help ]]; then
+        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+        exit 0
+    elif [[ $argument == -* ]]; then
+        echo "$(basename "$0"): unknown option '$argument'; the arguments are directories. Nothing was run." >&2
+        exit 2
+    fi
+done
 TEPO=${TEPO:-tepo}
 if [[ -z "${LIST:-}" ]] && ! command -v "$TEPO" >/dev/null; then
     echo "word_math_claims.sh: no '$TEPO' executable: activate the environment tepo is installed in" \
@@ -35,6 +45,11 @@ for seed in 0 1 2; do
     for algo in grpo dapo gspo tepo mpo; do
         runs+=("${algo}_seed${seed}|algo=${algo} seed=${seed}")
     done
+done
+# Off-policy, 4 updates per rollout (as TEPO's and GSPO's papers train: ratios away from 1, so
+# clipping and GSPO's sequence ratio act): GRPO and GSPO, beside TEPO's rows below; one seed each.
+for algo in grpo gspo; do
+    runs+=("${algo}_mb4_seed0|algo=${algo} trainer.minibatches=4 seed=0")
 done
 # TEPO in its own setting: 4 updates per rollout (off-policy ratios), each mask criterion, and
 # no mask (KL on every token); one seed each.

@@ -33,12 +33,13 @@ def run_claims(runs: Path, results: Path, **env: str) -> subprocess.CompletedPro
 def test_the_list_names_every_run_of_the_comparison(tmp_path):
     listed = run_claims(tmp_path / "runs", tmp_path / "results", LIST="1").stdout.splitlines()
     names = [line.split(":")[0] for line in listed]
-    assert len(names) == 21 and len(set(names)) == 21
+    assert len(names) == 23 and len(set(names)) == 23
     assert names[:5] == [f"{a}_seed0" for a in ("grpo", "dapo", "gspo", "tepo", "mpo")]
     assert "tepo_mb4_first_order_seed0: recipe=word_math algo=tepo trainer.minibatches=4 " in (
         "\n".join(listed)
     )
     assert {f"mpo_k{k}_seed0" for k in (2, 4, 8)} <= set(names)
+    assert "gspo_mb4_seed0: recipe=word_math algo=gspo trainer.minibatches=4 seed=0" in listed
     assert not (tmp_path / "runs").exists()
 
 
@@ -72,3 +73,20 @@ def test_smoke_publishes_records_reports_and_skips_finished_runs(tmp_path):
     third = run_claims(runs, results, SMOKE="1")
     assert "nothing to resume, skipped" in third.stdout + third.stderr
     assert (results / "grpo_seed0" / "status.json").is_file()
+
+
+@pytest.mark.parametrize("option", ["--help", "-n"])
+def test_an_option_prints_the_usage_or_is_refused_and_nothing_runs(tmp_path, option):
+    result = subprocess.run(
+        ["bash", str(SCRIPT), option],
+        cwd=tmp_path,
+        env={**os.environ, "TEPO": str(TEPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if option == "--help":
+        assert result.returncode == 0 and "ONLY=REGEX" in result.stdout
+    else:
+        assert result.returncode == 2 and "unknown option '-n'" in result.stderr
+    assert list(tmp_path.iterdir()) == []
