@@ -11,6 +11,7 @@ TIMING_KEYS = {
     "tokens_per_second",
     "trained_tokens_per_second",
     "update_mfu",
+    "peak_flops",
     "peak_rss_mb",
     "peak_gpu_mb",
 }
