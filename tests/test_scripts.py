@@ -129,7 +129,13 @@ def test_bench_update_smoke(tmp_path):
     output = tmp_path / "update.json"
     result = run_script("scripts/bench_update.py", "--smoke", "--profile", "--output", str(output))
     runs = json.loads(output.read_text())
-    glibc = {"prompt-pass-glibc", "prompt-pass-glibc-heap-reuse", "prompt-pass-glibc-huge-pages"}
+    glibc = {
+        "prompt-pass-glibc",
+        "prompt-pass-glibc-heap-reuse",
+        "prompt-pass-glibc-huge-pages",
+        "prompt-pass-glibc-4mib",
+        "prompt-pass-glibc-32mib",
+    }
     skipped = "variant prompt-pass-tcmalloc skipped" in result.stderr  # not installed
     tcmalloc = set() if skipped else {"prompt-pass-tcmalloc"}
     assert set(runs) == {"prompts-in-every-micro-batch", "prompt-pass", *glibc, *tcmalloc}

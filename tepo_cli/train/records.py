@@ -110,7 +110,9 @@ def _throughput(
         # Faster than the measured peak: the machine was busier when it was measured. Every
         # rank sees the same sums, so every rank measures again and enters the collective.
         peak = peak_flops(engine.device, dtype, shape, measure_again=True)
-        peaks = collective.all_sum(torch.tensor([peak], dtype=torch.float64)).item()
+        peaks = collective.all_sum(
+            torch.tensor([peak], dtype=torch.float64, device=engine.device)
+        ).item()
     result["update_mfu"] = flops / (seconds * peaks)
     result["peak_flops"] = peaks
     return result
