@@ -11,16 +11,7 @@
 # (ALGOS and BACKENDS narrow it; STEPS default 2), into multirun/multi_turn_objectives and
 # docs/results/multi_turn/objectives: that each objective trains on episodes, and at what cost.
 set -euo pipefail
-# -h, --help or any other option: the usage above, nothing run (an option is never a directory)
-for argument in "$@"; do
-    if [[ $argument == -h || $argument == --help ]]; then
-        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-        exit 0
-    elif [[ $argument == -* ]]; then
-        echo "$(basename "$0"): unknown option '$argument'; the arguments are directories. Nothing was run." >&2
-        exit 2
-    fi
-done
+source "$(dirname "$0")/shell/options.sh"  # -h/--help: the usage; another option: refused
 TEPO=${TEPO:-tepo}
 if ! command -v "$TEPO" >/dev/null; then
     echo "multi_turn_bench.sh: no '$TEPO' executable: activate the environment tepo is installed" \

@@ -13,16 +13,7 @@
 # LIST=1 prints the runs and their overrides; SMOKE=1 runs two of them on the tiny model, two steps
 # each, with rollout=hf (CI). TEPO=/path/to/tepo picks the executable (default: tepo on PATH).
 set -euo pipefail
-# -h, --help or any other option: the usage above, nothing run (an option is never a directory)
-for argument in "$@"; do
-    if [[ $argument == -h || $argument == --help ]]; then
-        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-        exit 0
-    elif [[ $argument == -* ]]; then
-        echo "$(basename "$0"): unknown option '$argument'; the arguments are directories. Nothing was run." >&2
-        exit 2
-    fi
-done
+source "$(dirname "$0")/shell/options.sh"  # -h/--help: the usage; another option: refused
 TEPO=${TEPO:-tepo}
 if [[ -z "${LIST:-}" ]] && ! command -v "$TEPO" >/dev/null; then
     echo "word_math_claims.sh: no '$TEPO' executable: activate the environment tepo is installed in" \

@@ -47,27 +47,24 @@ def test_the_multi_turn_bench_runs_every_pair_and_skips_them_the_second_time(tmp
     assert again.stdout.count("published already, skipped") == 4
 
 
-def test_the_objectives_matrix_trains_each_pair_and_refuses_an_unknown_back_end(tmp_path):
-    matrix = {"TEPO": str(TEPO), "SMOKE": "1", "OBJECTIVES": "1", "ALGOS": "mpo"}
-    script = str(ROOT / "scripts" / "multi_turn_bench.sh")
-    wrong = subprocess.run(
-        ["bash", script, "runs", "results"],
+def matrix(tmp_path: Path, backends: str) -> subprocess.CompletedProcess[str]:
+    """OBJECTIVES=1 on the tiny model: MPO alone, on `backends`."""
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "multi_turn_bench.sh"), "runs", "results"],
         cwd=tmp_path,
-        env={**os.environ, **matrix, "BACKENDS": "sglang"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert wrong.returncode == 2 and "not 'sglang'" in wrong.stderr
-    assert not (tmp_path / "runs").exists()
-    result = subprocess.run(
-        ["bash", script, "runs", "results"],
-        cwd=tmp_path,
-        env={**os.environ, **matrix, "BACKENDS": "hf"},
+        env={**os.environ, "TEPO": str(TEPO), "SMOKE": "1", "OBJECTIVES": "1", "ALGOS": "mpo",
+             "BACKENDS": backends},
         capture_output=True,
         text=True,
         timeout=600,
-    )
+    )  # fmt: skip
+
+
+def test_the_objectives_matrix_trains_each_pair_and_refuses_an_unknown_back_end(tmp_path):
+    wrong = matrix(tmp_path, "sglang")
+    assert wrong.returncode == 2 and "not 'sglang'" in wrong.stderr
+    assert not (tmp_path / "runs").exists()
+    result = matrix(tmp_path, "hf")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = json.loads((tmp_path / "results/mpo_hf/metrics.jsonl").read_text().splitlines()[-1])
     assert record["env_turns_mean"] >= 1.0 and record["step"] == 1
