@@ -44,17 +44,18 @@ failed=()
 # MBPP's training split lives on the hub; offline, its prepared test split is the training stream
 # (no held-out evaluation runs here: the comparison is of steps, memory and training reward).
 mbpp_train="benchmark.train_split=test benchmark.allow_test_split=true"
-runs=(
-    "single_word_math|$vllm benchmark=word_math reward=word_math env=single"
-    "python_tool_word_math|$vllm benchmark=word_math reward=word_math env=python_tool"
-    "single_mbpp|$vllm benchmark=mbpp env=single $mbpp_train"
-    "code_feedback_mbpp|$vllm benchmark=mbpp env=code_feedback $mbpp_train"
-)
-if [[ -n "${OBJECTIVES:-}" ]]; then
+runs=()
+if [[ -z "${OBJECTIVES:-}" ]]; then
+    runs=(
+        "single_word_math|$vllm benchmark=word_math reward=word_math env=single"
+        "python_tool_word_math|$vllm benchmark=word_math reward=word_math env=python_tool"
+        "single_mbpp|$vllm benchmark=mbpp env=single $mbpp_train"
+        "code_feedback_mbpp|$vllm benchmark=mbpp env=code_feedback $mbpp_train"
+    )
+else
     # DAPO's dynamic sampling off: a 135M model's tool episodes are all wrong in most groups,
     # and the question here is whether each objective's loss trains on episodes
     tool="benchmark=word_math reward=word_math env=python_tool algo.dynamic_sampling=false"
-    runs=()
     for backend in ${BACKENDS:-hf vllm}; do
         [[ $backend == hf || $backend == vllm ]] || {
             echo "multi_turn_bench.sh: BACKENDS holds hf and/or vllm, not '$backend'." >&2
