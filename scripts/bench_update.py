@@ -170,7 +170,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from tepo_cli.runtime.engine import build_engine
     from tepo_cli.runtime.host_memory import set_up_host_memory
     from tepo_cli.train.experience import Experience
-    from tepo_cli.train.flops import model_shape, update_work
     from tepo_cli.train.setup import build_policy
     from tepo_cli.train.update import accumulation_steps, update
 
@@ -214,9 +213,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     hidden, inner = lm.config.hidden_size, lm.config.intermediate_size
     matmul = max(before, matmul_gflops(2048, hidden, inner), key=lambda m: m["gflops"])
     gflops = 6.0 * params * sum(answers) / seconds / 1e9
-    # MFU as every step record gives it (tepo_cli/train/flops.py): the needed FLOPs, each distinct
-    # prompt once and attention included, over the update's seconds x the matmul rate above
-    needed, _ = update_work(model_shape(lm), batch, cfg.trainer.ppo_epochs)
+    # MFU as every step record gives it (tepo_cli/train/flops.py): the needed FLOPs the update
+    # counted (each distinct prompt once, attention included) over its seconds x the rate above
+    needed = metrics["update_flops"]
     return {
         "update_seconds": seconds,
         "forward_seconds": metrics["forward_seconds"],

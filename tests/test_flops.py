@@ -38,9 +38,22 @@ def test_prompts_count_once_answers_per_row_and_context_is_causal():
     shape = ModelShape(matmul_params=1000, layers=2, attention_width=8, hidden=8, intermediate=16)
     # tokens: prompts 3 + 2, answers 2 + 1 + 3 -> 11
     # context: prompts 3·4/2 + 2·3/2 = 9; answers (3+1)+(3+2) + (3+1) + (2+1)+(2+2)+(2+3) = 25
-    needed, tokens = update_work(shape, batch(), epochs=2)
-    assert tokens == 2 * 11
-    assert needed == 2 * (6 * 1000 * 11 + 12 * 2 * 8 * (9 + 25))
+    needed, tokens = update_work(shape, batch(), torch.arange(3))
+    assert tokens == 11
+    assert needed == 6 * 1000 * 11 + 12 * 2 * 8 * (9 + 25)
+
+
+def test_an_optimizer_step_counts_its_own_rows_and_their_distinct_prompts():
+    """Rows 1 and 2 alone (another minibatch's step, or row 0 left out for a zero advantage):
+    prompts 3 + 2 tokens, answers 1 + 3; context 6 + 3 = 9 for the prompts, (3+1) + (2+1) + (2+2)
+    + (2+3) = 16 for the answers. Row 0 counted in a step of its own pays its prompt again."""
+    shape = ModelShape(matmul_params=1000, layers=2, attention_width=8, hidden=8, intermediate=16)
+    needed, tokens = update_work(shape, batch(), torch.tensor([1, 2]))
+    assert tokens == 9
+    assert needed == 6 * 1000 * 9 + 12 * 2 * 8 * (9 + 16)
+    alone, alone_tokens = update_work(shape, batch(), torch.tensor([0]))
+    assert alone_tokens == 3 + 2
+    assert alone == 6 * 1000 * 5 + 12 * 2 * 8 * (6 + (3 + 1) + (3 + 2))
 
 
 def test_the_benchmarks_count_another_trainers_step_with_the_same_formula():
@@ -61,7 +74,7 @@ def test_the_benchmarks_count_another_trainers_step_with_the_same_formula():
     }
     clock.record_inputs({k: v[:2] for k, v in inputs.items()})  # two micro-batches of one step:
     clock.record_inputs({k: v[2:] for k, v in inputs.items()})  # the shared prompt counts once
-    assert clock.update_flops() == update_work(shape, rows, epochs=1)[0]
+    assert clock.update_flops() == update_work(shape, rows, torch.arange(3))[0]
 
 
 def test_the_shape_of_the_tiny_model(tiny_model):

@@ -97,7 +97,12 @@ def test_only_padding_completions_leave_the_model_untouched(engine_and_config):
     )
     weights = [p.detach().clone() for p in engine.module.parameters()]
     metrics = update(cfg, engine, experience, torch.Generator().manual_seed(0))
-    assert metrics == {"empty_minibatches": 1.0, "skipped_optimizer_steps": 0}
+    assert metrics == {
+        "empty_minibatches": 1.0,
+        "skipped_optimizer_steps": 0,
+        "update_flops": 0.0,  # nothing ran: no work, no MFU
+        "trained_tokens": 0.0,
+    }
     assert skipped_optimizer_steps(engine) == 0
     after = list(engine.module.parameters())
     assert all(torch.equal(a.detach(), b) for a, b in zip(after, weights, strict=True))

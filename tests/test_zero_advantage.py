@@ -17,6 +17,7 @@ from tepo_cli.models.policy import Policy
 from tepo_cli.rollout.base import Rollout
 from tepo_cli.runtime.distributed import setup_topology, teardown
 from tepo_cli.runtime.engine import build_engine
+from tepo_cli.train.flops import model_shape, update_work
 from tepo_cli.train.update import accumulation_steps, update
 from tepo_cli.train.zero_advantage import may_skip, rows_with_gradient
 
@@ -101,6 +102,12 @@ def test_the_gradient_is_the_same_with_and_without_the_skip(make_engine):
         torch.testing.assert_close(grad, full_grads[0][name], rtol=1e-10, atol=1e-14, msg=name)
     assert any(g.abs().sum() > 0 for g in full_grads[0].values())  # a real gradient
     assert skipped["loss"] == pytest.approx(full["loss"], rel=1e-10, abs=1e-14)
+    # The needed work counts the rows that ran (train/flops.py): group 1's four, not all eight.
+    batch, shape = _experience(rewards).batch, model_shape(engine.module.lm)
+    assert skipped["update_flops"] == update_work(shape, batch, torch.arange(4))[0]
+    assert full["update_flops"] == update_work(shape, batch, torch.arange(ROWS))[0]
+    assert skipped["trained_tokens"] == 4 * 4 + (7 + 3 + 5 + 6)  # distinct prompts + answers
+    assert full["trained_tokens"] == 8 * 4 + int(batch.response_mask.sum())
 
 
 def test_a_step_with_no_advantage_anywhere_takes_no_optimizer_step(make_engine):
@@ -109,6 +116,7 @@ def test_a_step_with_no_advantage_anywhere_takes_no_optimizer_step(make_engine):
     metrics = update(cfg, engine, _experience(torch.zeros(ROWS)), torch.Generator().manual_seed(0))
     assert metrics["zero_advantage_rows"] == ROWS and metrics["zero_advantage_minibatches"] == 1
     assert grads == [] and metrics["skipped_optimizer_steps"] == 0
+    assert metrics["update_flops"] == 0 and metrics["trained_tokens"] == 0  # no work, no MFU
     after = list(engine.module.parameters())
     assert all(torch.equal(a.detach(), b) for a, b in zip(after, weights, strict=True))
 

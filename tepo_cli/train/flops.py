@@ -6,9 +6,11 @@ Needed FLOPs of one pass over the step's tokens, forward and backward:
 N: the parameters a token multiplies by (every weight, less an input embedding that is not also
 the output head: a lookup is no matmul); L layers; d_attn = heads × head dim; a token's context is
 the number of keys it attends to (causal: its position + 1), summed exactly rather than PaLM's
-full-length bound. Prompts count once per distinct prompt (as the prompt pass computes them),
-answers once per row, all of it times `trainer.ppo_epochs`. Recomputation (gradient
-checkpointing) is not needed work, so it is not counted: that is MFU, not hardware utilisation.
+full-length bound. Each optimizer step counts its own rows: a prompt once per distinct prompt of
+the step (as its prompt pass computes them, under that step's weights), an answer once per row;
+the rows the update leaves out (an advantage of exactly 0, train/zero_advantage.py) and the steps
+it skips count nothing. Recomputation (gradient checkpointing) is not needed work, so it is not
+counted: that is MFU, not hardware utilisation.
 
 The peak: on CUDA, the device's dense (no sparsity) tensor-core rate for the update's dtype from
 NVIDIA's datasheets (`PEAKS`; an unknown GPU gets no MFU, said once); on the CPU, the rate this
@@ -71,15 +73,17 @@ def _numel(param: torch.nn.Parameter) -> int:
     return int(getattr(param, "ds_numel", param.numel()))  # ZeRO-3 keeps a shard only
 
 
-def update_work(shape: ModelShape, batch: SequenceBatch, epochs: int) -> tuple[float, float]:
-    """(needed FLOPs, trained tokens) of the update over this rank's rows."""
+def update_work(shape: ModelShape, batch: SequenceBatch, rows: torch.Tensor) -> tuple[float, float]:
+    """(needed FLOPs, trained tokens) of one optimizer step's forward and backward over `rows`
+    (host indices into `batch`, this rank's): the update counts every step it runs
+    (train/update.py), so rows it leaves out (no gradient) and steps it skips count nothing."""
     width = batch.prompt_width
-    prompt_mask = batch.attention_mask[:, :width]
-    prompts = prompt_mask.sum(dim=1).double().cpu()
-    answers = batch.response_mask.sum(dim=1).double().cpu()
-    first, _ = distinct_prompts(batch.input_ids[:, :width].cpu(), prompt_mask.cpu())
-    flops, tokens = needed_flops(shape, prompts[first], answers, prompts)
-    return epochs * flops, epochs * tokens
+    ids, mask = batch.input_ids[rows, :width].cpu(), batch.attention_mask[rows].cpu()
+    prompt_mask = mask[:, :width]
+    prompts = prompt_mask.sum(dim=1).double()
+    answers = batch.response_mask[rows].sum(dim=1).double().cpu()
+    first, _ = distinct_prompts(ids, prompt_mask)
+    return needed_flops(shape, prompts[first], answers, prompts)
 
 
 def needed_flops(

@@ -11,7 +11,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.experience import Experience
-from tepo_cli.train.flops import model_shape, peak_flops, update_work
+from tepo_cli.train.flops import model_shape, peak_flops
 
 
 def step_record(
@@ -53,7 +53,7 @@ def step_record(
         record["peak_gpu_mb"] = torch.cuda.max_memory_allocated(engine.device) / 2**20
     record.update({f"{phase}_seconds": v for phase, v in clock.seconds.items()})
     record.update(update_metrics)
-    record.update(_throughput(cfg, engine, experience, record.get("update_seconds")))
+    record.update(_throughput(engine, record))
     if cfg.env.multi_turn:
         record.update(_episode_metrics(experience.env_sums, engine.device))
     return record
@@ -83,24 +83,29 @@ def _episode_metrics(sums: dict[str, float], device: torch.device) -> dict[str, 
 PER_EPISODE = frozenset({"env_turns", "env_tool_calls", "env_observation_tokens"})
 
 
-def _throughput(
-    cfg: TrainConfig, engine: Any, experience: Experience, seconds: float | None
-) -> dict[str, float]:
-    """The update's needed FLOPs, trained tokens per second and MFU over every rank
-    (train/flops.py). One collective, entered by every rank each step."""
+def _throughput(engine: Any, record: dict[str, Any]) -> dict[str, float]:
+    """The update's needed FLOPs and trained tokens over every rank (what each rank's update
+    counted of the rows it ran, train/flops.py; `record` holds this rank's and the update's
+    seconds), trained tokens per second and MFU. One collective, entered by every rank each
+    step."""
     lm = engine.module.lm
     shape = model_shape(lm)
-    flops, tokens = update_work(shape, experience.batch, cfg.trainer.ppo_epochs)
     dtype = next(lm.parameters()).dtype
     peak = peak_flops(engine.device, dtype, shape)
     sums = torch.tensor(
-        [flops, tokens, peak or 0.0, 0.0 if peak is None else 1.0],
+        [
+            record["update_flops"],
+            record["trained_tokens"],
+            peak or 0.0,
+            0.0 if peak is None else 1.0,
+        ],
         dtype=torch.float64,
         device=engine.device,
     )
     world = collective.world_size()
     flops, tokens, peaks, known = collective.all_sum(sums).tolist()
-    result = {"update_flops": flops}
+    result = {"update_flops": flops, "trained_tokens": tokens}
+    seconds = record.get("update_seconds")
     if not seconds:
         return result
     result["trained_tokens_per_second"] = tokens / seconds

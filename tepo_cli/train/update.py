@@ -26,10 +26,12 @@ from tepo_cli.algos.gae import value_loss
 from tepo_cli.algos.mismatch import MismatchTally
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
+from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.prompt_pass import MinibatchPrompts, reads_prompt_pass, through_engine
 from tepo_cli.runtime import faults
 from tepo_cli.runtime.guards import skipped_optimizer_steps
 from tepo_cli.train.experience import Experience, on_policy
+from tepo_cli.train.flops import ModelShape, model_shape, update_work
 from tepo_cli.train.micro_batch_objective import micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
@@ -59,7 +61,10 @@ class _Tally:
     ones (`ADDITIVE`: loss terms under global normalisers) are summed over its micro-batches, the
     others (fractions, means) weighted by each micro-batch's share of the minibatch's valid
     tokens on this rank. `prompt_pass_tokens`: the tokens of this rank's prompt pass (0 without
-    one), per optimizer step."""
+    one), per optimizer step. `update_flops` and `trained_tokens`: the needed work of the rows
+    this rank ran, over the whole update (train/flops.py; records.py sums them over ranks)."""
+
+    shape: ModelShape
 
     sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -68,6 +73,13 @@ class _Tally:
     grad_norms: list[float] = field(default_factory=list)
     critic_norms: list[float] = field(default_factory=list)
     mismatch: MismatchTally | None = None
+    update_flops: float = 0.0
+    trained_tokens: float = 0.0
+
+    def count_work(self, batch: SequenceBatch, rows: torch.Tensor) -> None:
+        flops, tokens = update_work(self.shape, batch, rows)
+        self.update_flops += flops
+        self.trained_tokens += tokens
 
     def metrics(self, experience: Experience) -> dict[str, float]:
         empty = self.sums.pop("empty_minibatches", 0.0)
@@ -75,6 +87,7 @@ class _Tally:
         result["empty_minibatches"] = empty
         result.update(self.counts)
         result.update(self.seconds)
+        result.update(update_flops=self.update_flops, trained_tokens=self.trained_tokens)
         if self.grad_norms:
             result["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
         if self.critic_norms:
@@ -97,7 +110,8 @@ def update(
     with the optimizer steps the guard skipped (a non-finite loss or gradient)."""
     skipped_before = skipped_optimizer_steps(engine)
     rows = len(experience.batch)
-    tally = _Tally(mismatch=MismatchTally() if experience.rollout.logprobs is not None else None)
+    mismatch = MismatchTally() if experience.rollout.logprobs is not None else None
+    tally = _Tally(model_shape(engine.module.lm), mismatch=mismatch)
     for epoch in range(cfg.trainer.ppo_epochs):
         order = (  # host row indices; the generator is a CPU one
             torch.arange(rows, device="cpu")
@@ -128,6 +142,7 @@ def _optimizer_step(
     minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
     if minibatch is None:
         return
+    tally.count_work(experience.batch, minibatch)
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
     prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
     tally.sums["prompt_pass_tokens"] += prompts.tokens
