@@ -56,7 +56,7 @@ VARIANTS = {
     ],
     # glibc with a fixed threshold between the two: buffers up to 4 MiB or 32 MiB (glibc's
     # largest) reused from the heap, larger ones mapped fresh; the heap's top trimmed only past
-    # twice the threshold, as glibc's adaptive rule does (VARIANT_ENV)
+    # twice the threshold (tepo_cli/runtime/host_memory.py), as glibc's adaptive rule does
     "prompt-pass-glibc-4mib": ["trainer.host_allocator=glibc", "trainer.mmap_threshold_kb=4096"],
     "prompt-pass-glibc-32mib": [
         "trainer.host_allocator=glibc",
@@ -68,8 +68,6 @@ VARIANTS = {
 # variant -> environment of its process (read by glibc at start: it cannot be a config key)
 VARIANT_ENV = {
     "prompt-pass-glibc-huge-pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
-    "prompt-pass-glibc-4mib": {"MALLOC_TRIM_THRESHOLD_": str(8 << 20)},
-    "prompt-pass-glibc-32mib": {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)},
 }
 # The long job's step 1 at 8e581ec (docs/results/bench_step_long): answer lengths, prompt lengths.
 ANSWERS = [512, 111, 512, 512, 17, 78, 512, 214, 25, 111, 243, 512, 108, 405, 147, 398]

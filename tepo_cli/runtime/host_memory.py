@@ -21,11 +21,15 @@ import sys
 
 from tepo_cli.core import host_allocator
 
-M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
+M_TRIM_THRESHOLD = -1  # mallopt parameter numbers in glibc's malloc.h
+M_MMAP_THRESHOLD = -3
 
 
 def return_freed_buffers(threshold_kb: int | None) -> bool:
-    """Fix glibc's mmap threshold at `threshold_kb` KiB; False where it does not apply."""
+    """Fix glibc's mmap threshold at `threshold_kb` KiB, and its trim threshold at twice that
+    (the ratio glibc's adaptive rule keeps: a buffer under the threshold freed at the heap's top
+    stays for the next one instead of being trimmed and faulted in again); False where it does
+    not apply."""
     if threshold_kb is None or not sys.platform.startswith("linux"):
         return False
     name = ctypes.util.find_library("c")
@@ -34,7 +38,8 @@ def return_freed_buffers(threshold_kb: int | None) -> bool:
     libc = ctypes.CDLL(name)
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False  # not glibc (musl has no adaptive threshold to fix)
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold_kb * 1024))
+    fixed = libc.mallopt(M_MMAP_THRESHOLD, threshold_kb * 1024)
+    return bool(fixed and libc.mallopt(M_TRIM_THRESHOLD, 2 * threshold_kb * 1024))
 
 
 def set_up_host_memory(threshold_kb: int | None) -> str:
