@@ -54,9 +54,11 @@ VARIANTS = {
         "trainer.host_allocator=glibc",
         "trainer.mmap_threshold_kb=null",
     ],
-    # glibc with a fixed threshold between the two: buffers up to 4 MiB or 32 MiB (glibc's
+    # glibc with a fixed threshold between the two: buffers up to 1, 2, 4 or 32 MiB (glibc's
     # largest) reused from the heap, larger ones mapped fresh; the heap's top trimmed only past
     # twice the threshold (tepo_cli/runtime/host_memory.py), as glibc's adaptive rule does
+    "prompt-pass-glibc-1mib": ["trainer.host_allocator=glibc", "trainer.mmap_threshold_kb=1024"],
+    "prompt-pass-glibc-2mib": ["trainer.host_allocator=glibc", "trainer.mmap_threshold_kb=2048"],
     "prompt-pass-glibc-4mib": ["trainer.host_allocator=glibc", "trainer.mmap_threshold_kb=4096"],
     "prompt-pass-glibc-32mib": [
         "trainer.host_allocator=glibc",

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
@@ -237,6 +239,47 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
     own = dict(metrics[1], update_token_slots=50, update_real_tokens=45, update_answer_tokens=12)
     (step,) = long_report.tepo_steps([own], [probe])
     assert step["shapes"]["padding_share"] == pytest.approx(0.1)  # tepo's own records win
+
+
+def test_a_step_without_an_update_counts_no_update_work():
+    """A long-job step whose every advantage was 0 runs no update (trainer.skip_zero_advantage):
+    the probe records no rows, its shapes are zero, and the update's median, GFLOP/s and MFU are
+    over the steps that ran one (seen: 1.52 × the matmul rate when skipped steps' answers counted)."""
+    from benchstep import long_report
+    from benchstep.tepo_side import update_shapes
+
+    metrics = [
+        {"step": s, "step_seconds": t, "rollout_seconds": 1.0, "update_seconds": u}
+        | {"update_flops": f}
+        for s, t, u, f in ((1, 9.0, 5.0, 3e9), (2, 4.0, 2.0, 6e9), (3, 1.0, 0.001, 0.0))
+    ]
+    ran = {
+        "answer_lengths": [4, 8],
+        "max_new_tokens": 8,
+        "update": {"slots": 30, "real": 20, "answer_tokens": 12, "micro_batches": 1},
+        "plan": "recorded",
+        "params": 1000,
+    }
+    none = {**ran, "update": {"slots": 0, "real": 0, "answer_tokens": 0, "micro_batches": 0}}
+    run = {"side": "tepo-vllm", "status": "ok", "peak_rss_bytes": 5, "wall_seconds": 1.0}
+    run["steps"] = long_report.tepo_steps(metrics, [ran, ran, none])
+    summary = long_report.summarize(run, matmul_gflops=1e-4)
+    assert summary["parts_median_s"]["update"] == pytest.approx(2.0)  # step 3 ran none
+    assert summary["updates_skipped"] == 1
+    assert summary["update_gflops"] == pytest.approx(6 * 1000 * 12 / 2.001 / 1e9)
+    assert summary["update_mfu"] == pytest.approx(6e9 / 2.001 / 1e9 / 1e-4)
+    assert "(1 steps without one)" in long_report._update_cell(summary)
+
+    class Batch:  # what update_shapes reads before it sees that nothing ran
+        prompt_width = 1
+        input_ids = torch.tensor([[5, 1], [5, 2]])
+        attention_mask = torch.ones(2, 2, dtype=torch.long)
+        response_mask = torch.tensor([[True], [True]])
+
+    cfg = OmegaConf.create({"rollout": {"max_new_tokens": 8}, "model": {"packing": True}})
+    experience = type("Experience", (), {"batch": Batch()})()
+    shapes = update_shapes(cfg, None, experience, [], [], recording=True)
+    assert shapes["update"]["slots"] == 0 and shapes["plan"] == "none: no row with a gradient"
 
 
 def test_a_side_over_the_memory_limit_is_killed_and_reported(tmp_path):

@@ -91,6 +91,9 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
     params = next((s["params"] for s in steps if s["params"]), None)
     gflops = update_gflops(params, answer_tokens, update_seconds) if params else None
     median = _median(s["total"] for s in timed)
+    # A step whose every advantage was 0 runs no update (tepo: trainer.skip_zero_advantage): its
+    # update seconds are not an update's, so the update's median is over the steps that ran one.
+    updated = [s for s in timed if not s["shapes"] or s["shapes"]["slots"] > 0]
     needed = [s.get("update_flops") for s in timed if s["update"] is not None]
     known = needed and all(f is not None for f in needed) and update_seconds
     needed_gflops = sum(needed) / update_seconds / 1e9 if known else None
@@ -105,8 +108,11 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
         "median_s": median,
         "steps_per_s": 1.0 / median if median else None,
         "parts_median_s": {
-            part: _median(s[part] for s in timed) for part in ("generation", "scoring", "update")
+            "generation": _median(s["generation"] for s in timed),
+            "scoring": _median(s["scoring"] for s in timed),
+            "update": _median(s["update"] for s in updated),
         },
+        "updates_skipped": len(timed) - len(updated),
         "lengths": length_stats(lengths, cap) if cap else length_stats(lengths, 10**9),
         "max_new_tokens": cap,
         "padding_share": 1.0 - real / slots if slots else None,
@@ -123,6 +129,13 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
         "peak_rss_bytes": run["peak_rss_bytes"],
         "wall_s": run["wall_seconds"],
     }
+
+
+def _update_cell(summary: dict[str, Any]) -> str:
+    """The update's median seconds, and how many timed steps ran none (no row with a gradient)."""
+    cell = _s(summary["parts_median_s"]["update"])
+    skipped = summary.get("updates_skipped", 0)
+    return f"{cell} ({skipped} steps without one)" if skipped else cell
 
 
 def _median(values: Any) -> float | None:
@@ -188,7 +201,7 @@ def markdown(
         row("median s/step", each(lambda s: _s(s["median_s"]))),
         row("  generation, s", each(lambda s: _s(s["parts_median_s"]["generation"]))),
         row("  scoring, s", each(lambda s: _s(s["parts_median_s"]["scoring"]))),
-        row("  update, s", each(lambda s: _s(s["parts_median_s"]["update"]))),
+        row("  update, s", each(_update_cell)),
         row("steps/s", each(lambda s: _s(s["steps_per_s"], 4))),
         row("peak RSS", each(lambda s: _gb(s["peak_rss_bytes"]))),
         row("answers", [str(x["count"]) for x in lengths]),

@@ -90,10 +90,13 @@ def update_shapes(
     experience: Any,
     micro_batches: list[list[int]],
     prompt_passes: list[list[int]] | None = None,
+    recording: bool = False,
 ) -> dict[str, Any]:
     """The step's answer lengths and its update's token slots (benchstep.update_shapes). The plan
-    is the rows the update ran (recorded); the fixed trainer.micro_batch_size split otherwise."""
-    from benchstep.update_shapes import fixed_plan, tepo_shapes
+    is the rows the update ran (recorded; none when `recording` and nothing was: every row's
+    advantage was 0, tepo_cli/train/zero_advantage.py); the fixed trainer.micro_batch_size split
+    where the rows could not be recorded."""
+    from benchstep.update_shapes import UpdateShapes, fixed_plan, tepo_shapes
     from tepo_cli.models.packing import supports_packing
     from tepo_cli.models.shared_prompts import distinct_prompts
 
@@ -104,6 +107,16 @@ def update_shapes(
     first, owner = distinct_prompts(prompt_ids, prompt_mask)
     prompt_lengths = [int(n) for n in prompt_mask[first].sum(dim=1).tolist()]
     recorded = bool(micro_batches)
+    if recording and not micro_batches:
+        return {
+            "answer_lengths": answers,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "update": UpdateShapes(0, 0, 0, 0).as_dict(),
+            "plan": "none: no row with a gradient",
+            "micro_batch_rows": [],
+            "packed": cfg.model.packing,
+            "prompt_passes": 0,
+        }
     plan = micro_batches or fixed_plan(len(answers), cfg.trainer.micro_batch_size)
     packed = cfg.model.packing and supports_packing(engine_module.lm)
     # Unpacked, a checkpointed micro-batch runs row by row (models/sequence_hidden.py); auto
@@ -159,8 +172,9 @@ def install(probe: Probe) -> list[str]:
         result = original_update(cfg, engine, *args, **kwargs)
         seconds = time.perf_counter() - start
         experience = args[0] if args else kwargs["experience"]
+        recording = "tepo_cli.train.update._forward_backward" not in missing
         shapes = update_shapes(
-            cfg, engine.module, experience, probe.micro_batches, probe.prompt_passes
+            cfg, engine.module, experience, probe.micro_batches, probe.prompt_passes, recording
         )
         probe.write_step(seconds, {**shapes, "params": probe.params})
         return result

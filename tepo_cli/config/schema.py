@@ -202,7 +202,7 @@ class TrainerConfig(Strict):
     # tcmalloc or jemalloc preloaded in place of glibc's malloc (core/host_allocator.py)
     host_allocator: Literal["auto", "glibc", "jemalloc", "tcmalloc"] = "auto"
     # glibc accepts a threshold up to 32 MiB (half its 64-bit heap size) and ignores a larger one
-    mmap_threshold_kb: int | None = Field(default=512, ge=4, le=32768)
+    mmap_threshold_kb: int | None = Field(default=4096, ge=4, le=32768)
     # None: FULL_FINE_TUNING_LR, or LORA_LR with model.lora (TrainConfig resolves it)
     lr: float | None = Field(default=None, gt=0.0)
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"

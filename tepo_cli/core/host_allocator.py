@@ -1,11 +1,12 @@
 """The process's host memory allocator (`trainer.host_allocator`): tcmalloc or jemalloc in place of
 glibc's malloc, for tensors on the CPU.
 
-Why. A CPU update allocates and frees many large activation blocks per step. glibc serves such
-blocks either with their own mmap (tepo's default, `trainer.mmap_threshold_kb`): every block then
-faults in fresh zeroed pages, a large share of a long-answer update; or from its heap (glibc's
-adaptive threshold), which reuses them but fragments and raises the peak. tcmalloc and jemalloc keep freed blocks in size classes and reuse them, at about glibc's
-mmap peak (docs/guides/performance.md, "The host allocator", measured by scripts/bench_update.py).
+Why. A CPU update allocates and frees many large activation blocks per step. glibc serves a
+block either with its own mmap (over `trainer.mmap_threshold_kb`, runtime/host_memory.py): it then
+faults in fresh zeroed pages, a large share of a long-answer update; or from its heap, which
+reuses freed blocks but fragments and raises the peak. tcmalloc and jemalloc keep freed blocks in
+size classes and reuse them, at about the peak of glibc mapping every block
+(docs/guides/performance.md, "The host allocator", measured by scripts/bench_update.py).
 On a GPU the activations live in PyTorch's CUDA caching allocator; this only changes host memory.
 
 How. An allocator replaces malloc only if it is loaded before the C library's malloc is first

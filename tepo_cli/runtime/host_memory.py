@@ -5,8 +5,10 @@ glibc serves a large allocation with its own mmap and unmaps it on free, but it 
 step every gradient and activation of a small model is served from the heap instead, and the
 heap keeps freed memory it cannot hand back between live blocks, so the peak drifts up from step
 to step (docs/results/bench_update/page_faults.md). A fixed threshold
-(`trainer.mmap_threshold_kb`) stops the drift; the price is fresh page faults on each big buffer
-(measured in docs/results/bench_update/). tcmalloc and jemalloc
+(`trainer.mmap_threshold_kb`) stops the drift. Buffers under it are reused from the heap (no
+fresh page faults: the speed of the update), buffers over it are mapped fresh and handed back at
+once (the peak): the default sits where an update's activations of one hidden width are reused
+(docs/guides/performance.md, "The host allocator", measured by scripts/bench_update.py). tcmalloc and jemalloc
 (`trainer.host_allocator`, core/host_allocator.py) reuse freed buffers without that drift; with
 either loaded the threshold does not apply.
 
