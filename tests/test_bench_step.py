@@ -209,6 +209,16 @@ def test_padded_shapes_and_length_stats():
     assert update_gflops(135_000_000, 1000, 2.0) == pytest.approx(6 * 135e6 * 1000 / 2 / 1e9)
 
 
+# A long-job probe row (benchstep.tepo_side): two answers, one micro-batch that ran.
+LONG_PROBE = {
+    "answer_lengths": [4, 8],
+    "max_new_tokens": 8,
+    "update": {"slots": 30, "real": 20, "answer_tokens": 12, "micro_batches": 1},
+    "plan": "recorded",
+    "params": 1000,
+}
+
+
 def test_long_summary_pools_steps_after_the_first_and_reports_oom():
     from benchstep import long_report
 
@@ -217,13 +227,7 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
         | {"update_flops": 3e9 * s}
         for s, t, u in ((1, 9.0, 5.0), (2, 4.0, 2.0), (3, 6.0, 2.0))
     ]
-    probe = {
-        "answer_lengths": [4, 8],
-        "max_new_tokens": 8,
-        "update": {"slots": 30, "real": 20, "answer_tokens": 12, "micro_batches": 1},
-        "plan": "recorded",
-        "params": 1000,
-    }
+    probe = LONG_PROBE
     run = {"side": "tepo-hf", "status": "OOM", "peak_rss_bytes": 5, "wall_seconds": 1.0}
     run["steps"] = long_report.tepo_steps(metrics, [probe] * 3)
     summary = long_report.summarize(run, matmul_gflops=1e-4)
@@ -253,13 +257,7 @@ def test_a_step_without_an_update_counts_no_update_work():
         | {"update_flops": f}
         for s, t, u, f in ((1, 9.0, 5.0, 3e9), (2, 4.0, 2.0, 6e9), (3, 1.0, 0.001, 0.0))
     ]
-    ran = {
-        "answer_lengths": [4, 8],
-        "max_new_tokens": 8,
-        "update": {"slots": 30, "real": 20, "answer_tokens": 12, "micro_batches": 1},
-        "plan": "recorded",
-        "params": 1000,
-    }
+    ran = LONG_PROBE
     none = {**ran, "update": {"slots": 0, "real": 0, "answer_tokens": 0, "micro_batches": 0}}
     run = {"side": "tepo-vllm", "status": "ok", "peak_rss_bytes": 5, "wall_seconds": 1.0}
     run["steps"] = long_report.tepo_steps(metrics, [ran, ran, none])
