@@ -158,6 +158,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
     from benchstep.matmul import matmul_gflops
+    from benchstep.versions import cpu_model
     from hydra import compose, initialize_config_module
 
     from tepo_cli.algos.advantage import group_advantages
@@ -231,6 +232,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "of_matmul_rate": gflops / matmul["gflops"],
         "update_mfu": needed / seconds / (matmul["gflops"] * 1e9),
         "threads": torch.get_num_threads(),
+        "cpu": cpu_model(),  # the share of page faults differs by processor
         "host_allocator": allocator,
         **shares,
     }
@@ -287,8 +289,9 @@ def _report(results: dict[str, dict[str, Any]]) -> None:
     print(f"`python scripts/bench_update.py {' '.join(sys.argv[1:])}`\n")
     print(
         f"{first['answer_tokens']} answer tokens, {first['prompt_tokens']} prompt tokens, "
-        f"{first['params'] / 1e6:.1f} M parameters, {first['threads']} threads; peak RSS of "
-        "each variant's process (load, warm-up and timed updates)\n"
+        f"{first['params'] / 1e6:.1f} M parameters, {first['threads']} threads on "
+        f"{first.get('cpu', 'an unnamed CPU')}; peak RSS of each variant's process (load, "
+        "warm-up and timed updates)\n"
     )
     print(
         "| variant | allocator | update s (forward / backward / optimizer) | micro-batches "

@@ -133,6 +133,8 @@ def test_bench_update_smoke(tmp_path):
         "prompt-pass-glibc",
         "prompt-pass-glibc-heap-reuse",
         "prompt-pass-glibc-huge-pages",
+        "prompt-pass-glibc-1mib",
+        "prompt-pass-glibc-2mib",
         "prompt-pass-glibc-4mib",
         "prompt-pass-glibc-32mib",
     }
@@ -148,6 +150,7 @@ def test_bench_update_smoke(tmp_path):
         assert finite(run["update_seconds"]) and run["peak_rss_gb"] > 0, run
         assert finite(run["update_gflops"]) and finite(run["matmul_gflops"]), run
         assert finite(run["update_mfu"]) and run["update_mfu"] > 0, run
+        assert run["cpu"], run  # each figure names its processor
         shares = [run["matmul_share"], run["attention_share"], run["other_share"]]
         assert abs(sum(shares) - 1) < 1e-9 and min(shares) > 0, run
         assert run["top_other"] and all(0 < share < 1 for _, share in run["top_other"]), run
