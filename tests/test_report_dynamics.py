@@ -167,3 +167,33 @@ def test_the_command_takes_the_levels_and_refuses_others(sweep):
         timeout=120,
     )
     assert refused.returncode == 2 and "--levels" in refused.stderr
+
+
+def test_a_reference_matching_several_groups_is_refused_before_anything_is_written(sweep, tmp_path):
+    """With a second GRPO group (4 updates per rollout), "algo=grpo" names two groups: a report
+    against the first one found would read as one against GRPO. Refused, naming both."""
+    write_run(sweep, "grpo", 2, [0.2, 0.3, 0.3])
+    run = sweep / "grpo-2"
+    overrides = ["algo=grpo", "seed=2", "trainer.minibatches=4"]
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["trainer"]["minibatches"] = 4
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--reference", "algo=grpo"]
+        + ["--out", str(out), "--no-plots"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--reference 'algo=grpo' matches 2 groups" in result.stderr
+    assert "trainer.minibatches=4" in result.stderr and not out.exists()
+    narrowed = build_report(
+        sweep,
+        tmp_path / "narrowed",
+        Options(last=2, reference="algo=grpo trainer.minibatches=4"),
+        plots=False,
+    )
+    assert narrowed.reference is not None and narrowed.reference.best == pytest.approx(0.3)

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.runs import Run
 from tepo_cli.eval.report.stats import Crossing, Estimate, estimate
@@ -82,22 +83,30 @@ def group_curve(runs: list[Run]) -> dict[int, Estimate]:
 
 
 def find_reference(groups: list[Group], wanted: str | None, gain: bool = False) -> Reference | None:
-    """The first group matching every `key=value` of `wanted` (e.g. "algo=grpo": a swept value, or
-    else the runs' config, `algo.name` for a group choice), with the best mean of its held-out
-    curve (and its mean before training, step 0); None when no group matches or it has no
-    evaluation."""
+    """The group matching every `key=value` of `wanted` (e.g. "algo=grpo": a swept value, or else
+    the runs' config, `algo.name` for a group choice), with the best mean of its held-out curve
+    (and its mean before training, step 0); None when no group matches or it has no evaluation.
+    Raises ConfigError when several groups match: a comparison against one of them, chosen
+    silently, would read as one against all."""
     if not wanted:
         return None
     parts = [part.split("=", 1) for part in wanted.split()]
-    for group in groups:
-        if all(_matches(group, key, value) for key, value in parts):
-            curve = group_curve(group.runs)
-            if not curve:
-                return None
-            step = max(curve, key=lambda s: (curve[s].mean, -s))
-            start = curve[0].mean if 0 in curve else 0.0
-            return Reference(group.label, curve[step].mean, step, start, gain)
-    return None
+    matching = [g for g in groups if all(_matches(g, key, value) for key, value in parts)]
+    if len(matching) > 1:
+        labels = ", ".join(repr(g.label) for g in matching)
+        raise ConfigError(
+            f"--reference {wanted!r} matches {len(matching)} groups ({labels}): name one, with "
+            f"as many key=value pairs as it takes, e.g. --reference {matching[0].label!r}. "
+            "Nothing was written."
+        )
+    if not matching:
+        return None
+    curve = group_curve(matching[0].runs)
+    if not curve:
+        return None
+    step = max(curve, key=lambda s: (curve[s].mean, -s))
+    start = curve[0].mean if 0 in curve else 0.0
+    return Reference(matching[0].label, curve[step].mean, step, start, gain)
 
 
 def _matches(group: Group, key: str, value: str) -> bool:
