@@ -119,9 +119,8 @@ def test_no_reference_group_is_said_not_guessed(sweep, tmp_path):
     options = Options(last=2, reference="algo=dapo")
     report = build_report(sweep, tmp_path / "out", options, plots=False)
     assert report.reference is None
-    assert (
-        "no group matches --reference 'algo=dapo'" in (tmp_path / "out" / "report.md").read_text()
-    )
+    said = "--reference 'algo=dapo' names no single group with a held-out evaluation"
+    assert said in (tmp_path / "out" / "report.md").read_text()
     result = subprocess.run(
         [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--fractions", "0.5,2"],
         capture_output=True,
@@ -181,8 +180,10 @@ def test_a_reference_matching_several_groups_is_refused_before_anything_is_writt
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--reference", "algo=grpo"]
-        + ["--out", str(out), "--no-plots"],
+        [
+            *(sys.executable, "-m", "tepo_cli", "report", str(sweep)),
+            *("--reference", "algo=grpo", "--out", str(out), "--no-plots"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -190,6 +191,16 @@ def test_a_reference_matching_several_groups_is_refused_before_anything_is_writt
     assert result.returncode == 2, result.stderr
     assert "--reference 'algo=grpo' matches 2 groups" in result.stderr
     assert "trainer.minibatches=4" in result.stderr and not out.exists()
+    # Not named, the default algo=grpo gives a report without a reference, and says why.
+    plain = subprocess.run(
+        [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--out", str(out), "--no-plots"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 0, plain.stderr
+    said = "--reference 'algo=grpo' (the default) names no single group"
+    assert said in (out / "report.md").read_text()
     narrowed = build_report(
         sweep,
         tmp_path / "narrowed",

@@ -46,7 +46,7 @@ def build_report(
 
     Raises ConfigError (one paragraph) when `root` is not a directory or holds no run.
     """
-    options = options or Options()
+    options = options or Options(reference_given=False)  # as `tepo report DIR` alone
     if not root.is_dir():
         raise ConfigError(
             f"{root} is not a directory. Give a run directory (outputs/train/<date>/<time>) or a "
@@ -65,7 +65,12 @@ def build_report(
     swept, groups = group_runs(runs)
     group_rows, run_rows = build_rows(groups, options)
     reference, dynamics = build_dynamics(
-        groups, options.reference, options.fractions, options.last, options.gain
+        groups,
+        options.reference,
+        options.fractions,
+        options.last,
+        options.gain,
+        options.reference_given,
     )
     differences = compare_groups(groups, reference, options.last)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)

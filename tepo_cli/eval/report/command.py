@@ -18,6 +18,8 @@ Summarise a run or a multirun sweep: runs are grouped by the overrides that diff
 runs. Crashed, failed, interrupted and running runs are listed with their state. Writes
 report.md, report.csv (groups), report_runs.csv and plot_*.png into DIR (or --out)."""
 
+DEFAULT_REFERENCE = "algo=grpo"  # where a sweep holds several GRPO groups: no reference
+
 
 def parser() -> argparse.ArgumentParser:
     parse = argparse.ArgumentParser(
@@ -50,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parse.add_argument(
         "--reference",
-        default="algo=grpo",
+        default=None,
         help="the group (key=value ...) whose best mean held-out accuracy the --fractions are of,\n"
         "for steps to a level (TEPO's convergence time); 'none': no such columns\n"
         "(default algo=grpo)",
@@ -87,7 +89,9 @@ def main(arguments: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    reference = None if args.reference.lower() in ("", "none") else args.reference
+    given = args.reference is not None
+    wanted = args.reference if given else DEFAULT_REFERENCE
+    reference = None if wanted.lower() in ("", "none") else wanted
     options = Options(
         args.threshold,
         args.threshold_key,
@@ -96,6 +100,7 @@ def main(arguments: list[str]) -> int:
         reference,
         fractions,
         gain=args.levels == "gain",
+        reference_given=given,
     )
     console = Console()
     if not console.is_terminal:

@@ -82,16 +82,21 @@ def group_curve(runs: list[Run]) -> dict[int, Estimate]:
     return {step: value for step, value in points.items() if value is not None}
 
 
-def find_reference(groups: list[Group], wanted: str | None, gain: bool = False) -> Reference | None:
+def find_reference(
+    groups: list[Group], wanted: str | None, gain: bool = False, explicit: bool = True
+) -> Reference | None:
     """The group matching every `key=value` of `wanted` (e.g. "algo=grpo": a swept value, or else
     the runs' config, `algo.name` for a group choice), with the best mean of its held-out curve
     (and its mean before training, step 0); None when no group matches or it has no evaluation.
-    Raises ConfigError when several groups match: a comparison against one of them, chosen
-    silently, would read as one against all."""
+    When several groups match, a comparison against one of them, chosen silently, would read as
+    one against all: ConfigError where the user named `wanted` (`explicit`), else None (the
+    default `algo=grpo` in a sweep of another key too: the report goes on without a reference)."""
     if not wanted:
         return None
     parts = [part.split("=", 1) for part in wanted.split()]
     matching = [g for g in groups if all(_matches(g, key, value) for key, value in parts)]
+    if len(matching) > 1 and not explicit:
+        return None
     if len(matching) > 1:
         labels = ", ".join(repr(g.label) for g in matching)
         raise ConfigError(
@@ -190,6 +195,7 @@ def build_dynamics(
     fractions: tuple[float, ...],
     last: int,
     gain: bool = False,
+    explicit: bool = True,
 ) -> tuple[Reference | None, list[DynamicsRow]]:
-    reference = find_reference(groups, wanted_reference, gain)
+    reference = find_reference(groups, wanted_reference, gain, explicit)
     return reference, [dynamics_row(g, reference, fractions, last) for g in groups]

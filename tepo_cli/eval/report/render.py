@@ -138,8 +138,9 @@ def _levels_said(reference: Reference) -> str:
 def dynamics_legend(reference: Reference | None, options: Options) -> str:
     if reference is None:
         reach = (
-            f"no steps to a level: no group matches --reference {options.reference!r} with a "
-            "held-out evaluation"
+            f"no steps to a level: --reference {options.reference!r}"
+            f"{'' if options.reference_given else ' (the default)'} names no single group with a "
+            "held-out evaluation (none, or several: name one with more key=value pairs)"
             if options.reference
             else "no reference group (--reference)"
         )

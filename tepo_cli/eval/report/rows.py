@@ -33,6 +33,8 @@ class Options:
     reference: str | None = "algo=grpo"  # the group whose best held-out mean the fractions are of
     fractions: tuple[float, ...] = (0.5, 0.9)
     gain: bool = False  # the fractions are of the reference's gain over its start, not its best
+    # named by the user (--reference): one that matches several groups is refused, not skipped
+    reference_given: bool = True
 
 
 @dataclass(frozen=True)
