@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="the group (key=value ...) whose best mean held-out accuracy the --fractions are of,\n"
         "for steps to a level (TEPO's convergence time); 'none': no such columns\n"
-        "(default algo=grpo)",
+        "(default algo=grpo where that names one group; a named one that names several\n"
+        "is refused)",
     )
     parse.add_argument(
         "--fractions",
