@@ -90,6 +90,6 @@ for entry in "${runs[@]}"; do
         rm -rf "$run/checkpoints"
         publish "$run" "$results_dir/$name"
         cp "$run.console.log" "$results_dir/$name/console.log"
-        "$TEPO" report "$results_dir" --reference algo=grpo
+        "$TEPO" report "$results_dir" --reference "algo=grpo trainer.minibatches=1"
     fi
 done
