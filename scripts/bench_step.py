@@ -90,6 +90,7 @@ def make_job(args: argparse.Namespace, out: Path) -> Job:
         gradient_checkpointing=args.gradient_checkpointing,
         trl_micro_batch=args.trl_micro_batch or 0,
         trl_gradient_checkpointing=args.trl_gradient_checkpointing,
+        skip_zero_advantage=getattr(args, "skip_zero_advantage", None) is not False,
     )
 
 

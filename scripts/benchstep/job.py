@@ -47,6 +47,9 @@ class Job:
     # defaults for both (8, on), without which it runs out of memory (benchstep/long_job.py).
     trl_micro_batch: int = 0
     trl_gradient_checkpointing: bool | None = None
+    # tepo's side: an update with no row of non-zero advantage is skipped (tepo's default); the
+    # long smoke keeps it, since the tiny model answers nothing right and must still measure one
+    skip_zero_advantage: bool = True
 
     @property
     def batch(self) -> int:

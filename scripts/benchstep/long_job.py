@@ -64,6 +64,7 @@ def tepo_overrides(job: Job, rollout: str) -> list[str]:
         "trainer.save_every=0",
         "trainer.save_final=false",
         "trainer.progress=false",
+        f"trainer.skip_zero_advantage={str(job.skip_zero_advantage).lower()}",
     ]
 
 

@@ -49,6 +49,9 @@ LONG_SMOKE_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 24,
     "generations": 4,
     "trl_micro_batch": 4,  # two TRL micro-batches: its accumulation path runs too
+    # the tiny model answers nothing right, so every advantage is 0: the update runs anyway,
+    # for the smoke to check its columns (benchstep.job.Job.skip_zero_advantage)
+    "skip_zero_advantage": False,
 }
 
 
