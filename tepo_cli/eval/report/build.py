@@ -64,14 +64,7 @@ def build_report(
     _check_threshold_key(runs, options.threshold_key)
     swept, groups = group_runs(runs)
     group_rows, run_rows = build_rows(groups, options)
-    reference, dynamics = build_dynamics(
-        groups,
-        options.reference,
-        options.fractions,
-        options.last,
-        options.gain,
-        options.reference_given,
-    )
+    reference, dynamics = build_dynamics(groups, options)
     differences = compare_groups(groups, reference, options.last)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     out = out or root

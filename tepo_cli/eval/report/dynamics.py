@@ -20,6 +20,7 @@ from typing import Any
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.grouping import Group
+from tepo_cli.eval.report.rows import Options
 from tepo_cli.eval.report.runs import Run
 from tepo_cli.eval.report.stats import Crossing, Estimate, estimate
 
@@ -190,12 +191,11 @@ def dynamics_row(
 
 
 def build_dynamics(
-    groups: list[Group],
-    wanted_reference: str | None,
-    fractions: tuple[float, ...],
-    last: int,
-    gain: bool = False,
-    explicit: bool = True,
+    groups: list[Group], options: Options
 ) -> tuple[Reference | None, list[DynamicsRow]]:
-    reference = find_reference(groups, wanted_reference, gain, explicit)
+    """The reference group (`--reference`) and each group's steps to its levels."""
+    reference = find_reference(
+        groups, options.reference, options.gain, explicit=options.reference_given
+    )
+    fractions, last = options.fractions, options.last
     return reference, [dynamics_row(g, reference, fractions, last) for g in groups]
