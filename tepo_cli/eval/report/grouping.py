@@ -5,6 +5,13 @@ overrides (`.hydra/overrides.yaml`: `algo=grpo`, `k=4`, `trainer.lr=1e-5`), whic
 experiment as it was typed; when a run has no overrides file, the flattened resolved configs are
 compared instead (keeping one key per way of splitting the runs). `seed`, `resume` (a sweep's jobs continued after an
 interruption are the same runs) and Hydra's own settings (`hydra.*`, `hydra/launcher=...`) never define a group.
+
+A group's label names what its runs typed, plus only those untyped values that tell it apart from
+a group it would otherwise read the same as. Once `algo.mask_criterion` is swept among TEPO's runs,
+every other group also has a value for it (its config's), but "algo=dapo
+algo.mask_criterion=covariance" would read as if DAPO had run with a mask; on-policy GRPO beside
+`algo=grpo trainer.minibatches=4` still reads "algo=grpo trainer.minibatches=1". Labels stay
+unique; every value stays in the group's `values` (and the CSV's columns).
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from tepo_cli.eval.report.runs import Run
 
 _NOT_SWEPT = {"seed", "run_dir", "model.path", "resume"}
 _MISSING = "(default)"
+# A top-level shorthand a run did not type shows the value it sets (conf/train.yaml: `k=K` is
+# algo.unit=block algo.k=K; an MPO run that did not type it has k null and algo.k 5).
+_SHORTHANDS = {"k": "algo.k"}
 
 
 @dataclass
@@ -38,14 +48,30 @@ def group_runs(runs: list[Run]) -> tuple[list[str], list[Group]]:
     if not by_overrides:
         swept = _without_redundant(swept, columns)
     groups: dict[tuple[str, ...], Group] = {}
+    typed: dict[tuple[str, ...], set[str]] = {}
     for run, setting in pairs:
         values = {key: _value(run, setting, key) for key in swept}
         identity = tuple(values.values())
         if identity not in groups:
-            label = " ".join(f"{k}={v}" for k, v in values.items()) or "all runs"
-            groups[identity] = Group(label, values, [])
+            groups[identity] = Group("", values, [])
+            typed[identity] = set()
         groups[identity].runs.append(run)
+        typed[identity].update(setting if by_overrides else swept)
+    for identity, group in groups.items():
+        keys = _label_keys(group, typed[identity], swept, list(groups.values()))
+        group.label = " ".join(f"{k}={group.values[k]}" for k in keys) or "all runs"
     return swept, list(groups.values())
+
+
+def _label_keys(group: Group, typed: set[str], swept: list[str], groups: list[Group]) -> list[str]:
+    """The swept keys the group's runs typed; then, for each other group that agrees with it on
+    those, the keys where the two differ. Two groups never share a label: if one's keys do not
+    tell them apart, it adds a key on which they differ."""
+    keys = {key for key in swept if key in typed}
+    for other in groups:
+        if other is not group and all(group.values[k] == other.values[k] for k in keys):
+            keys.update(key for key in swept if group.values[key] != other.values[key])
+    return [key for key in swept if key in keys]
 
 
 def _without_redundant(swept: list[str], columns: dict[str, tuple[str, ...]]) -> list[str]:
@@ -85,6 +111,8 @@ def _value(run: Run, setting: dict[str, str], key: str) -> str:
     """The run's value of a swept key; a run that did not set it shows its config's value."""
     if key in setting:
         return setting[key]
+    if key in _SHORTHANDS and run.config.get(key) is None:
+        key = _SHORTHANDS[key]
     for name in (key, f"{key}.name"):  # a config group (algo=...) is named by its .name
         if name in run.config:
             return _text(run.config[name])
