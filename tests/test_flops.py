@@ -140,3 +140,43 @@ def test_a_step_record_has_the_throughput(tmp_path):
     assert record["update_mfu"] > 0 and math.isfinite(record["update_mfu"])
     assert record["peak_flops"] > 1e6 and record["update_mfu"] <= 1.0  # the tiny model: far below
     assert "MFU " in result.stdout + result.stderr  # the console: stderr when not a terminal
+
+
+def test_mtp_modules_count_their_layer_projection_and_head_per_depth(tiny_model):
+    """MPO's modules (models/mtp.py): per depth, one decoder layer, the 2H → H projection and an
+    LM head run every position again; the factor is 6 trained, 4 frozen with the gradient to the
+    backbone, 2 with nothing flowing back."""
+    from tepo_cli.algos.config import MtpConfig
+    from tepo_cli.config.schema import KernelConfig
+    from tepo_cli.models.policy import Policy
+    from tepo_cli.train.flops import needed_flops, policy_shape
+
+    config = tiny_model.config
+    hidden, vocab = config.hidden_size, config.vocab_size
+    layer = sum(p.numel() for p in tiny_model.model.layers[-1].parameters())
+    norm = sum(p.numel() for p in tiny_model.model.norm.parameters())
+    # per depth: two input norms + final norm (3 · norm), projection 2H·H, the layer, the head V·H
+    per_depth = 3 * norm + 2 * hidden * hidden + layer + vocab * hidden
+    backbone = model_shape(tiny_model)
+    assert policy_shape(Policy(tiny_model, KernelConfig())) == backbone  # no modules: the backbone
+
+    trained = policy_shape(Policy(tiny_model, KernelConfig(), mtp_depths=3, mtp=MtpConfig()))
+    assert (trained.mtp_params, trained.mtp_layers, trained.mtp_passes) == (3 * per_depth, 3, 6.0)
+    shared = MtpConfig(head="shared", trainable=False)  # the head is the backbone's: counted too
+    frozen = policy_shape(Policy(tiny_model, KernelConfig(), mtp_depths=2, mtp=shared))
+    assert (frozen.mtp_params, frozen.mtp_passes) == (
+        2 * (per_depth - vocab * hidden) + 2 * vocab * hidden,
+        4.0,
+    )
+    detached = MtpConfig(trainable=False, backbone_grad=False)
+    alone = policy_shape(Policy(tiny_model, KernelConfig(), mtp_depths=2, mtp=detached))
+    assert alone.mtp_passes == 2.0
+
+    # one prompt of 3 tokens, one answer of 2: tokens 5, context 3·4/2 + (3+1) + (3+2) = 15
+    one = (torch.tensor([3.0]), torch.tensor([2.0]), torch.tensor([3.0]))
+    base, tokens = needed_flops(backbone, *one)
+    width = backbone.attention_width
+    assert tokens == 5
+    assert base == 6 * backbone.matmul_params * 5 + 12 * backbone.layers * width * 15
+    with_mtp, _ = needed_flops(trained, *one)
+    assert with_mtp - base == 6.0 * (3 * per_depth * 5 + 2 * 3 * width * 15)

@@ -31,7 +31,7 @@ from tepo_cli.models.prompt_pass import MinibatchPrompts, reads_prompt_pass, thr
 from tepo_cli.runtime import faults
 from tepo_cli.runtime.guards import skipped_optimizer_steps
 from tepo_cli.train.experience import Experience, on_policy
-from tepo_cli.train.flops import ModelShape, model_shape, update_work
+from tepo_cli.train.flops import ModelShape, policy_shape, update_work
 from tepo_cli.train.micro_batch_objective import micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
@@ -111,7 +111,7 @@ def update(
     skipped_before = skipped_optimizer_steps(engine)
     rows = len(experience.batch)
     mismatch = MismatchTally() if experience.rollout.logprobs is not None else None
-    tally = _Tally(model_shape(engine.module.lm), mismatch=mismatch)
+    tally = _Tally(policy_shape(engine.module), mismatch=mismatch)
     for epoch in range(cfg.trainer.ppo_epochs):
         order = (  # host row indices; the generator is a CPU one
             torch.arange(rows, device="cpu")
