@@ -8,10 +8,11 @@ the output head: a lookup is no matmul); L layers; d_attn = heads × head dim; a
 the number of keys it attends to (causal: its position + 1), summed exactly rather than PaLM's
 full-length bound. MPO's MTP modules (models/mtp.py) run every position again, once per depth:
 their decoder layer, input projection and LM head (a copy, or the backbone's with mtp.head=shared)
-add p · (N_mtp · tokens + 2 · K' · d_attn · Σ context), K' = K − 1 depths, with p = 6 when the
-modules train, 4 when they are frozen but pass the gradient to the backbone (no weight gradient),
-2 when nothing flows back through them. Each optimizer step counts its own rows: a prompt once per distinct prompt of
-the step (as its prompt pass computes them, under that step's weights), an answer once per row;
+add p · (N_mtp · tokens + 2 · K' · d_attn · Σ context), K' = K − 1 depths, with p = 6 when
+the modules train, 4 when they are frozen but pass the gradient to the backbone (no weight
+gradient), 2 when nothing flows back through them. Each optimizer step counts its own rows: a
+prompt once per distinct prompt of the step (as its prompt pass computes them, under that step's
+weights), an answer once per row;
 the rows the update leaves out (an advantage of exactly 0, train/zero_advantage.py) and the steps
 it skips count nothing. Recomputation (gradient checkpointing) is not needed work, so it is not
 counted: that is MFU, not hardware utilisation.

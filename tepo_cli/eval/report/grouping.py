@@ -3,8 +3,9 @@
 A key is swept when its value differs between runs. The keys come from each job's command-line
 overrides (`.hydra/overrides.yaml`: `algo=grpo`, `k=4`, `trainer.lr=1e-5`), which name the
 experiment as it was typed; when a run has no overrides file, the flattened resolved configs are
-compared instead (keeping one key per way of splitting the runs). `seed`, `resume` (a sweep's jobs continued after an
-interruption are the same runs) and Hydra's own settings (`hydra.*`, `hydra/launcher=...`) never define a group.
+compared instead (keeping one key per way of splitting the runs). `seed`, `resume` (a sweep's jobs
+continued after an interruption are the same runs) and Hydra's own settings (`hydra.*`,
+`hydra/launcher=...`) never define a group.
 
 A group's label names what its runs typed, plus only those untyped values that tell it apart from
 a group it would otherwise read the same as. Once `algo.mask_criterion` is swept among TEPO's runs,
