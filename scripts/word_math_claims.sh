@@ -57,8 +57,8 @@ publish() {  # the records of one run, never its weights
     local from=$1 to=$2
     mkdir -p "$to"
     cp -r "$from/.hydra" "$to/"
-    for file in config.yaml metrics.jsonl eval.jsonl samples.jsonl status.json summary.json \
-        train.log; do
+    for file in config.yaml metrics.jsonl eval.jsonl eval_samples.jsonl samples.jsonl status.json \
+        summary.json train.log; do
         [[ -f "$from/$file" ]] && cp "$from/$file" "$to/"
     done
     return 0

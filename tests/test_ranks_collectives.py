@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tepo_cli.core.records import Problem
-from tepo_cli.train.held_out import rank_shard
+from tepo_cli.train.held_out import in_problem_order, rank_shard
 
 # Rank 0's groups are always mixed (its calls alternate wrong, right); rank 1's first training
 # group (calls 3 and 4, after the held-out evaluation's problem and padding problem) is all wrong,
@@ -98,6 +98,11 @@ def test_rank_shards_are_padded_to_the_same_size():
     assert [len(shard) + len(padding) for shard, padding in shards] == [2, 2]
     assert rank_shard(problems[:1], 1, 2) == ([], problems[:1])  # a rank with no problem at all
     assert rank_shard(problems, 0, 1) == (problems, [])
+    # The ranks' graded answers go back into the problems' order for eval_samples.jsonl
+    for count, world in ((3, 2), (7, 3), (1, 2), (0, 2)):
+        ids = [str(i) for i in range(count)]
+        shards = [[{"id": i} for i in ids[rank::world]] for rank in range(world)]
+        assert [a["id"] for a in in_problem_order(shards)] == ids
 
 
 def test_a_timed_out_collective_is_reported_with_the_phase_it_happened_in():
@@ -149,6 +154,13 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
     assert process.returncode == 0, output[-3000:]
     evaluations = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert [(e["when"], e["problems"]) for e in evaluations] == [("before", 3), ("after", 3)]
+    # Both ranks' answers (2 + 1, the padding problem's left out), back in the problems' order.
+    answers = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").open()]
+    assert [a["when"] for a in answers] == ["before"] * 3 + ["after"] * 3
+    assert [a["id"] for a in answers[:3]] == [a["id"] for a in answers[3:]]
+    assert len({a["id"] for a in answers[:3]}) == 3
+    for evaluation, graded in zip(evaluations, (answers[:3], answers[3:]), strict=True):
+        assert evaluation["accuracy"] == sum(a["passed"] for a in graded) / 3
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # step 1: 2 groups kept of 3 sampled (rank 1 refilled once, rank 0 generated alongside it)
     assert [round(s["dropped_group_frac"], 6) for s in steps] == [round(1 / 3, 6), 0.0]

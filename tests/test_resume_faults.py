@@ -186,6 +186,42 @@ def test_a_multi_turn_run_killed_mid_episode_then_resumed_loses_nothing(tmp_path
     assert "env_turns_mean" in comparable_metrics(run_dir)[-1]
 
 
+def test_a_finished_run_extended_keeps_every_evaluation(tmp_path):
+    """`trainer.max_steps` raised on a finished run: it resumes from its last checkpoint, written
+    before its `after` evaluation, whose record the resume cuts back. That step is evaluated
+    again, so the extended run's eval.jsonl and eval_samples.jsonl are an uninterrupted run's."""
+
+    def args(run_dir: Path, steps: int) -> list[str]:
+        kept = [
+            a
+            for a in base_args(tmp_path, run_dir)
+            if not a.startswith(("trainer.eval_a", "trainer.max_steps="))
+        ]
+        return [
+            *kept,
+            f"trainer.max_steps={steps}",
+            "trainer.eval_every=1",
+            "benchmark.eval_size=6",
+        ]
+
+    def evaluations(run_dir: Path, name: str) -> list[dict]:
+        records = [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+    straight, extended = tmp_path / "straight", tmp_path / "extended"
+    assert tepo(args(straight, 3), cwd=tmp_path).returncode == 0
+    assert tepo(args(extended, 2), cwd=tmp_path).returncode == 0
+    assert [e["when"] for e in evaluations(extended, "eval.jsonl")] == ["during", "after"]
+    again = tepo([*args(extended, 3), "resume=true"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "after step 2" in again.stderr
+    steps = [(e["step"], e["when"]) for e in evaluations(extended, "eval.jsonl")]
+    assert steps == [(1, "during"), (2, "during"), (3, "after")]
+    for name in ("eval.jsonl", "eval_samples.jsonl"):
+        assert evaluations(extended, name) == evaluations(straight, name)
+    assert len(evaluations(extended, "eval_samples.jsonl")) == 3 * 6
+
+
 def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
     """Killed in step 2's rollout, then (resumed) in step 3's update, then (resumed again) while
     writing step 3's checkpoint; then step 2's checkpoint is torn on disk after it was sealed, so

@@ -77,6 +77,15 @@ def test_train_tiny_then_eval_the_saved_model(tmp_path):
     assert len(read_jsonl(run / "samples.jsonl")) == 8  # samples_per_step=4 x 2 steps
     evals = read_jsonl(run / "eval.jsonl")
     assert [(e["when"], e["problems"]) for e in evals] == [("before", 30), ("after", 30)]
+    # Each evaluation's 30 graded answers, tagged with it; its record sums them up.
+    answers = read_jsonl(run / "eval_samples.jsonl")
+    assert [(a["step"], a["when"]) for a in answers] == [(0, "before")] * 30 + [(2, "after")] * 30
+    for evaluation, graded in zip(evals, (answers[:30], answers[30:]), strict=True):
+        assert evaluation["accuracy"] == sum(a["passed"] for a in graded) / 30
+        assert evaluation["length_mean"] == pytest.approx(sum(a["length"] for a in graded) / 30)
+        assert evaluation["truncated_frac"] == sum(a["truncated"] for a in graded) / 30
+    assert [a["id"] for a in answers[:30]] == [a["id"] for a in answers[30:]]
+    assert len({a["id"] for a in answers[:30]}) == 30 and "prompt" not in answers[0]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
     assert (summary["eval_before"], summary["eval_after"]) == (

@@ -55,6 +55,10 @@ def test_smoke_publishes_records_reports_and_skips_finished_runs(tmp_path):
         assert "recipe=word_math" in overrides and "resume=true" in overrides
         console = (published / "console.log").read_text()
         assert "held-out accuracy" in console
+        # each evaluation's graded answers travel with the accuracy they add up to
+        evaluations = [json.loads(line) for line in (published / "eval.jsonl").open()]
+        answers = [json.loads(line) for line in (published / "eval_samples.jsonl").open()]
+        assert len(answers) == sum(e["problems"] for e in evaluations) > 0
         assert "no usable checkpoint" not in console  # a fresh job under resume=true: no news
         assert not (runs / name / "checkpoints").exists()
         assert not any(path.suffix == ".safetensors" for path in published.rglob("*"))

@@ -5,6 +5,7 @@ status.json         running / finished / failed / interrupted (core/run_status.p
 metrics.jsonl       one record per training step (and per MTP warm-up step)
 samples.jsonl       logged completions (train) or every graded sample (eval, resumable)
 eval.jsonl          held-out evaluations during training
+eval_samples.jsonl  each held-out evaluation's graded answers (single-turn tasks)
 summary.json        the run's outcome
 checkpoints/        step_NNNNNNNN/, each sealed by manifest.json (runtime/checkpoint.py)
 final/              the trained model, a transformers directory
@@ -24,6 +25,7 @@ STATUS = "status.json"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
 EVALS = "eval.jsonl"
+EVAL_SAMPLES = "eval_samples.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -32,7 +34,7 @@ CRITIC = "critic"
 HYDRA = ".hydra"
 
 # The training run's append-only logs, in the order RunLog opens them (resume cuts them back).
-LOG_FILES = (METRICS, SAMPLES, EVALS)
+LOG_FILES = (METRICS, SAMPLES, EVALS, EVAL_SAMPLES)
 
 # Hydra overrides that keep a process from writing .hydra/ and train.log: every rank but the one
 # that writes the run's outputs (the trainer.nproc relaunch passes them; cli.py adds them on ranks

@@ -49,7 +49,8 @@ class RunLog:
     def __init__(self, run_dir: Path, total_steps: int, show_progress: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.console = Console(stderr=True)
-        self.metrics, self.samples, self.evals = (JsonlWriter(run_dir / n) for n in LOG_FILES)
+        writers = tuple(JsonlWriter(run_dir / name) for name in LOG_FILES)
+        self.metrics, self.samples, self.evals, self.eval_samples = writers
         self._progress = Progress(
             TextColumn("[bold]step {task.completed}/{task.total}"),
             BarColumn(),
@@ -68,7 +69,7 @@ class RunLog:
 
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
-        for writer in (self.metrics, self.samples, self.evals):
+        for writer in (self.metrics, self.samples, self.evals, self.eval_samples):
             writer.close()
 
     def step(self, metrics: dict[str, Any], samples: list[dict[str, Any]]) -> None:
@@ -80,10 +81,15 @@ class RunLog:
         )
         self._progress.update(self._task, completed=metrics["step"], summary=summary)
         # Each step's line stays above the live bar, so the reward curve is readable afterwards.
-        self.console.print(f"step {metrics['step']}: {summary}", highlight=False)
+        # soft_wrap: a line longer than the console (80 columns when it is a file) stays one line.
+        self.console.print(f"step {metrics['step']}: {summary}", highlight=False, soft_wrap=True)
 
-    def evaluation(self, record: dict[str, Any]) -> None:
+    def evaluation(self, record: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+        """A held-out evaluation: its record into eval.jsonl, its graded answers (each tagged with
+        the record's step and when) into eval_samples.jsonl, and a console line."""
         self.evals.write(record)
+        for sample in samples:
+            self.eval_samples.write({"step": record["step"], "when": record["when"], **sample})
         self.console.print(
             f"[bold]eval[/] ({record['when']}, step {record['step']}): accuracy "
             f"{record['accuracy']:.3f} on {record['problems']} held-out problems "

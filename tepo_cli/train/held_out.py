@@ -64,6 +64,7 @@ def held_out_accuracy(
         max_new_tokens=cfg.rollout.max_new_tokens,
         batch_size=cfg.rollout.batch_size,
     )
+    records: list[dict[str, Any]] = []  # graded answers; none from a multi-turn environment
     if cfg.env.multi_turn:  # greedy episodes with the run's environment
         began = time.perf_counter()
         correct = _episodes_correct(cfg, backend, tokenizer, problems + padding, reward, sampling)
@@ -75,20 +76,37 @@ def held_out_accuracy(
         )
         result = evaluate(_first_records(batches, len(problems)), len(problems))
         solved, samples, seconds = result.accuracy * result.samples, result.samples, result.seconds
-    totals = torch.tensor([solved, samples], dtype=torch.float64, device="cpu")
+        records = [_answer_record(record) for record in result.records]
+    lengths = [record["length"] for record in records]
+    truncated = sum(record["truncated"] for record in records)
+    totals = torch.tensor(
+        [solved, samples, sum(lengths), truncated, len(records)], dtype=torch.float64, device="cpu"
+    )
     totals = collective.all_sum(totals).cpu()
-    accuracy = float(totals[0] / totals[1])
-    if log is not None:
-        log.evaluation(
-            {
-                "step": step,
-                "when": when,
-                "accuracy": accuracy,
-                "problems": int(totals[1]),
-                "seconds": seconds,
-            }
+    answers = in_problem_order(collective.from_every_rank(records))
+    record: dict[str, Any] = {"step": step, "when": when, "accuracy": float(totals[0] / totals[1])}
+    record.update(problems=int(totals[1]), seconds=seconds)
+    if totals[4] > 0:  # what the answers look like: did the model learn to stop, or to reckon?
+        record.update(
+            length_mean=float(totals[2] / totals[4]), truncated_frac=float(totals[3] / totals[4])
         )
-    return accuracy
+    if log is not None:
+        log.evaluation(record, answers)
+    return record["accuracy"]
+
+
+def _answer_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A graded answer as eval_samples.jsonl keeps it: the prompt (the same at every evaluation,
+    rebuilt from the problem's question) is left out."""
+    return {key: value for key, value in record.items() if key not in ("prompt", "sample")}
+
+
+def in_problem_order(shards: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rank r evaluated problems r, r + world, ... (`rank_shard`): interleave the shards back."""
+    merged: list[dict[str, Any]] = []
+    for index in range(max((len(shard) for shard in shards), default=0)):
+        merged.extend(shard[index] for shard in shards if index < len(shard))
+    return merged
 
 
 def _episodes_correct(

@@ -6,6 +6,7 @@ evaluations, the bad-step guard, checkpoints and the final save. `train/setup.py
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +18,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError, StopRequested
+from tepo_cli.core.run_dir import EVALS
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import Reference
@@ -90,10 +93,13 @@ class Run:
             yield step
 
     def evaluate(self, when: str) -> None:
-        """Held-out accuracy `before` the first step (unless resumed) or `after` the last."""
+        """Held-out accuracy `before` the first step (unless resumed) or `after` the last; and,
+        resumed at a step whose evaluation the logs lost, that one again."""
         trainer = self.cfg.trainer
         if when == "before" and trainer.eval_before and self.state.step == 0:
             self.state.summary["eval_before"] = self._held_out(0, when)
+        if when == "before" and self._evaluation_lost(self.state.step):
+            self._held_out(self.state.step, "during")
         if when == "after" and trainer.eval_after:
             self.state.summary["eval_after"] = self._held_out(trainer.max_steps, when)
 
@@ -102,6 +108,21 @@ class Run:
         every = self.cfg.trainer.eval_every
         if every and step % every == 0 and step < self.cfg.trainer.max_steps:
             self._held_out(step, "during")
+
+    def _evaluation_lost(self, step: int) -> bool:
+        """A finished run extended (trainer.max_steps raised) resumes from its last checkpoint,
+        written before its `after` evaluation, so the logs were cut back past that evaluation: an
+        `eval_every` step with no record in eval.jsonl is evaluated again (greedy: the same
+        answers), so the extended run's curve has every point an uninterrupted one would."""
+        every = self.cfg.trainer.eval_every
+        if step == 0 or not every or step % every or step >= self.cfg.trainer.max_steps:
+            return False
+        recorded = False
+        if self.topo.is_main:
+            evals = self.run_dir / EVALS
+            lines = evals.read_text(encoding="utf-8").splitlines() if evals.is_file() else []
+            recorded = any(json.loads(line)["step"] == step for line in lines)
+        return not collective.from_rank0(recorded)
 
     def log_step(self, record: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         """The step's record and samples into the run's logs, its numbers to the trackers; too
