@@ -49,8 +49,8 @@ class RunLog:
     def __init__(self, run_dir: Path, total_steps: int, show_progress: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.console = Console(stderr=True)
-        writers = tuple(JsonlWriter(run_dir / name) for name in LOG_FILES)
-        self.metrics, self.samples, self.evals, self.eval_samples = writers
+        self._writers = tuple(JsonlWriter(run_dir / name) for name in LOG_FILES)
+        self.metrics, self.samples, self.evals, self.eval_samples = self._writers
         self._progress = Progress(
             TextColumn("[bold]step {task.completed}/{task.total}"),
             BarColumn(),
@@ -69,7 +69,7 @@ class RunLog:
 
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
-        for writer in (self.metrics, self.samples, self.evals, self.eval_samples):
+        for writer in self._writers:
             writer.close()
 
     def step(self, metrics: dict[str, Any], samples: list[dict[str, Any]]) -> None:

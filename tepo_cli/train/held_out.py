@@ -77,15 +77,20 @@ def held_out_accuracy(
         result = evaluate(_first_records(batches, len(problems)), len(problems))
         solved, samples, seconds = result.accuracy * result.samples, result.samples, result.seconds
         records = [_answer_record(record) for record in result.records]
-    lengths = [record["length"] for record in records]
+    length = sum(record["length"] for record in records)
     truncated = sum(record["truncated"] for record in records)
     totals = torch.tensor(
-        [solved, samples, sum(lengths), truncated, len(records)], dtype=torch.float64, device="cpu"
+        [solved, samples, length, truncated, len(records)], dtype=torch.float64, device="cpu"
     )
     totals = collective.all_sum(totals).cpu()
     answers = in_problem_order(collective.from_every_rank(records))
-    record: dict[str, Any] = {"step": step, "when": when, "accuracy": float(totals[0] / totals[1])}
-    record.update(problems=int(totals[1]), seconds=seconds)
+    record: dict[str, Any] = {
+        "step": step,
+        "when": when,
+        "accuracy": float(totals[0] / totals[1]),
+        "problems": int(totals[1]),
+        "seconds": seconds,
+    }
     if totals[4] > 0:  # what the answers look like: did the model learn to stop, or to reckon?
         record.update(
             length_mean=float(totals[2] / totals[4]), truncated_frac=float(totals[3] / totals[4])
