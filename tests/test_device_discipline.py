@@ -13,23 +13,17 @@ rollout found there was moved by the boundary.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from markers import needs_vllm
 
 import tepo_cli
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.device_check import FACTORIES, DeviceCheck, Violation
 from tepo_cli.core.rollout import Rollout
-
-needs_vllm = pytest.mark.skipif(
-    os.environ.get("TEPO_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vllm") is None,
-    reason="rollout=vllm needs `make install-vllm`",
-)
 
 PARITY = "def score(completion, problem):\n    return len(completion) % 2\n"
 

@@ -4,7 +4,6 @@ One rank, kill -9 and resume: tests/test_resume_faults.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,13 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from markers import needs_vllm
 
 pytestmark = pytest.mark.slow
-
-needs_vllm = pytest.mark.skipif(
-    os.environ.get("TEPO_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vllm") is None,
-    reason="rollout=vllm needs `make install-vllm`",
-)
 
 
 def tepo(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
