@@ -99,7 +99,15 @@ def plan(
             ("lora", ("deepspeed=zero2", "model.lora.r=8"), None),
             (
                 "mpo-mtp",
-                ("deepspeed=zero2", "algo=mpo", "k=3", "algo.mtp.warmup.steps=2"),
+                (
+                    "deepspeed=zero2",
+                    "algo=mpo",
+                    "k=3",
+                    "algo.mtp.warmup.steps=2",
+                    # MPO has no KL (beta 0): a tiny model that answers nothing right gives every
+                    # row a zero advantage, and the default skip would leave no update to check.
+                    "trainer.skip_zero_advantage=false",
+                ),
                 None,
             ),
             ("gae", ("deepspeed=zero2", "advantage=gae", "rollout.n=1"), None),

@@ -228,6 +228,7 @@ def test_packed_on_cuda_goes_through_flash_varlen_and_agrees_with_the_padded(
     """The half-precision CUDA path (FlashAttention's variable-length kernel, grouped-query: the
     tiny model has 2 query heads per key head) against the padded batch's attention, in bf16."""
     import dataclasses
+    import functools
 
     import torch.nn.attention.varlen as varlen
 
@@ -244,7 +245,10 @@ def test_packed_on_cuda_goes_through_flash_varlen_and_agrees_with_the_padded(
     model = tiny_model.to(cuda, torch.bfloat16)
     calls = []
     real = varlen.varlen_attn
-    monkeypatch.setattr(varlen, "varlen_attn", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # functools.wraps: the path reads the installed kernel's signature (window_size or is_causal)
+    # through the wrapper's __wrapped__, as it would from the real function.
+    counted = functools.wraps(real)(lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(varlen, "varlen_attn", counted)
     kernel = KernelConfig(backend="torch")
     results = []
     for packing in (False, True):
