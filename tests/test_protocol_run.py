@@ -3,6 +3,7 @@ order, resumed after a crash, published without weights, journaled, and skipped 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -139,7 +140,7 @@ def test_another_commit_than_the_pinned_one_is_refused_unless_allowed_and_then_j
     assert entry["commit"] == code_checkout().commit
 
 
-def test_a_protocol_edited_after_its_runs_started_is_refused(tmp_path):
+def test_a_protocol_edited_after_its_runs_started_is_refused_unless_allowed_and_journaled(tmp_path):
     path = protocol_file(tmp_path)
     results = path.parent / "runs"
     results.mkdir()
@@ -148,7 +149,18 @@ def test_a_protocol_edited_after_its_runs_started_is_refused(tmp_path):
     result = tepo_protocol(tmp_path, str(path), timeout=60)
     assert result.returncode == 2
     assert f"{path} changed since its runs started (2026-11-28T01:00:00+00:00" in result.stderr
+    assert "--allow-protocol-change" in result.stderr
     assert len(journal(results)) == 1 and not (tmp_path / "multirun").exists()
+    for name in ("grpo_seed0", "tepo_seed0"):  # published: nothing would train
+        (results / name).mkdir(parents=True)
+        (results / name / "status.json").write_text('{"state": "finished"}')
+    allowed = tepo_protocol(tmp_path, str(path), "--allow-protocol-change", timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    change = journal(results)[1]
+    assert change["event"] == "protocol_changed" and change["previous_sha256"] == "ab"
+    assert change["protocol_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    # the change is the new registration: the next invocation goes on without the flag
+    assert tepo_protocol(tmp_path, str(path), timeout=60).returncode == 0
 
 
 def test_other_processes_cores_are_the_machines_busy_time_less_the_runs_own():

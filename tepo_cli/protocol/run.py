@@ -54,6 +54,7 @@ class Options:
     list_only: bool
     dry_run: bool
     allow_commit_mismatch: bool
+    allow_protocol_change: bool
 
 
 def main(argv: list[str]) -> int:
@@ -100,6 +101,11 @@ def _parse(argv: list[str]) -> Options:
         action="store_true",
         help="run at a commit other than the protocol's (journaled as a deviation)",
     )
+    run.add_argument(
+        "--allow-protocol-change",
+        action="store_true",
+        help="go on after the protocol file changed since its runs started (journaled)",
+    )
     args = parser.parse_args(argv)
     return Options(
         protocol=args.protocol,
@@ -109,6 +115,7 @@ def _parse(argv: list[str]) -> Options:
         list_only=args.list,
         dry_run=args.dry_run,
         allow_commit_mismatch=args.allow_commit_mismatch,
+        allow_protocol_change=args.allow_protocol_change,
     )
 
 
@@ -126,7 +133,7 @@ def run_protocol(options: Options) -> int:
     checkout = code_checkout()
     mismatch = _commit_mismatch(protocol, checkout, options)
     journal = Journal(results_dir, checkout, file_digest(options.protocol))
-    _check_unchanged(journal, options.protocol)
+    _check_unchanged(journal, options)
     if mismatch:
         journal.write("*", "commit_mismatch", pinned=protocol.commit)
         print(f"tepo protocol run: {mismatch}", file=sys.stderr)
@@ -182,16 +189,24 @@ def _commit_mismatch(protocol: Protocol, checkout: Checkout, options: Options) -
     return message + "; --allow-commit-mismatch: going on, journaled as a deviation."
 
 
-def _check_unchanged(journal: Journal, protocol_file: Path) -> None:
-    """A protocol edited after its first run would no longer be what was registered."""
-    first = next((e for e in journal.entries() if e.get("protocol_sha256")), None)
-    if first is not None and first["protocol_sha256"] != journal.protocol_sha256:
-        raise ConfigError(
-            f"{protocol_file} changed since its runs started ({first['time']}, journal "
-            f"{journal.path}): a pre-registered protocol is not edited once it runs. Restore it "
-            "(git checkout) and list deviations in protocol.md beside it, or register a new "
-            "protocol with its own name and results directory. Nothing was run."
-        )
+def _check_unchanged(journal: Journal, options: Options) -> None:
+    """A protocol edited after its runs started is no longer what was registered: refused, or
+    with --allow-protocol-change journaled (old and new digest) as the deviation it is."""
+    entries = journal.entries()
+    latest = next((e for e in reversed(entries) if e.get("protocol_sha256")), None)
+    if latest is None or latest["protocol_sha256"] == journal.protocol_sha256:
+        return
+    if options.allow_protocol_change:
+        journal.write("*", "protocol_changed", previous_sha256=latest["protocol_sha256"])
+        return
+    first = next(e for e in entries if e.get("protocol_sha256"))
+    raise ConfigError(
+        f"{options.protocol} changed since its runs started ({first['time']}, journal "
+        f"{journal.path}): a pre-registered protocol is not edited once it runs. Restore it "
+        "(git checkout) and list deviations in protocol.md beside it, or pass "
+        "--allow-protocol-change to go on with the change journaled as a deviation. "
+        "Nothing was run."
+    )
 
 
 def _published(published: Path) -> bool:
