@@ -187,3 +187,12 @@ def test_a_file_that_is_missing_not_yaml_or_not_a_mapping_is_refused(tmp_path):
     listed = write(tmp_path, "- grpo\n- tepo\n")
     with pytest.raises(ConfigError, match=r"must be a mapping of keys .* not list"):
         load_protocol(listed)
+
+
+def test_the_sweeps_guides_example_is_the_example_and_loads(tmp_path):
+    """The guide's protocol is this file's EXAMPLE with comments: a schema change shows there."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "sweeps.md").read_text()
+    section = guide.split("### Pre-registered experiments", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = load_protocol(write(tmp_path, block))
+    assert documented == load_protocol(write(tmp_path, EXAMPLE))
