@@ -84,11 +84,15 @@ def _parse(argv: list[str]) -> Options:
     )
     run.add_argument("protocol", type=Path, metavar="PROTOCOL.yaml")
     run.add_argument(
-        "--runs-dir", type=Path, help="where the runs train (default multirun/<protocol name>)"
+        "--runs-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the runs train (default multirun/<protocol name>)",
     )
     run.add_argument(
         "--results-dir",
         type=Path,
+        metavar="DIR",
         help="the published records and journal.jsonl (default runs/ beside the protocol file)",
     )
     run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
