@@ -19,6 +19,8 @@ commands:
             ./.deepspeed_env, which DeepSpeed's ssh launch exports on every node
   report    `tepo report DIR [--out DIR] [--threshold 0.5]`: tables (terminal, Markdown, CSV)
             and plots over the runs of a run or multirun directory (`tepo report --help`)
+  protocol  `tepo protocol run PROTOCOL.yaml [--list] [--dry-run] [--only REGEX]`: train a
+            pre-registered experiment's runs in order, resumable (`tepo protocol run --help`)
 
 examples:
   tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU
@@ -76,6 +78,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {__version__}")
         return
     command, overrides = args[0], args[1:]
+    if command == "protocol":  # its own flags (--dry-run included): before _take_flags
+        from tepo_cli.protocol.run import main as protocol_main
+
+        sys.exit(protocol_main(overrides))
     overrides, dry_run = _take_flags(overrides)
     if command == "data":
         sys.exit(_data_command(overrides))
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in jobs:
         print(
             f"tepo: unknown command '{command}'; the commands are: "
-            f"{', '.join([*jobs, 'data', 'report', 'deepspeed-env'])}.\n",
+            f"{', '.join([*jobs, 'data', 'report', 'protocol', 'deepspeed-env'])}.\n",
             file=sys.stderr,
         )
         print(USAGE, end="", file=sys.stderr)

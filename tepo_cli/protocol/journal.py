@@ -1,0 +1,131 @@
+"""RESULTS_DIR/journal.jsonl: one line per run event of a pre-registered experiment.
+
+The results page quotes it for what the records alone do not show: when each run started, that it
+resumed after step N (and at which commit), that it crashed with which exit code, and whether the
+machine was shared while it trained (the other processes' CPU use slows a run several-fold on a
+small CPU, which shows up in its timings, not in its metrics). Append-only: an earlier line is
+never rewritten, so the journal is the experiment's history, interruptions included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import tepo_cli
+
+JOURNAL = "journal.jsonl"
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """The code that runs the experiment: its commit and whether tracked files differ from it."""
+
+    commit: str | None  # None: not a git checkout (an installed wheel)
+    dirty: bool
+
+
+def code_checkout() -> Checkout:
+    """`git rev-parse HEAD` of the checkout tepo_cli is imported from: the code that trains, which
+    need not be the working directory's (a `git worktree` pinned at the protocol's commit)."""
+    where = Path(tepo_cli.__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return Checkout(None, False)
+    return Checkout(head, bool(changed))
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Journal:
+    def __init__(self, results_dir: Path, checkout: Checkout, protocol_sha256: str) -> None:
+        self.path = results_dir / JOURNAL
+        self.checkout = checkout
+        self.protocol_sha256 = protocol_sha256
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def write(self, run: str, event: str, **details: Any) -> dict[str, Any]:
+        record = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "run": run,
+            "event": event,
+            **details,
+            "commit": self.checkout.commit,
+            "dirty": self.checkout.dirty,
+            "host": socket.gethostname(),
+            "protocol_sha256": self.protocol_sha256,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        return record
+
+
+class CpuShare:
+    """How many cores other processes kept busy while one run trained.
+
+    The machine's busy CPU time (psutil) minus this process's children's (os.times(): the run's
+    `tepo train` and every process it waited for), over the run's wall time. Measured, not
+    inferred from the load average, which still carries the previous run's tail at a run's start.
+    """
+
+    def __init__(self) -> None:
+        self.cpus = os.cpu_count() or 1
+        self._busy = _busy_seconds()
+        self._children = _children_seconds()
+        self._wall = time.monotonic()
+
+    def others(self) -> float:
+        """Average cores used by other processes since the start (0 when the run had the CPU)."""
+        return others_cores(
+            busy=_busy_seconds() - self._busy,
+            own=_children_seconds() - self._children,
+            wall=time.monotonic() - self._wall,
+        )
+
+
+def others_cores(busy: float, own: float, wall: float) -> float:
+    """Cores busy with other processes: the machine's busy CPU seconds less the run's own, per
+    second of wall time; never negative (the two clocks tick at slightly different moments)."""
+    if wall <= 0:
+        return 0.0
+    return round(max(busy - own, 0.0) / wall, 2)
+
+
+def _busy_seconds() -> float:
+    times = psutil.cpu_times()  # guest time is already inside user time on Linux: not added
+    fields = ("user", "nice", "system", "irq", "softirq", "steal")
+    return sum(getattr(times, field, 0.0) for field in fields)
+
+
+def _children_seconds() -> float:
+    times = os.times()
+    return times.children_user + times.children_system

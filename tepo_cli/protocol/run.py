@@ -1,0 +1,344 @@
+"""`tepo protocol run PROTOCOL.yaml`: train a pre-registered experiment's runs, one at a time.
+
+Each run is a `tepo train` subprocess with the protocol's overrides, `resume=true` and its own
+`hydra.run.dir=RUNS_DIR/RUN`, so the same command after any interruption (kill -9, a reboot, a
+failed run) picks up where the experiment stopped: a run already published is skipped, the
+unfinished one resumes from its newest checkpoint, the rest start in the registered order. Runs
+train one after another because they share the CPU (vLLM on a small CPU slows several-fold when
+shared). A finished run's records — never its weights — are published into RESULTS_DIR/RUN and its
+checkpoints deleted; every start, resume, finish and failure is a line of RESULTS_DIR/journal.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.run_dir import (
+    CHECKPOINTS,
+    CONFIG,
+    EVAL_SAMPLES,
+    EVALS,
+    HYDRA,
+    METRICS,
+    SAMPLES,
+    STATUS,
+    SUMMARY,
+)
+from tepo_cli.core.run_status import effective_state
+from tepo_cli.protocol.journal import Checkout, CpuShare, Journal, code_checkout, file_digest
+from tepo_cli.protocol.spec import Protocol, Run, load_protocol
+
+# What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
+RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "train.log")
+CONSOLE = "console.log"
+_CHECKPOINT = re.compile(r"^step_(\d{8})$")
+
+USAGE = "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] [--list] [--dry-run]"
+
+
+@dataclass(frozen=True)
+class Options:
+    protocol: Path
+    runs_dir: Path
+    results_dir: Path
+    only: str | None
+    list_only: bool
+    dry_run: bool
+    allow_commit_mismatch: bool
+    allow_protocol_change: bool
+
+
+def main(argv: list[str]) -> int:
+    options = _parse(argv)
+    try:
+        return run_protocol(options)
+    except ConfigError as error:
+        print(f"tepo protocol run: {error}", file=sys.stderr)
+        return 2
+
+
+def _parse(argv: list[str]) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="tepo protocol",
+        description="Pre-registered experiments (docs/guides/sweeps.md#pre-registered-experiments).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="run")
+    run = commands.add_parser(
+        "run",
+        usage=USAGE,
+        help="train the protocol's runs, interleaved and resumable",
+        description=(
+            "Train every run of PROTOCOL.yaml in its registered order, one at a time. Run it "
+            "again after any interruption: published runs are skipped, the unfinished one "
+            "resumes from its last checkpoint."
+        ),
+    )
+    run.add_argument("protocol", type=Path, metavar="PROTOCOL.yaml")
+    run.add_argument(
+        "--runs-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the runs train (default multirun/<protocol name>)",
+    )
+    run.add_argument(
+        "--results-dir",
+        type=Path,
+        metavar="DIR",
+        help="the published records and journal.jsonl (default runs/ beside the protocol file)",
+    )
+    run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
+    run.add_argument("--list", action="store_true", help="print the runs and their overrides")
+    run.add_argument(
+        "--dry-run", action="store_true", help="validate every run's config, train nothing"
+    )
+    run.add_argument(
+        "--allow-commit-mismatch",
+        action="store_true",
+        help="run at a commit other than the protocol's (journaled as a deviation)",
+    )
+    run.add_argument(
+        "--allow-protocol-change",
+        action="store_true",
+        help="go on after the protocol file changed since its runs started (journaled)",
+    )
+    args = parser.parse_args(argv)
+    return Options(
+        protocol=args.protocol,
+        runs_dir=args.runs_dir,
+        results_dir=args.results_dir,
+        only=args.only,
+        list_only=args.list,
+        dry_run=args.dry_run,
+        allow_commit_mismatch=args.allow_commit_mismatch,
+        allow_protocol_change=args.allow_protocol_change,
+    )
+
+
+def run_protocol(options: Options) -> int:
+    protocol = load_protocol(options.protocol)
+    runs = _selected(protocol, options.only)
+    runs_dir = options.runs_dir or Path("multirun") / protocol.name
+    results_dir = options.results_dir or options.protocol.parent / "runs"
+    if options.list_only:
+        for name, overrides in runs:
+            print(f"{name}: {' '.join(overrides)}")
+        return 0
+    if options.dry_run:
+        return _dry_run(runs)
+    checkout = code_checkout()
+    mismatch = _commit_mismatch(protocol, checkout, options)
+    journal = Journal(results_dir, checkout, file_digest(options.protocol))
+    _check_unchanged(journal, options)
+    if mismatch:
+        journal.write("*", "commit_mismatch", pinned=protocol.commit)
+        print(f"tepo protocol run: {mismatch}", file=sys.stderr)
+    for run in runs:
+        if _published(results_dir / run.name):
+            print(f"== {run.name}: finished and published already, skipped", flush=True)
+            continue
+        code = _train(run, runs_dir, results_dir, journal)
+        if code != 0:
+            print(
+                f"tepo protocol run: {run.name} did not finish (exit {code}); the runs after it "
+                f"did not start. Run the same command again to resume it "
+                f"(journal: {journal.path}).",
+                file=sys.stderr,
+            )
+            return code
+    print(f"== every run of {protocol.name} is published in {results_dir}", flush=True)
+    return 0
+
+
+def _selected(protocol: Protocol, only: str | None) -> list[Run]:
+    runs = protocol.runs()
+    if only is None:
+        return runs
+    try:
+        pattern = re.compile(only)
+    except re.error as error:
+        raise ConfigError(f"--only {only!r} is not a regular expression: {error}.") from None
+    chosen = [run for run in runs if pattern.search(run.name)]
+    if not chosen:
+        raise ConfigError(
+            f"--only {only!r} matches none of the protocol's runs "
+            f"({', '.join(run.name for run in runs)}). Nothing was run."
+        )
+    return chosen
+
+
+def _commit_mismatch(protocol: Protocol, checkout: Checkout, options: Options) -> str | None:
+    """A paragraph when the code is not at the protocol's pinned commit; refused unless allowed."""
+    pinned = protocol.commit
+    if pinned is None or (checkout.commit or "").startswith(pinned):
+        return None
+    found = checkout.commit or "no git checkout"
+    message = (
+        f"{options.protocol} pins commit {pinned}, but the code that would train is at {found}. "
+        "Every run of a pre-registered experiment is made at one commit: run from a checkout of "
+        f"it (git worktree add ../{protocol.name} {pinned}, then install that checkout)"
+    )
+    if not options.allow_commit_mismatch:
+        raise ConfigError(
+            message + ", or pass --allow-commit-mismatch to journal the deviation. Nothing was run."
+        )
+    return message + "; --allow-commit-mismatch: going on, journaled as a deviation."
+
+
+def _check_unchanged(journal: Journal, options: Options) -> None:
+    """A protocol edited after its runs started is no longer what was registered: refused, or
+    with --allow-protocol-change journaled (old and new digest) as the deviation it is."""
+    entries = journal.entries()
+    latest = next((e for e in reversed(entries) if e.get("protocol_sha256")), None)
+    if latest is None or latest["protocol_sha256"] == journal.protocol_sha256:
+        return
+    if options.allow_protocol_change:
+        journal.write("*", "protocol_changed", previous_sha256=latest["protocol_sha256"])
+        return
+    first = next(e for e in entries if e.get("protocol_sha256"))
+    raise ConfigError(
+        f"{options.protocol} changed since its runs started ({first['time']}, journal "
+        f"{journal.path}): a pre-registered protocol is not edited once it runs. Restore it "
+        "(git checkout) and list deviations in protocol.md beside it, or pass "
+        "--allow-protocol-change to go on with the change journaled as a deviation. "
+        "Nothing was run."
+    )
+
+
+def _published(published: Path) -> bool:
+    return effective_state(published) == "finished"
+
+
+def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int:
+    run_dir = runs_dir / run.name
+    before = effective_state(run_dir) if run_dir.is_dir() else None
+    after_step = _newest_checkpoint(run_dir)
+    if before is None:
+        journal.write(run.name, "start")
+    elif before == "finished":
+        journal.write(run.name, "publish", note="finished before, not yet published")
+    else:
+        journal.write(run.name, "resume", after_step=after_step or 0, state=before)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "tepo_cli",
+        "train",
+        *run.overrides,
+        "resume=true",
+        f"hydra.run.dir={run_dir}",
+    ]
+    print(f"== {run.name}: tepo train {' '.join(command[4:])}", flush=True)
+    cpu = CpuShare()
+    console = runs_dir / f"{run.name}.{CONSOLE}"
+    code = _stream(command, console)
+    state = effective_state(run_dir)
+    shared = {"others_cores": cpu.others(), "cpus": cpu.cpus}
+    if code == 0 and state == "finished":
+        shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
+        _publish(run_dir, console, results_dir / run.name)
+        journal.write(run.name, "finish", steps=_last_step(run_dir), **shared)
+        return 0
+    journal.write(
+        run.name,
+        "fail",
+        exit_code=code,
+        state=state,
+        last_checkpoint=_newest_checkpoint(run_dir),
+        **shared,
+    )
+    return code or 1
+
+
+def _stream(command: list[str], console: Path) -> int:
+    """Run `command`, its output on this terminal and appended to `console`; its exit code as a
+    shell reports it (128 + N for a signal). Ctrl-C reaches the run too (same process group): it
+    checkpoints and exits, and this waits for it."""
+    with console.open("a") as log:
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        assert process.stdout is not None
+        while True:
+            try:
+                for line in process.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    log.write(line)
+                break
+            except KeyboardInterrupt:
+                continue  # the run got it too: it checkpoints and exits; keep its last words
+        code = process.wait()
+    return 128 - code if code < 0 else code
+
+
+def _publish(run_dir: Path, console: Path, published: Path) -> None:
+    """Copy the run's records into `published` whole or not at all (a staging folder renamed),
+    so a run is skipped next time only when every record is there."""
+    staging = published.with_name(f".{published.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    if (run_dir / HYDRA).is_dir():
+        shutil.copytree(run_dir / HYDRA, staging / HYDRA)
+    for name in RECORDS:
+        if (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, staging / name)
+    shutil.copy2(console, staging / CONSOLE)
+    shutil.rmtree(published, ignore_errors=True)
+    staging.rename(published)
+
+
+def _newest_checkpoint(run_dir: Path) -> int | None:
+    root = run_dir / CHECKPOINTS
+    steps = [int(m.group(1)) for p in root.glob("step_*") if (m := _CHECKPOINT.match(p.name))]
+    return max(steps, default=None)
+
+
+def _last_step(run_dir: Path) -> int | None:
+    step = None
+    path = run_dir / METRICS
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            step = record.get("step", step)
+    return step
+
+
+def _dry_run(runs: list[Run]) -> int:
+    """Every run's config validated by `tepo train --dry-run` in a scratch run directory."""
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="tepo-protocol-") as scratch:
+        for name, overrides in runs:
+            command = [
+                sys.executable,
+                "-m",
+                "tepo_cli",
+                "train",
+                *overrides,
+                f"hydra.run.dir={Path(scratch) / name}",
+                "--dry-run",
+            ]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode == 0:
+                print(f"{name}: valid")
+            else:
+                failed.append(name)
+                print(f"{name}: invalid (exit {result.returncode})\n{result.stderr.strip()}")
+    if failed:
+        print(
+            f"tepo protocol run --dry-run: {len(failed)} of {len(runs)} runs have an invalid "
+            f"config ({', '.join(failed)}). Nothing was run.",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"tepo protocol run --dry-run: all {len(runs)} runs are valid; nothing was trained.")
+    return 0

@@ -1,0 +1,258 @@
+"""`tepo protocol run`: a pre-registered experiment's runs trained one at a time in the registered
+order, resumed after a crash, published without weights, journaled, and skipped once published."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tepo_cli.protocol.journal import code_checkout, others_cores
+
+TEPO = Path(sys.executable).parent / "tepo"
+# The tiny overrides scripts/word_math_claims.sh uses for SMOKE=1 (CI): two steps, a checkpoint each.
+SMOKE = [
+    "recipe=word_math",
+    "model=tiny",
+    "rollout=hf",
+    "trainer.max_steps=2",
+    "trainer.warmup_steps=0",
+    "benchmark.eval_size=4",
+    "rollout.n=2",
+    "trainer.prompts_per_step=2",
+    "rollout.max_new_tokens=16",
+    "trainer.save_every=1",
+]
+
+
+def protocol_file(tmp_path: Path, **changes: object) -> Path:
+    data = {
+        "name": "smoke",
+        "description": "two arms, one seed, tiny model",
+        "base": SMOKE,
+        "arms": {"grpo": ["algo=grpo"], "tepo": ["algo=tepo"]},
+        "seeds": [0],
+        "first_run_only": ["trainer.eval_before=true"],
+        "other_runs": ["trainer.eval_before=false"],
+        "alpha": 0.05,
+        "correction": "holm",
+        "primaries": [
+            {
+                "name": "final",
+                "metric": "eval_final",
+                "treatment": "tepo",
+                "control": "grpo",
+                "direction": "greater",
+                "test": "welch",
+            }
+        ],
+        **changes,
+    }
+    path = tmp_path / "exp" / "protocol.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def tepo_protocol(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 400):
+    return subprocess.run(
+        [str(TEPO), "protocol", "run", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def journal(results: Path) -> list[dict]:
+    return [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines()]
+
+
+def test_list_prints_every_run_in_order_and_writes_nothing(tmp_path):
+    path = protocol_file(tmp_path, seeds=[0, 1])
+    before = sorted(tmp_path.rglob("*"))
+    result = tepo_protocol(tmp_path, str(path), "--list", timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "grpo_seed0",
+        "tepo_seed0",
+        "grpo_seed1",
+        "tepo_seed1",
+    ]
+    assert lines[0] == f"grpo_seed0: {' '.join(SMOKE)} algo=grpo seed=0 trainer.eval_before=true"
+    assert lines[3].endswith("algo=tepo seed=1 trainer.eval_before=false")
+    only = tepo_protocol(tmp_path, str(path), "--list", "--only", "^tepo", timeout=60)
+    assert [line.split(":")[0] for line in only.stdout.splitlines()] == ["tepo_seed0", "tepo_seed1"]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--only", "("], "--only '(' is not a regular expression"),
+        (["--only", "mpo"], "--only 'mpo' matches none of the protocol's runs (grpo_seed0, tepo"),
+    ],
+)
+def test_a_bad_only_is_refused_and_nothing_runs(tmp_path, args, expected):
+    path = protocol_file(tmp_path)
+    result = tepo_protocol(tmp_path, str(path), *args, timeout=60)
+    assert result.returncode == 2 and expected in result.stderr
+    assert not (tmp_path / "multirun").exists() and not (path.parent / "runs").exists()
+
+
+def test_a_bad_protocol_file_is_refused_with_the_loaders_paragraph(tmp_path):
+    path = protocol_file(tmp_path, alpha=2)
+    result = tepo_protocol(tmp_path, str(path), timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"tepo protocol run: Invalid protocol file {path}: alpha=2 is not allowed: input should "
+        "be less than 1. Nothing was run."
+    )
+
+
+def test_another_commit_than_the_pinned_one_is_refused_unless_allowed_and_then_journaled(
+    tmp_path,
+):
+    path = protocol_file(tmp_path, commit="0000000")
+    results = path.parent / "runs"
+    refused = tepo_protocol(tmp_path, str(path), timeout=60)
+    assert refused.returncode == 2
+    assert "pins commit 0000000, but the code that would train is at" in refused.stderr
+    assert "--allow-commit-mismatch" in refused.stderr and "Nothing was run." in refused.stderr
+    assert not results.exists() and not (tmp_path / "multirun").exists()
+    # both runs published already: the allowed mismatch is journaled, nothing trains
+    for name in ("grpo_seed0", "tepo_seed0"):
+        (results / name).mkdir(parents=True)
+        (results / name / "status.json").write_text('{"state": "finished"}')
+    allowed = tepo_protocol(tmp_path, str(path), "--allow-commit-mismatch", timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    assert allowed.stdout.count("finished and published already, skipped") == 2
+    (entry,) = journal(results)
+    assert entry["event"] == "commit_mismatch" and entry["pinned"] == "0000000"
+    assert entry["commit"] == code_checkout().commit
+
+
+def test_a_protocol_edited_after_its_runs_started_is_refused_unless_allowed_and_journaled(tmp_path):
+    path = protocol_file(tmp_path)
+    results = path.parent / "runs"
+    results.mkdir()
+    earlier = {"time": "2026-11-28T01:00:00+00:00", "run": "grpo_seed0", "event": "start"}
+    (results / "journal.jsonl").write_text(json.dumps({**earlier, "protocol_sha256": "ab"}) + "\n")
+    result = tepo_protocol(tmp_path, str(path), timeout=60)
+    assert result.returncode == 2
+    assert f"{path} changed since its runs started (2026-11-28T01:00:00+00:00" in result.stderr
+    assert "--allow-protocol-change" in result.stderr
+    assert len(journal(results)) == 1 and not (tmp_path / "multirun").exists()
+    for name in ("grpo_seed0", "tepo_seed0"):  # published: nothing would train
+        (results / name).mkdir(parents=True)
+        (results / name / "status.json").write_text('{"state": "finished"}')
+    allowed = tepo_protocol(tmp_path, str(path), "--allow-protocol-change", timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    change = journal(results)[1]
+    assert change["event"] == "protocol_changed" and change["previous_sha256"] == "ab"
+    assert change["protocol_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    # the change is the new registration: the next invocation goes on without the flag
+    assert tepo_protocol(tmp_path, str(path), timeout=60).returncode == 0
+
+
+def test_other_processes_cores_are_the_machines_busy_time_less_the_runs_own():
+    assert others_cores(busy=30.0, own=10.0, wall=10.0) == 2.0  # two other cores busy
+    assert others_cores(busy=9.9, own=10.0, wall=10.0) == 0.0  # clocks read apart: never < 0
+    assert others_cores(busy=25.0, own=20.0, wall=0.0) == 0.0
+    assert others_cores(busy=13.0, own=10.0, wall=4.0) == 0.75
+
+
+@pytest.mark.slow
+def test_dry_run_validates_every_runs_config_and_names_the_invalid_one(tmp_path):
+    path = protocol_file(tmp_path, arms={"grpo": ["algo=grpo"], "tepo": ["algo.eps_high=-1"]})
+    result = tepo_protocol(tmp_path, str(path), "--dry-run", timeout=120)
+    assert result.returncode == 2
+    assert "grpo_seed0: valid" in result.stdout
+    assert "tepo_seed0: invalid (exit 2)" in result.stdout and "algo.eps_high" in result.stdout
+    assert "1 of 2 runs have an invalid config (tepo_seed0)" in result.stderr
+    assert not (tmp_path / "multirun").exists() and not (path.parent / "runs").exists()
+
+
+@pytest.mark.slow
+def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
+    path = protocol_file(tmp_path, commit=code_checkout().commit)
+    runs, results = tmp_path / "multirun" / "smoke", path.parent / "runs"
+    # the first run SIGKILLs itself in step 2's update (after step 1's checkpoint)
+    crashed = tepo_protocol(tmp_path, str(path), env={"TEPO_FAULT": "update:2"})
+    assert crashed.returncode == 137, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    assert "grpo_seed0 did not finish (exit 137); the runs after it did not start" in (
+        crashed.stderr
+    )
+    assert not (runs / "tepo_seed0").exists() and not (results / "grpo_seed0").exists()
+    start, fail = journal(results)
+    assert (start["run"], start["event"]) == ("grpo_seed0", "start")
+    assert (fail["event"], fail["exit_code"], fail["last_checkpoint"]) == ("fail", 137, 1)
+    assert fail["state"] == "crashed" and fail["cpus"] == os.cpu_count()
+    assert start["commit"] == code_checkout().commit and start["time"].endswith("+00:00")
+
+    again = tepo_protocol(tmp_path, str(path))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "resuming" in again.stdout and "after step 1" in again.stdout
+    events = [(e["run"], e["event"]) for e in journal(results)[2:]]
+    assert events == [
+        ("grpo_seed0", "resume"),
+        ("grpo_seed0", "finish"),
+        ("tepo_seed0", "start"),
+        ("tepo_seed0", "finish"),
+    ]
+    resume, finish = journal(results)[2:4]
+    assert resume["after_step"] == 1 and finish["steps"] == 2
+    for name in ("grpo_seed0", "tepo_seed0"):
+        published = results / name
+        assert json.loads((published / "status.json").read_text())["state"] == "finished"
+        steps = [json.loads(line)["step"] for line in (published / "metrics.jsonl").open()]
+        assert steps == [1, 2]  # the resumed run counts step 2 once
+        overrides = yaml.safe_load((published / ".hydra" / "overrides.yaml").read_text())
+        arm = name.split("_")[0]
+        first = "true" if arm == "grpo" else "false"
+        assert overrides == [
+            *SMOKE,
+            f"algo={arm}",
+            "seed=0",
+            f"trainer.eval_before={first}",
+            "resume=true",
+        ]
+        evaluations = [json.loads(line) for line in (published / "eval.jsonl").open()]
+        answers = [json.loads(line) for line in (published / "eval_samples.jsonl").open()]
+        assert len(answers) == sum(e["problems"] for e in evaluations) > 0
+        assert {"config.yaml", "summary.json", "train.log", "console.log"} <= {
+            p.name for p in published.iterdir()
+        }
+        assert not any(p.suffix in (".safetensors", ".pt") for p in published.rglob("*"))
+        assert not (runs / name / "checkpoints").exists()
+
+    # the step-0 evaluation ran once, in the first run only
+    def evaluated(name: str) -> list[int]:
+        return [json.loads(line)["step"] for line in (results / name / "eval.jsonl").open()]
+
+    assert evaluated("grpo_seed0") == [0, 2] and evaluated("tepo_seed0") == [2]
+    # the crashed attempt's console stays in the published console log, before the resume's
+    console = (results / "grpo_seed0" / "console.log").read_text()
+    assert console.index("step 1:") < console.index("after step 1")
+
+    published = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    third = tepo_protocol(tmp_path, str(path))
+    assert third.returncode == 0
+    assert third.stdout.count("finished and published already, skipped") == 2
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == published
+
+    # finished but not published (stopped between the two): tepo train skips it, it is published
+    (results / "tepo_seed0" / "status.json").unlink()
+    fourth = tepo_protocol(tmp_path, str(path))
+    assert fourth.returncode == 0, fourth.stderr[-2000:]
+    assert "nothing to resume, skipped" in fourth.stdout
+    assert journal(results)[-2]["event"] == "publish" and journal(results)[-1]["event"] == "finish"
+    assert (results / "tepo_seed0" / "status.json").is_file()
