@@ -120,7 +120,7 @@ def logrank(
     else:
         p = tail_p(z, flipped, normal_cdf)
         test = "logrank (normal)"
-    return TestResult(estimate, None, None, level, p, n, m, test, "")
+    return TestResult(estimate, None, None, level, p, n, m, test, "a rank test: no interval")
 
 
 def _permutation_p(pooled: list[Time], n: int, observed: float, direction: str) -> float:

@@ -14,7 +14,8 @@ from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
 from tepo_cli.eval.report.stats import Estimate
 
 NONE = "—"
-_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity"}
+_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity", "claim", "exploratory"}
+_TEXT_COLUMNS |= {"metric", "test", "verdict"}  # the protocol's verdict table
 
 
 def _fmt(value: Estimate | float | None, digits: int) -> str:
