@@ -242,6 +242,11 @@ def test_a_metric_the_report_does_not_compute_is_refused_before_anything_is_writ
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="test 'welch' does not apply to steps_to_level"):
         build_protocol_report(sweep, path, out)
+    data["primaries"][0].update(metric="eval_auc", test="welch", params={})
+    data["primaries"][1]["gate"]["params"] = {"first": 5, "last": [16, 20]}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"gate.params.first=5 is not allowed: it is an incl"):
+        build_protocol_report(sweep, path, out)
     result = subprocess.run(
         [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--protocol", str(path)],
         capture_output=True,

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render_protocol
-from tepo_cli.eval.report.protocol_report import ProtocolReport, protocol_report
+from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
 from tepo_cli.eval.report.runs import find_runs, load_run
 from tepo_cli.protocol.spec import load_protocol
 
@@ -23,6 +23,7 @@ def build_protocol_report(
     and report_protocol.csv into `out` (default `root`). The protocol is checked against the
     report's metrics before anything is read or written; ConfigError (one paragraph) otherwise."""
     protocol = load_protocol(protocol_path)
+    check(protocol, protocol_path)
     if not root.is_dir():
         raise ConfigError(
             f"{root} is not a directory. Give the directory holding the protocol's runs "

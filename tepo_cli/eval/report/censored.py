@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tepo_cli.eval.report.distributions import normal_cdf, tail_p
-from tepo_cli.eval.report.inference import TestResult, interval_level
+from tepo_cli.eval.report.inference import Inference, interval_level
 
 MAX_SPLITS = 50_000  # C(20, 10) = 184756 would take seconds; 2 × 8 seeds is 12870
 
@@ -94,7 +94,7 @@ def restricted_mean(times: Sequence[Time]) -> float:
 
 def logrank(
     treatment: Sequence[Time], control: Sequence[Time], alpha: float, direction: str
-) -> TestResult:
+) -> Inference:
     """Log-rank test of "treatment reaches the level in fewer steps" (`direction` "less": fewer
     steps; "greater": more; on the restricted-mean difference's scale). Exact permutation p while
     the splits number at most MAX_SPLITS, else Φ of Z. No interval: a rank test has none here."""
@@ -102,14 +102,14 @@ def logrank(
     n, m = len(treatment), len(control)
     if n < 2 or m < 2:
         estimate = restricted_mean(treatment) - restricted_mean(control) if n and m else None
-        return TestResult(estimate, None, None, level, None, n, m, "logrank", "n < 2 in an arm")
+        return Inference(estimate, None, None, level, None, n, m, "logrank", "n < 2 in an arm")
     estimate = restricted_mean(treatment) - restricted_mean(control)
     z = logrank_z(treatment, control)
     if z is None:
         note = (
             "no run reached the level" if not any(t.event for t in [*treatment, *control]) else ""
         )
-        return TestResult(
+        return Inference(
             estimate, None, None, level, None, n, m, "logrank", note or "nothing to rank"
         )
     # Z > 0 is fewer steps for the treatment: "less" (fewer steps) is Z's upper tail.
@@ -120,7 +120,7 @@ def logrank(
     else:
         p = tail_p(z, flipped, normal_cdf)
         test = "logrank (normal)"
-    return TestResult(estimate, None, None, level, p, n, m, test, "a rank test: no interval")
+    return Inference(estimate, None, None, level, p, n, m, test, "a rank test: no interval")
 
 
 def _permutation_p(pooled: list[Time], n: int, observed: float, direction: str) -> float:

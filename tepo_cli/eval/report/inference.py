@@ -1,6 +1,6 @@
 """Tests of one claim (treatment − control): Welch, paired by seed, and the family's correction.
 
-Each test returns a `TestResult`: the estimate (treatment − control), the interval that matches
+Each test returns a `Inference`: the estimate (treatment − control), the interval that matches
 the test at level α (two-sided 1 − 2α for a one-sided test, so "the interval lies above 0" and
 "one-sided p < α" say the same; 1 − α for a two-sided one), the p-value for the declared direction,
 and each arm's n. Where the data cannot give a p-value (fewer than 2 runs in an arm, no spread at
@@ -24,7 +24,7 @@ CORRECTIONS = ("holm", "bonferroni", "none")
 
 
 @dataclass(frozen=True)
-class TestResult:
+class Inference:
     estimate: float | None  # treatment − control (the statistic's natural scale)
     low: float | None  # the interval's ends; None: no interval (see note)
     high: float | None
@@ -49,38 +49,36 @@ def t_result(
     direction: str,
     n: tuple[int, int],
     test: str,
-) -> TestResult:
+) -> Inference:
     level = interval_level(alpha, direction)
     if se <= 0.0 or not math.isfinite(se):
-        return TestResult(estimate, None, None, level, None, *n, test, "no spread: no interval")
+        return Inference(estimate, None, None, level, None, *n, test, "no spread: no interval")
     half = t_ppf(0.5 + level / 2.0, df) * se
     p = tail_p(estimate / se, direction, lambda s: t_cdf(s, df))
-    return TestResult(estimate, estimate - half, estimate + half, level, p, *n, test)
+    return Inference(estimate, estimate - half, estimate + half, level, p, *n, test)
 
 
 def welch(
     treatment: Sequence[float], control: Sequence[float], alpha: float, direction: str
-) -> TestResult:
+) -> Inference:
     """Welch's unequal-variance t test of mean(treatment) − mean(control)."""
     n, m = len(treatment), len(control)
     level = interval_level(alpha, direction)
     if n < 2 or m < 2:
         estimate = statistics.fmean(treatment) - statistics.fmean(control) if n and m else None
-        return TestResult(estimate, None, None, level, None, n, m, "welch", "n < 2 in an arm")
+        return Inference(estimate, None, None, level, None, n, m, "welch", "n < 2 in an arm")
     a = statistics.variance(treatment) / n
     b = statistics.variance(control) / m
     estimate = statistics.fmean(treatment) - statistics.fmean(control)
     if a + b == 0.0:
-        return TestResult(
-            estimate, None, None, level, None, n, m, "welch", "no spread: no interval"
-        )
+        return Inference(estimate, None, None, level, None, n, m, "welch", "no spread: no interval")
     df = (a + b) ** 2 / (a * a / (n - 1) + b * b / (m - 1))
     return t_result(estimate, math.sqrt(a + b), df, alpha, direction, (n, m), "welch")
 
 
 def paired(
     treatment: dict[int, float], control: dict[int, float], alpha: float, direction: str
-) -> TestResult:
+) -> Inference:
     """Paired t test on the per-seed differences treatment[s] − control[s], over the seeds both
     arms have (the seed fixes the prompt stream and the first samples, so pairing removes what
     two runs of one seed share); df = pairs − 1."""
@@ -91,7 +89,7 @@ def paired(
     if pairs < 2:
         estimate = differences[0] if differences else None
         note = f"{pairs} seed pair(s): a paired test needs 2"
-        return TestResult(estimate, None, None, level, None, pairs, pairs, "paired", note)
+        return Inference(estimate, None, None, level, None, pairs, pairs, "paired", note)
     estimate = statistics.fmean(differences)
     se = statistics.stdev(differences) / math.sqrt(pairs)
     return t_result(estimate, se, pairs - 1, alpha, direction, (pairs, pairs), "paired")

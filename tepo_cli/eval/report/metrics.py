@@ -124,3 +124,34 @@ def accepted(metric: str) -> tuple[frozenset[str], tuple[str, ...]]:
     if metric in RUN_METRICS:
         return RUN_METRICS[metric].params, RUN_METRICS[metric].tests
     return SPECIAL[metric]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _window_problem(value: Any) -> str | None:
+    ok = (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and 0 <= value[0] <= value[1]
+    )
+    return None if ok else "an inclusive step window [first, last] of two integers, first ≤ last"
+
+
+# param -> what is wrong with a value (None: fine)
+_PARAM_RULES: dict[str, Callable[[Any], str | None]] = {
+    "first": _window_problem,
+    "last": _window_problem,
+    "window": _window_problem,
+    "step": lambda v: None if isinstance(v, int) and v >= 0 else "an evaluated step (integer ≥ 0)",
+    "level": lambda v: None if _is_number(v) and 0 <= v <= 1 else "an accuracy in [0, 1]",
+    "consecutive": lambda v: None if isinstance(v, int) and v >= 1 else "an integer ≥ 1",
+    "censor_at": lambda v: None if _is_number(v) and v > 0 else "a step > 0",
+}
+
+
+def param_problem(name: str, value: Any) -> str | None:
+    """What a param's value must be, when `value` is not that; None when it is."""
+    return _PARAM_RULES[name](value)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tepo_cli.core.run_dir import EVAL_SAMPLES
-from tepo_cli.eval.report.inference import TestResult, interval_level, t_result
+from tepo_cli.eval.report.inference import Inference, interval_level, t_result
 from tepo_cli.eval.report.runs import Run
 
 
@@ -64,7 +64,7 @@ def per_problem_paired(
     alpha: float,
     direction: str,
     step: int | None = None,
-) -> TestResult:
+) -> Inference:
     """Mean over problems of the treatment's minus the control's pass rate, with the
     problem-clustered paired t test; n per arm is the number of runs that kept outcomes."""
     kept_t = [r for r in (read_outcomes(run) for run in treatment) if r]
@@ -73,17 +73,17 @@ def per_problem_paired(
     n = (len(kept_t), len(kept_c))
     if not kept_t or not kept_c:
         note = "no eval_samples.jsonl in an arm"
-        return TestResult(None, None, None, level, None, *n, "per-problem paired t", note)
+        return Inference(None, None, None, level, None, *n, "per-problem paired t", note)
     rates_t, rates_c = pass_rates(kept_t, step), pass_rates(kept_c, step)
     problems = sorted(set(rates_t) & set(rates_c))
     if len(problems) < 2:
         note = f"{len(problems)} problem(s) in both arms"
-        return TestResult(None, None, None, level, None, *n, "per-problem paired t", note)
+        return Inference(None, None, None, level, None, *n, "per-problem paired t", note)
     differences = [rates_t[j] - rates_c[j] for j in problems]
     estimate = statistics.fmean(differences)
     se = statistics.stdev(differences) / math.sqrt(len(problems))
     result = t_result(estimate, se, len(problems) - 1, alpha, direction, n, "per-problem paired t")
-    return TestResult(
+    return Inference(
         result.estimate, result.low, result.high, result.level, result.p, *n, result.test,
         f"{len(problems)} problems" + (f"; {result.note}" if result.note else ""),
     )  # fmt: skip

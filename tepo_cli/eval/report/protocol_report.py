@@ -31,13 +31,14 @@ from typing import Any
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.censored import logrank, time_to_level
 from tepo_cli.eval.report.dynamics import held_out_curve
-from tepo_cli.eval.report.inference import DIRECTIONS, TestResult, adjust, paired, welch
+from tepo_cli.eval.report.inference import DIRECTIONS, Inference, adjust, paired, welch
 from tepo_cli.eval.report.metrics import (
     PER_PROBLEM,
     RUN_METRICS,
     STEPS_TO_LEVEL,
     accepted,
     metric_names,
+    param_problem,
 )
 from tepo_cli.eval.report.per_problem import per_problem_paired
 from tepo_cli.eval.report.runs import Run
@@ -55,7 +56,7 @@ class ClaimResult:
     treatment: str
     control: str
     direction: str
-    result: TestResult
+    result: Inference
     adjusted_p: float | None = None  # primaries only
     verdict: str = ""  # primaries only
     gate: str = ""  # what the gate found, when there is one
@@ -105,6 +106,13 @@ def check(protocol: Any, source: Path) -> None:
                     f"{where}: params {', '.join(unknown)} are not parameters of {metric}; it "
                     f"takes: {', '.join(sorted(allowed)) or 'none'}. Nothing was written."
                 )
+            for name, value in params.items():
+                problem = param_problem(name, value)
+                if problem is not None:
+                    raise ConfigError(
+                        f"{where}: {key.replace('metric', 'params')}.{name}={value!r} is not "
+                        f"allowed: it is {problem}. Nothing was written."
+                    )
         gate = getattr(claim, "gate", None)
         if gate is not None and gate.metric not in RUN_METRICS:
             raise ConfigError(
@@ -175,7 +183,7 @@ def _values(runs: dict[int, Run], metric: str, params: dict[str, Any]) -> dict[i
     return {s: float(v) for s, v in values.items() if v is not None and math.isfinite(v)}
 
 
-def evaluate(claim: Any, arms: dict[str, dict[int, Run]], alpha: float) -> TestResult:
+def evaluate(claim: Any, arms: dict[str, dict[int, Run]], alpha: float) -> Inference:
     """The claim's test on the finished runs of its two arms."""
     treatment, control = arms[claim.treatment], arms[claim.control]
     params, direction = _params(claim), claim.direction
