@@ -165,7 +165,10 @@ def test_per_problem_paired_on_a_small_table(tmp_path):
             for problem in "abc"
         ]
 
-    t1 = _run(tmp_path / "t1", samples=outcomes({0: "abc", 10: "ab", 20: "a"}))
+    # t1 was resumed and evaluated step 20 twice, failing b the first time: the later record wins
+    resumed = [{"step": 20, "id": "b", "passed": False}, {"step": 20, "id": "a", "passed": False}]
+    t1_records = resumed + outcomes({0: "abc", 10: "ab", 20: "a"})
+    t1 = _run(tmp_path / "t1", samples=t1_records)
     t2 = _run(tmp_path / "t2", samples=outcomes({0: "abc", 10: "a", 20: "ac"}))
     c1 = _run(tmp_path / "c1", samples=outcomes({0: "", 10: "a", 20: ""}))
     result = per_problem_paired([t1, t2], [c1], 0.05, "greater")

@@ -48,13 +48,14 @@ def read_outcomes(run: Run) -> list[dict[str, Any]]:
 
 def pass_rates(outcomes: Sequence[Sequence[dict[str, Any]]], step: int | None) -> dict[str, float]:
     """Problem id -> share of passed answers over the runs' records at `step` (None: pooled over
-    every evaluation after step 0)."""
+    every evaluation after step 0). Within a run a later record of the same (step, problem) wins,
+    as in eval.jsonl: a resumed run that evaluated a step again counts it once."""
     passed: dict[str, list[float]] = defaultdict(list)
     for records in outcomes:
-        for record in records:
-            at = int(record["step"])
+        latest = {(int(r["step"]), str(r["id"])): bool(r["passed"]) for r in records}
+        for (at, problem), ok in latest.items():
             if (step is None and at > 0) or at == step:
-                passed[str(record["id"])].append(1.0 if record["passed"] else 0.0)
+                passed[problem].append(1.0 if ok else 0.0)
     return {problem: statistics.fmean(values) for problem, values in passed.items()}
 
 

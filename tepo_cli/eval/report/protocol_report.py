@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.eval.report.censored import logrank, time_to_level
+from tepo_cli.eval.report.censored import Time, logrank, time_to_level
 from tepo_cli.eval.report.dynamics import held_out_curve
 from tepo_cli.eval.report.inference import DIRECTIONS, Inference, adjust, paired, welch
 from tepo_cli.eval.report.metrics import (
@@ -191,7 +191,7 @@ def evaluate(claim: Any, arms: dict[str, dict[int, Run]], alpha: float) -> Infer
         level, consecutive = float(params["level"]), int(params.get("consecutive", 1))
         censor = params.get("censor_at")
 
-        def times(runs: dict[int, Run]) -> list:
+        def times(runs: dict[int, Run]) -> list[Time]:
             found = (
                 time_to_level(held_out_curve(r), level, consecutive, censor) for r in runs.values()
             )
