@@ -77,13 +77,23 @@ def test_the_comparison_is_in_the_markdown_and_its_csv(sweep, tmp_path):
     markdown = (out / "report.md").read_text()
     assert "## Against the reference" in markdown
     assert (
-        "| algo=tepo | held-out mean over training | 0.450 (2) | 0.500 (2) | -0.050 ± 1.906 |"
-        in (markdown)
+        "| algo=tepo | held-out mean over training | 0.450 (2) | 0.500 (2) | -0.050 ± 1.906 "
+        "(n 2 vs 2) | no |" in (markdown)
     )
     with (out / "report_compare.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     gspo = next(r for r in rows if r["group"] == "algo=gspo" and r["quantity"] == "held-out final")
-    assert (gspo["seeds_for_80_power"], gspo["ci_excludes_zero"]) == ("5", "False")
+    # one run, a borrowed variance: an interval and a seed count, but no verdict
+    assert (gspo["seeds_for_80_power"], gspo["ci_excludes_zero"]) == ("5", "")
+    gspo_row = "| algo=gspo | held-out final | 0.800 (1) | 0.500 (2) | +0.300 ± 2.201 (n 1 vs 2) "
+    assert gspo_row + "| n/a (n = 1) | 5 |" in markdown
+    # grpo's mean over training is .5 in both seeds and gspo's one run borrows that zero variance:
+    # no interval (it was "+0.150 ± 0.000"), no verdict
+    no_spread = "| +0.150 (n 1 vs 2; no spread, no interval) | — | — |"
+    assert (
+        "| algo=gspo | held-out mean over training | 0.650 (1) | 0.500 (2) " + no_spread in markdown
+    )
+    assert "± 0.000 (n" not in markdown
 
 
 def test_a_clear_difference_is_separable_and_two_single_runs_have_no_interval():
@@ -94,6 +104,40 @@ def test_a_clear_difference_is_separable_and_two_single_runs_have_no_interval():
     alone = difference("a", "q", [0.5], [0.2])
     assert alone is not None and alone.half_width is None and alone.separable is None
     assert difference("a", "q", [], [0.2]) is None
+
+
+def test_a_single_run_is_never_separable_however_far_it_lies():
+    # one run at .9 against .20 .22 .24 (s² .0004, borrowed): Welch a = .0004, b = .0004/3,
+    # df = (.0005333)²/(.0004² / 2 + .0001333² / 2) = 3.2 → 3, half = 3.1824·√.0005333 = .073496
+    alone = difference("a", "q", [0.9], [0.20, 0.22, 0.24])
+    assert alone is not None and alone.borrowed
+    assert alone.half_width == pytest.approx(3.1824 * math.sqrt(0.0004 + 0.0004 / 3), rel=1e-9)
+    assert abs(alone.difference) > alone.half_width and alone.separable is None
+    both = difference("a", "q", [0.50, 0.52, 0.54], [0.20, 0.22, 0.24])
+    assert both is not None and not both.borrowed and both.separable is True
+
+
+def test_no_spread_gives_no_interval_never_a_zero_width_one():
+    # offpolicy/report.md's "best −0.080 ± 0.000": one run at .11 against three runs at .19
+    borrowed_zero = difference("a", "held-out best", [0.11], [0.19, 0.19, 0.19])
+    assert borrowed_zero is not None and borrowed_zero.difference == pytest.approx(-0.08)
+    assert borrowed_zero.half_width is None and borrowed_zero.separable is None
+    assert borrowed_zero.seeds_needed is None
+    flat = difference("a", "q", [0.3, 0.3], [0.2, 0.2])
+    assert flat is not None and flat.half_width is None and flat.separable is None
+
+
+def test_steps_to_a_level_are_compared_with_unreached_runs_censored(sweep, tmp_path):
+    # levels .25 and .45 (50 % / 90 % of grpo's best mean .5); a run that never reaches a level
+    # counts at its last evaluation, 4: tepo .45 → 2 and 4 (seed 1 never), grpo → 4 and 2
+    report = build_report(sweep, tmp_path / "out", OPTIONS, plots=False)
+    rows = by_key(report)
+    level = rows[("algo=tepo", "steps to 90% (0.450), censored")]
+    assert (level.mean, level.reference_mean, level.n) == (3.0, 3.0, 2)
+    # .25: tepo 2 and 0 (seed 1 starts at .3), grpo 2 and 2: δ −1, a = 2/2, b = 0, df 1
+    early = rows[("algo=tepo", "steps to 50% (0.250), censored")]
+    assert early.difference == pytest.approx(-1.0)
+    assert early.half_width == pytest.approx(12.7062 * 1.0, rel=1e-9)
 
 
 def test_no_reference_group_no_comparison(sweep, tmp_path):

@@ -13,6 +13,9 @@ grpo: ≥ .25 at step 2 in both seeds (2 ± 0, 2 s); ≥ .45 at 4 and 2 → 3 ±
 tepo: ≥ .25 at 2 and 0 (before training: 1 ± 12.7062, seconds 1 ± 12.7062); ≥ .45 at 2 in seed 0
 only (1/2). grpo entropy last: (.5 + .8)/2 = .65 ± 12.7062·.212132/√2 = 1.90593; tepo's KL-mask
 share .275 ± 12.7062·.0353553/√2 = .317655.
+AUC (mean of steps 2 and 4): grpo .5, .5 (.5 ± 0); tepo .6, .3 (.45 ± 12.7062·.212132/√2 = 1.906).
+Steps to a level, censored (a run that never reaches it counts at its last evaluation, 4):
+grpo .25: 2, 2; .45: 4, 2 (3 ± 12.7); tepo .25: 2, 0 (1 ± 12.7); .45: 2, never → 4 (3 ± 12.7).
 """
 
 from __future__ import annotations
@@ -104,11 +107,14 @@ def test_the_report_prints_and_writes_the_dynamics(sweep, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Learning dynamics" in result.stdout and "Held-out accuracy by step" in result.stdout
     markdown = (sweep / "report.md").read_text()
-    header = "| steps to 50% (0.250) | seconds to it | CPU s to it | steps to 90% (0.450) |"
+    header = "| steps to 50% (0.250) | seconds to it | CPU s to it | steps to it, censored (n) |"
+    header += " steps to 90% (0.450) |"
     assert header in markdown
-    tepo = "| algo=tepo | 0.500 ± 2.541 | 1.0 ± 12.7 | 1 ± 13 | — | 2.0 (1/2) | 2 (1/2) | — (1/2) |"
+    tepo = "| algo=tepo | 0.500 ± 2.541 | 0.450 ± 1.906 (2) | 1.0 ± 12.7 | 1 ± 13 | — |"
+    tepo += " 1.0 ± 12.7 (2) | 2.0 (1/2) | 2 (1/2) | — (1/2) | 3.0 ± 12.7 (2) |"
     assert tepo in markdown
-    assert "| algo=grpo | 0.600 ± 0.000 | 2.0 ± 0.0 | 2 ± 0 | 1 ± 0 |" in markdown
+    grpo = "| algo=grpo | 0.600 ± 0.000 | 0.500 ± 0.000 (2) | 2.0 ± 0.0 | 2 ± 0 | 1 ± 0 |"
+    assert grpo + " 2.0 ± 0.0 (2) | 3.0 ± 12.7 |" in markdown
     assert "| algo=grpo | 0.200 ± 0.000 | 0.500 ± 1.271 | 0.500 ± 1.271 |" in markdown
     curve = (sweep / "report_eval_curve.csv").read_text().splitlines()
     assert curve[0] == "group,step,held_out_mean,held_out_ci95,n"

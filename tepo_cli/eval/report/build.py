@@ -65,7 +65,7 @@ def build_report(
     swept, groups = group_runs(runs)
     group_rows, run_rows = build_rows(groups, options)
     reference, dynamics = build_dynamics(groups, options)
-    differences = compare_groups(groups, reference, options.last)
+    differences = compare_groups(groups, reference, options.last, options.fractions)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)

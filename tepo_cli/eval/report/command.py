@@ -71,6 +71,14 @@ def parser() -> argparse.ArgumentParser:
         "gain from before training to its best (for models that start well above 0)",
     )
     parse.add_argument("--no-plots", action="store_true", help="tables only")
+    parse.add_argument(
+        "--protocol",
+        type=Path,
+        metavar="PROTOCOL.yaml",
+        help="a pre-registered protocol: compute exactly its primary claims and print their\n"
+        "verdicts (Holm-adjusted one-sided p), then its secondaries as exploratory; runs are\n"
+        "the directories named {arm}_seed{seed} under DIR. Writes report_protocol.md/.csv",
+    )
     return parse
 
 
@@ -90,6 +98,8 @@ def main(arguments: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.protocol is not None:
+        return _protocol(args)
     given = args.reference is not None
     wanted = args.reference if given else DEFAULT_REFERENCE
     reference = None if wanted.lower() in ("", "none") else wanted
@@ -112,4 +122,19 @@ def main(arguments: list[str]) -> int:
         print(f"tepo report: {error}", file=sys.stderr)
         return 2
     console.print(f"wrote {', '.join(str(path) for path in report.files)}", highlight=False)
+    return 0
+
+
+def _protocol(args: argparse.Namespace) -> int:
+    from tepo_cli.eval.report.build_protocol import build_protocol_report
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160
+    try:
+        _, files = build_protocol_report(args.directory, args.protocol, args.out, console)
+    except ConfigError as error:
+        print(f"tepo report: {error}", file=sys.stderr)
+        return 2
+    console.print(f"wrote {', '.join(str(path) for path in files)}", highlight=False)
     return 0

@@ -8,7 +8,14 @@ a difference of the observed size with 80 % power, given the observed spread: th
 with n ≥ 2 (t₀.₉₇₅ + t₀.₈)² s² / δ², t at 2n − 2 degrees of freedom and s² the two groups' pooled
 variance (stats.seeds_for_power). When one group has a
 single run (a variant measured on one seed), its variance is taken to be the other group's: an
-assumption, said in the legend, not a measurement.
+assumption, said in the legend, not a measurement — so such a row gets an interval but never a
+"CI excludes 0" verdict ("n/a (n = 1)"): one run cannot show that its difference is not its own
+noise. A total variance of zero (e.g. every seed's best held-out accuracy the same, and a one-run
+side borrowing it) gives no interval at all, never a zero-width one.
+
+Steps to a level (the reference's `fractions`, as in the dynamics table) are compared as restricted
+means: a run that never reaches the level counts at its last evaluated step (censored; a lower
+bound), instead of being dropped, which favoured the group whose slow runs never got there.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tepo_cli.eval.report.censored import time_to_level
 from tepo_cli.eval.report.dynamics import Reference, held_out_curve
 from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.runs import Run
@@ -40,14 +48,28 @@ class Difference:
     seeds_needed: int | None  # per group, for 80 % power; None: no difference observed
 
     @property
+    def borrowed(self) -> bool:
+        """One side has a single run: its variance is the other side's, an assumption."""
+        return min(self.n, self.reference_n) < 2
+
+    @property
     def separable(self) -> bool | None:
-        if self.half_width is None:
+        """Whether the interval excludes 0; None (no verdict) without an interval or with a
+        borrowed variance."""
+        if self.half_width is None or self.borrowed:
             return None
         return abs(self.difference) > self.half_width
 
 
-def per_run_quantities(last: int) -> dict[str, Callable[[Run], float | None]]:
-    """The quantities compared, each a function of one finished run (None: it has none)."""
+def per_run_quantities(
+    last: int, levels: dict[str, float] | None = None
+) -> dict[str, Callable[[Run], float | None]]:
+    """The quantities compared, each a function of one finished run (None: it has none);
+    `levels`: label -> held-out level for censored steps to it."""
+    steps_to = {
+        f"steps to {label}, censored": (lambda run, lv=level: _censored_steps(run, lv))
+        for label, level in (levels or {}).items()
+    }
     return {
         "held-out final": _final_held_out,
         "held-out mean over training": _mean_held_out,
@@ -56,7 +78,15 @@ def per_run_quantities(last: int) -> dict[str, Callable[[Run], float | None]]:
         f"entropy last {last}": lambda run: _metric_mean(run, "entropy", last),
         f"entropy change, last {last} − first {last}": lambda run: _entropy_change(run, last),
         f"length last {last}": lambda run: _metric_mean(run, "response_length", last),
+        **steps_to,
     }
+
+
+def _censored_steps(run: Run, level: float) -> float | None:
+    """The first evaluated step with held-out accuracy ≥ level, or the last evaluated step when
+    it never got there (censored: the run took at least that many)."""
+    time = time_to_level(held_out_curve(run), level, include_start=True)
+    return None if time is None else time.step
 
 
 def _final_held_out(run: Run) -> float | None:
@@ -116,8 +146,11 @@ def difference(
         variance_b = statistics.variance(reference) if m > 1 else variance_a
     delta = statistics.fmean(values) - statistics.fmean(reference)
     half = seeds = None
+    a = b = 0.0
     if variance_a is not None and variance_b is not None:
         a, b = variance_a / n, variance_b / m
+    if variance_a is not None and variance_b is not None and a + b > 0:
+        # no spread at all gives no interval, never a zero-width one
         df = _welch_df(a, b, n, m)
         half = t_quantile_975(df) * math.sqrt(a + b)
         seeds = seeds_for_power(delta, (variance_a + variance_b) / 2)
@@ -138,14 +171,20 @@ def _welch_df(a: float, b: float, n: int, m: int) -> int:
     return max(1, math.floor((a + b) ** 2 / denominator))
 
 
-def compare_groups(groups: list[Group], reference: Reference | None, last: int) -> list[Difference]:
+def compare_groups(
+    groups: list[Group],
+    reference: Reference | None,
+    last: int,
+    fractions: tuple[float, ...] = (),
+) -> list[Difference]:
     """Every other group against the reference group, quantity by quantity."""
     if reference is None:
         return []
     base = next((g for g in groups if g.label == reference.label), None)
     if base is None:
         return []
-    quantities = per_run_quantities(last)
+    levels = {f"{f:.0%} ({reference.level(f):.3f})": reference.level(f) for f in fractions}
+    quantities = per_run_quantities(last, levels)
     rows = []
     for group in groups:
         if group is base:

@@ -7,6 +7,9 @@
   the steps compare. Where training starts above such a level (a model that already solves a
   fifth of the problems), `--levels gain` takes the fractions of the reference's gain instead:
   start + fraction × (best − start), start being its mean before training.
+- Held-out AUC: each run's mean held-out accuracy over its evaluations after step 0.
+- Steps to a level, censored: as convergence time, but a run that never reached the level counts
+  at its last evaluated step (it took at least that long) instead of being left out.
 - Entropy collapse: the mean token entropy of the sampled answers over the first and the last
   `last` steps, and TEPO's KL-mask share (`kl_mask_frac`), when logged.
 - Answer length and the truncated share over the last `last` steps.
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.eval.report.censored import time_to_level
 from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.rows import Options
 from tepo_cli.eval.report.runs import Run
@@ -52,6 +56,8 @@ class Reach:
     cpu_seconds: Estimate | None
     reached: int
     finished: int
+    # over every finished run, one that never reached the level counted at its last evaluation
+    censored: Estimate | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class DynamicsRow:
     group: Group
     curve: dict[int, Estimate]  # evaluated step -> held-out accuracy over the finished runs
     best: Estimate | None  # each run's best held-out accuracy
+    auc: Estimate | None  # each run's mean held-out accuracy after step 0
     reaches: list[Reach]
     entropy_first: Estimate | None
     entropy_last: Estimate | None
@@ -143,6 +150,13 @@ def _summed(run: Run, key: str, step: int) -> float | None:
     return None if any(v is None for v in values) else float(sum(values))
 
 
+def _auc(curve: dict[int, float]) -> float | None:
+    """The mean of the evaluations after step 0: the area under the learning curve per
+    evaluation on a common schedule (the same as compare.py's "mean over training")."""
+    values = [value for step, value in curve.items() if step > 0]
+    return statistics.fmean(values) if values else None
+
+
 def _estimate_known(values: list[float | None]) -> Estimate | None:
     """Over every run or none: a run that did not log a time leaves the group's unknown."""
     return None if any(v is None for v in values) else estimate(values)
@@ -164,6 +178,12 @@ def dynamics_row(
             [first_reaching(run, reference.level(fraction)) for run in done] if reference else []
         )
         hit = [c for c in crossings if c is not None]
+        times = (
+            [time_to_level(held_out_curve(r), reference.level(fraction), include_start=True)
+             for r in done]
+            if reference
+            else []
+        )  # fmt: skip
         reaches.append(
             Reach(
                 fraction,
@@ -172,6 +192,7 @@ def dynamics_row(
                 _estimate_known([c.cpu_seconds for c in hit]),
                 len(hit),
                 len(done),
+                estimate(t.step for t in times if t is not None),
             )
         )
     curves = [held_out_curve(run) for run in done]
@@ -179,6 +200,7 @@ def dynamics_row(
         group=group,
         curve=group_curve(group.runs),
         best=estimate(max(curve.values()) if curve else None for curve in curves),
+        auc=estimate(_auc(curve) for curve in curves),
         reaches=reaches,
         entropy_first=estimate(_mean(r.metrics, "entropy", slice(None, last)) for r in done),
         entropy_last=estimate(_mean(r.metrics, "entropy", slice(-last, None)) for r in done),

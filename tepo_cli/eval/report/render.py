@@ -14,7 +14,8 @@ from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
 from tepo_cli.eval.report.stats import Estimate
 
 NONE = "—"
-_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity"}
+_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity", "claim", "exploratory"}
+_TEXT_COLUMNS |= {"metric", "test", "verdict"}  # the protocol's verdict table
 
 
 def _fmt(value: Estimate | float | None, digits: int) -> str:
@@ -75,6 +76,10 @@ def run_columns(options: Options) -> list[tuple[str, Callable[[RunRow], str]]]:
     ]
 
 
+def _with_n(value: Estimate | None, digits: int) -> str:
+    return NONE if value is None else f"{value.format(digits)} ({value.n})"
+
+
 def _reach(reach: Reach, value: Estimate | None, digits: int) -> str:
     if reach.finished == 0:
         return NONE
@@ -90,6 +95,7 @@ def dynamics_columns(
     columns: list[tuple[str, Callable[[DynamicsRow], str]]] = [
         ("group", lambda r: r.group.label),
         ("best held-out", lambda r: _fmt(r.best, 3)),
+        ("held-out AUC (n)", lambda r: _with_n(r.auc, 3)),
     ]
     if reference is not None:
         for index, fraction in enumerate(options.fractions):
@@ -107,6 +113,12 @@ def dynamics_columns(
                 (
                     "CPU s to it",
                     lambda r, i=index: _reach(r.reaches[i], r.reaches[i].cpu_seconds, 0),
+                )
+            )
+            columns.append(
+                (
+                    "steps to it, censored (n)",
+                    lambda r, i=index: _with_n(r.reaches[i].censored, 1),
                 )
             )
     columns += [
@@ -148,11 +160,14 @@ def dynamics_legend(reference: Reference | None, options: Options) -> str:
         reach = (
             f"steps / seconds: the first evaluated step (training seconds to it; CPU s: the "
             f"process's CPU seconds, which other jobs on the machine inflate less) whose held-out "
-            f"accuracy reaches {_levels_said(reference)}; (k/n) when only k of n runs did"
+            f"accuracy reaches {_levels_said(reference)}; (k/n) when only k of n runs did; censored: "
+            "over all n runs, one that never reached it counted at its last evaluation (a lower "
+            "bound)"
         )
     return (
-        "mean ± 95 % CI over the finished runs of a group. best held-out: each run's best "
-        f"held-out accuracy; {reach}. entropy: mean token entropy of the sampled answers over the "
+        "mean ± 95 % CI over the finished runs of a group, (n) the runs it is over. best "
+        "held-out: each run's best held-out accuracy; AUC: each run's mean held-out accuracy "
+        f"over its evaluations after step 0; {reach}. entropy: mean token entropy of the sampled answers over the "
         f"first / last {options.last} steps; KL-mask share: TEPO's masked token share, over all "
         f"steps; length, truncated: answer tokens and truncated share, last {options.last} steps."
     )

@@ -1,0 +1,45 @@
+"""`tepo report RUNS_DIR --protocol PROTOCOL.yaml`: load, check, compute, write, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.eval.report import render_protocol
+from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
+from tepo_cli.eval.report.runs import find_runs, load_run
+from tepo_cli.protocol.spec import load_protocol
+
+MARKDOWN = "report_protocol.md"
+CSV = "report_protocol.csv"
+
+
+def build_protocol_report(
+    root: Path, protocol_path: Path, out: Path | None = None, console: Console | None = None
+) -> tuple[ProtocolReport, list[Path]]:
+    """Verdicts of the protocol's primaries over the runs under `root`; writes report_protocol.md
+    and report_protocol.csv into `out` (default `root`). The protocol is checked against the
+    report's metrics before anything is read or written; ConfigError (one paragraph) otherwise."""
+    protocol = load_protocol(protocol_path)
+    check(protocol, protocol_path)
+    if not root.is_dir():
+        raise ConfigError(
+            f"{root} is not a directory. Give the directory holding the protocol's runs "
+            "({arm}_seed{seed}/, as `tepo protocol run` writes them). Nothing was written."
+        )
+    runs = [load_run(path, root) for path in find_runs(root)]
+    report = protocol_report(protocol, runs, protocol_path)
+    if not any(report.arms.values()) and not report.unfinished:
+        raise ConfigError(
+            f"no run of protocol {protocol.name!r} under {root}: its runs are directories named "
+            f"{{arm}}_seed{{seed}} (e.g. {protocol.runs()[0].name}). Nothing was written."
+        )
+    out = out or root
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKDOWN).write_text(render_protocol.markdown(report, protocol_path), encoding="utf-8")
+    render_protocol.write_csv(out / CSV, report)
+    if console is not None:
+        render_protocol.print_protocol(console, report)
+    return report, [out / MARKDOWN, out / CSV]

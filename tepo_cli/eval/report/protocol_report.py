@@ -1,0 +1,270 @@
+"""`tepo report RUNS_DIR --protocol PROTOCOL.yaml`: exactly the registered claims, with verdicts.
+
+A pre-registered protocol (tepo_cli/protocol/spec.py) names its arms, seeds, α, the correction and
+its primary claims (metric, treatment, control, direction, test, optional gate). This computes
+those and nothing else for the verdicts, so the analysis cannot be chosen after seeing the data.
+
+Runs are matched to arms **by directory name**, `{arm}_seed{seed}` (what `tepo protocol run`
+writes), for an arm and a seed the protocol declares. A run whose `.hydra/overrides.yaml` is
+recorded but lacks one of its arm's overrides, or whose config's seed is another, is excluded and
+said (a renamed or mis-filed directory must not enter an arm). Only finished runs count; the
+runs the protocol declares that are absent or unfinished are listed, and n is what is there.
+
+Verdict of a primary, in this order:
+- "untestable (gate)": its gate's metric, averaged over the gate arm's gate seeds, is not within
+  its bound (`at_most` / `at_least`), or those runs are not all there yet;
+- "untestable (n < 2)": fewer than 2 runs (or seed pairs) in an arm, or no p-value otherwise;
+- "supported": the family-adjusted p (Holm by default, over all primaries; an untestable one
+  counts as p = 1, so the family stays the registered one) is below α;
+- "not supported": otherwise.
+Secondaries are computed the same way and reported below, labelled exploratory, unadjusted.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.eval.report.censored import Time, logrank, time_to_level
+from tepo_cli.eval.report.dynamics import held_out_curve
+from tepo_cli.eval.report.inference import DIRECTIONS, Inference, adjust, paired, welch
+from tepo_cli.eval.report.metrics import (
+    PER_PROBLEM,
+    RUN_METRICS,
+    STEPS_TO_LEVEL,
+    accepted,
+    metric_names,
+    param_problem,
+)
+from tepo_cli.eval.report.per_problem import per_problem_paired
+from tepo_cli.eval.report.runs import Run
+
+SUPPORTED = "supported"
+NOT_SUPPORTED = "not supported"
+UNTESTABLE_GATE = "untestable (gate)"
+UNTESTABLE_N = "untestable (n < 2)"
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    name: str
+    metric: str
+    treatment: str
+    control: str
+    direction: str
+    result: Inference
+    adjusted_p: float | None = None  # primaries only
+    verdict: str = ""  # primaries only
+    gate: str = ""  # what the gate found, when there is one
+
+
+@dataclass
+class ProtocolReport:
+    name: str
+    alpha: float
+    correction: str
+    arms: dict[str, dict[int, Run]]  # arm -> seed -> finished run
+    primaries: list[ClaimResult]
+    secondaries: list[ClaimResult]
+    missing: list[str] = field(default_factory=list)  # declared runs not found
+    unfinished: list[str] = field(default_factory=list)  # found, not finished (state)
+    excluded: list[str] = field(default_factory=list)  # named like a run, but not one (why)
+
+
+def _params(claim: Any) -> dict[str, Any]:
+    return dict(getattr(claim, "params", None) or {})
+
+
+def check(protocol: Any, source: Path) -> None:
+    """Every claim's metric, params and test are ones the report computes; one ConfigError
+    paragraph naming the claim and key otherwise (before anything is read or written)."""
+    claims = [("primaries", c) for c in protocol.primaries]
+    claims += [("secondaries", c) for c in protocol.secondaries]
+    for section, claim in claims:
+        where = f"{source}: {section} {claim.name!r}"
+        for key, metric, params in [
+            ("metric", claim.metric, _params(claim)),
+            *(
+                [("gate.metric", claim.gate.metric, _params(claim.gate))]
+                if getattr(claim, "gate", None) is not None
+                else []
+            ),
+        ]:
+            if metric not in metric_names():
+                raise ConfigError(
+                    f"{where}: {key} {metric!r} is not a metric the report computes; the metrics "
+                    f"are: {', '.join(metric_names())}. Nothing was written."
+                )
+            allowed, tests = accepted(metric)
+            unknown = sorted(set(params) - allowed)
+            if unknown:
+                raise ConfigError(
+                    f"{where}: params {', '.join(unknown)} are not parameters of {metric}; it "
+                    f"takes: {', '.join(sorted(allowed)) or 'none'}. Nothing was written."
+                )
+            for name, value in params.items():
+                problem = param_problem(name, value)
+                if problem is not None:
+                    raise ConfigError(
+                        f"{where}: {key.replace('metric', 'params')}.{name}={value!r} is not "
+                        f"allowed: it is {problem}. Nothing was written."
+                    )
+        gate = getattr(claim, "gate", None)
+        if gate is not None and gate.metric not in RUN_METRICS:
+            raise ConfigError(
+                f"{where}: gate.metric {gate.metric!r} must be one number per run, one of: "
+                f"{', '.join(RUN_METRICS)}. Nothing was written."
+            )
+        allowed, tests = accepted(claim.metric)
+        test = getattr(claim, "test", None)
+        if test is not None and test not in tests:
+            raise ConfigError(
+                f"{where}: test {test!r} does not apply to {claim.metric}; it takes: "
+                f"{', '.join(tests)}. Nothing was written."
+            )
+        if claim.metric == STEPS_TO_LEVEL and "level" not in _params(claim):
+            raise ConfigError(
+                f"{where}: steps_to_level needs params.level (the held-out accuracy to reach, "
+                "e.g. 0.30). Nothing was written."
+            )
+        if claim.direction not in DIRECTIONS:
+            raise ConfigError(
+                f"{where}: direction {claim.direction!r} must be one of "
+                f"{', '.join(DIRECTIONS)}. Nothing was written."
+            )
+
+
+def match_runs(
+    protocol: Any, runs: list[Run]
+) -> tuple[dict[str, dict[int, Run]], list[str], list[str], list[str]]:
+    """(arm -> seed -> finished run, missing names, unfinished names, excluded names with why)."""
+    arms: dict[str, dict[int, Run]] = {arm: {} for arm in protocol.arms}
+    found: set[str] = set()
+    unfinished: list[str] = []
+    excluded: list[str] = []
+    expected = {
+        f"{arm}_seed{seed}": (arm, int(seed)) for arm in protocol.arms for seed in protocol.seeds
+    }
+    for run in runs:
+        name = run.path.name
+        if name not in expected:
+            continue
+        arm, seed = expected[name]
+        overrides = set(run.overrides or [])
+        lacking = [
+            o for o in protocol.arms[arm] if run.overrides is not None and o not in overrides
+        ]
+        configured = run.config.get("seed")
+        if lacking:
+            excluded.append(f"{run.name} (its overrides lack {', '.join(lacking)})")
+            continue
+        if configured is not None and int(configured) != seed:
+            excluded.append(f"{run.name} (its config's seed is {configured}, not {seed})")
+            continue
+        if name in found:
+            excluded.append(f"{run.name} (a second run named {name})")
+            continue
+        found.add(name)
+        if run.finished:
+            arms[arm][seed] = run
+        else:
+            unfinished.append(f"{run.name} ({run.state})")
+    missing = [name for name in expected if name not in found]
+    return arms, missing, unfinished, excluded
+
+
+def _values(runs: dict[int, Run], metric: str, params: dict[str, Any]) -> dict[int, float]:
+    of_run = RUN_METRICS[metric].of_run
+    values = {seed: of_run(run, params) for seed, run in runs.items()}
+    return {s: float(v) for s, v in values.items() if v is not None and math.isfinite(v)}
+
+
+def evaluate(claim: Any, arms: dict[str, dict[int, Run]], alpha: float) -> Inference:
+    """The claim's test on the finished runs of its two arms."""
+    treatment, control = arms[claim.treatment], arms[claim.control]
+    params, direction = _params(claim), claim.direction
+    if claim.metric == STEPS_TO_LEVEL:
+        level, consecutive = float(params["level"]), int(params.get("consecutive", 1))
+        censor = params.get("censor_at")
+
+        def times(runs: dict[int, Run]) -> list[Time]:
+            found = (
+                time_to_level(held_out_curve(r), level, consecutive, censor) for r in runs.values()
+            )
+            return [t for t in found if t is not None]
+
+        return logrank(times(treatment), times(control), alpha, direction)
+    if claim.metric == PER_PROBLEM:
+        step = params.get("step")
+        return per_problem_paired(
+            list(treatment.values()), list(control.values()), alpha, direction,
+            None if step is None else int(step),
+        )  # fmt: skip
+    test = getattr(claim, "test", None) or RUN_METRICS[claim.metric].tests[0]
+    values_t = _values(treatment, claim.metric, params)
+    values_c = _values(control, claim.metric, params)
+    if test == "paired":
+        return paired(values_t, values_c, alpha, direction)
+    return welch(list(values_t.values()), list(values_c.values()), alpha, direction)
+
+
+def gate_status(gate: Any, arms: dict[str, dict[int, Run]]) -> tuple[bool, str]:
+    """(passed, what it found): the gate metric's mean over the gate seeds' runs against its
+    bound; a gate whose runs are not all finished has not passed."""
+    runs = arms[gate.arm]
+    seeds = [int(s) for s in gate.seeds]
+    absent = [s for s in seeds if s not in runs]
+    if absent:
+        return False, f"gate: {gate.arm} seed(s) {', '.join(map(str, absent))} not finished"
+    values = _values({s: runs[s] for s in seeds}, gate.metric, _params(gate))
+    if len(values) < len(seeds):
+        return False, f"gate: {gate.metric} not computable for every {gate.arm} gate seed"
+    mean = statistics.fmean(values.values())
+    each = ", ".join(f"seed {s} {v:+.3f}" for s, v in sorted(values.items()))
+    at_most, at_least = getattr(gate, "at_most", None), getattr(gate, "at_least", None)
+    passed = (at_most is None or mean <= at_most) and (at_least is None or mean >= at_least)
+    bound = f"≤ {at_most:+.3f}" if at_most is not None else f"≥ {at_least:+.3f}"
+    word = "passed" if passed else "failed"
+    return passed, f"gate {word}: {gate.arm} {gate.metric} mean {mean:+.3f} ({each}), needs {bound}"
+
+
+def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolReport:
+    """The verdicts of the protocol's primaries and its exploratory secondaries."""
+    check(protocol, source)
+    alpha, correction = float(protocol.alpha), str(protocol.correction)
+    arms, missing, unfinished, excluded = match_runs(protocol, runs)
+    results = [evaluate(claim, arms, alpha) for claim in protocol.primaries]
+    gates = [
+        gate_status(claim.gate, arms) if getattr(claim, "gate", None) is not None else (True, "")
+        for claim in protocol.primaries
+    ]
+    testable = [passed and r.p is not None for r, (passed, _) in zip(results, gates, strict=True)]
+    family = [r.p if ok else None for r, ok in zip(results, testable, strict=True)]
+    adjusted = adjust(family, correction)
+    primaries = []
+    for claim, result, (passed, gate_text), ok, p_adjusted in zip(
+        protocol.primaries, results, gates, testable, adjusted, strict=True
+    ):
+        if not passed:
+            verdict = UNTESTABLE_GATE
+        elif not ok:
+            verdict = UNTESTABLE_N
+        else:
+            verdict = SUPPORTED if p_adjusted < alpha else NOT_SUPPORTED
+        row = ClaimResult(
+            claim.name, claim.metric, claim.treatment, claim.control, claim.direction, result,
+            p_adjusted if ok else None, verdict, gate_text,
+        )  # fmt: skip
+        primaries.append(row)
+    secondaries = [
+        ClaimResult(c.name, c.metric, c.treatment, c.control, c.direction, evaluate(c, arms, alpha))
+        for c in protocol.secondaries
+    ]
+    return ProtocolReport(
+        protocol.name, alpha, correction, arms, primaries, secondaries, missing, unfinished,
+        excluded,
+    )  # fmt: skip

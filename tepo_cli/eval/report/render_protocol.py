@@ -1,0 +1,160 @@
+"""The protocol's verdict table and its exploratory results: terminal, Markdown and CSV."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from tepo_cli.eval.report.metrics import STEPS_TO_LEVEL
+from tepo_cli.eval.report.protocol_report import ClaimResult, ProtocolReport
+from tepo_cli.eval.report.render import markdown_table, rich_table
+
+NONE = "—"
+
+
+def _digits(row: ClaimResult) -> int:
+    return 1 if row.metric == STEPS_TO_LEVEL else 3
+
+
+def _estimate(row: ClaimResult) -> str:
+    value = row.result.estimate
+    return NONE if value is None else f"{value:+.{_digits(row)}f}"
+
+
+def _interval(row: ClaimResult) -> str:
+    result = row.result
+    if result.low is None or result.high is None:
+        return f"none ({result.note})" if result.note else "none"
+    digits = _digits(row)
+    return f"[{result.low:+.{digits}f}, {result.high:+.{digits}f}] ({result.level:.0%})"
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return NONE
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _test(row: ClaimResult) -> str:
+    """The test, with what it ran over where that is not runs (problems for per_problem)."""
+    result = row.result
+    shown = result.note and result.low is not None
+    return f"{result.test} ({result.note})" if shown else result.test
+
+
+def _n(row: ClaimResult) -> str:
+    return f"{row.result.n_treatment} / {row.result.n_control}"
+
+
+def _what(row: ClaimResult) -> str:
+    return f"{row.metric}: {row.treatment} − {row.control} ({row.direction})"
+
+
+def verdict_columns(correction: str) -> list[tuple[str, Callable[[ClaimResult], str]]]:
+    return [
+        ("claim", lambda r: r.name),
+        ("metric", _what),
+        ("test", _test),
+        ("difference", _estimate),
+        ("interval", _interval),
+        ("n per arm", _n),
+        ("p", lambda r: _p(r.result.p)),
+        (f"{correction} p", lambda r: _p(r.adjusted_p)),
+        ("verdict", lambda r: r.verdict),
+    ]
+
+
+def exploratory_columns() -> list[tuple[str, Callable[[ClaimResult], str]]]:
+    return [
+        ("exploratory", lambda r: r.name),
+        ("metric", _what),
+        ("test", _test),
+        ("difference", _estimate),
+        ("interval", _interval),
+        ("n per arm", _n),
+        ("p (unadjusted)", lambda r: _p(r.result.p)),
+    ]
+
+
+def legend(report: ProtocolReport) -> str:
+    return (
+        f"difference: treatment − control of each run's metric (steps_to_level: restricted mean "
+        f"steps, unreached runs counted at their censoring step). interval: two-sided, "
+        f"1 − 2α for a one-sided claim (so it lies beyond 0 exactly when p < α = {report.alpha:g} "
+        f"before correction), 1 − α for a two-sided one. n per arm: treatment / control (runs; "
+        f"seed pairs for a paired test). p: for the declared direction. {report.correction} p: "
+        f"adjusted over the {len(report.primaries)} primaries (an untestable one counts as p = 1). "
+        "supported: adjusted p < α."
+    )
+
+
+def notes(report: ProtocolReport) -> list[str]:
+    lines = [f"{row.name}: {row.gate}" for row in report.primaries if row.gate]
+    counts = ", ".join(f"{arm} {len(runs)}" for arm, runs in report.arms.items())
+    lines.append(f"finished runs per arm: {counts}")
+    if report.missing:
+        lines.append(f"missing (not found): {', '.join(report.missing)}")
+    if report.unfinished:
+        lines.append(f"not finished (left out): {', '.join(report.unfinished)}")
+    if report.excluded:
+        lines.append(f"excluded: {', '.join(report.excluded)}")
+    return lines
+
+
+def print_protocol(console: Console, report: ProtocolReport) -> None:
+    title = f"Protocol {report.name}: primary claims"
+    table = rich_table(title, verdict_columns(report.correction), report.primaries, legend(report))
+    console.print(table, highlight=False)
+    for line in notes(report):
+        console.print(line, highlight=False)
+    if report.secondaries:
+        title = "Exploratory (secondary, not corrected; no verdicts)"
+        console.print(rich_table(title, exploratory_columns(), report.secondaries), highlight=False)
+
+
+def markdown(report: ProtocolReport, source: Path) -> str:
+    parts = [
+        f"# Protocol {report.name}: verdicts",
+        "",
+        f"Registered in `{source}`; α = {report.alpha:g}, correction {report.correction}.",
+        "",
+        "## Primary claims",
+        "",
+        markdown_table(verdict_columns(report.correction), report.primaries),
+        "",
+        legend(report),
+        "",
+        *(f"- {line}" for line in notes(report)),
+    ]
+    if report.secondaries:
+        parts += [
+            "",
+            "## Exploratory",
+            "",
+            "Secondary claims: not part of the corrected family, no verdicts.",
+            "",
+            markdown_table(exploratory_columns(), report.secondaries),
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def write_csv(path: Path, report: ProtocolReport) -> None:
+    fields = ["kind", "claim", "metric", "treatment", "control", "direction", "test"]
+    fields += ["difference", "low", "high", "level", "n_treatment", "n_control", "p"]
+    fields += ["adjusted_p", "verdict", "note"]
+    rows = [("primary", r) for r in report.primaries]
+    rows += [("exploratory", r) for r in report.secondaries]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(fields)
+        for kind, r in rows:
+            t = r.result
+            values = (
+                kind, r.name, r.metric, r.treatment, r.control, r.direction, t.test, t.estimate,
+                t.low, t.high, t.level, t.n_treatment, t.n_control, t.p, r.adjusted_p, r.verdict,
+                "; ".join(x for x in (t.note, r.gate) if x),
+            )  # fmt: skip
+            writer.writerow(["" if v is None else v for v in values])
