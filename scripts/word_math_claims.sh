@@ -8,10 +8,17 @@
 #
 #     bash scripts/word_math_claims.sh [RUNS_DIR] [RESULTS_DIR]
 #         RUNS_DIR     where the runs train (default multirun/word_math; holds checkpoints)
-#         RESULTS_DIR  the committed records and report (default docs/results/word_math/runs)
+#         RESULTS_DIR  where each finished run's records and the report go (default
+#                      multirun/word_math_results). The default is a fresh folder, so a reproduction
+#                      from a clone trains all 23 runs and never touches the committed records;
+#                      docs/results/word_math/runs (the committed ones) holds every run already,
+#                      and naming it would skip them all.
 # ONLY=REGEX runs only the runs whose name matches (e.g. ONLY='seed0' or ONLY='^mpo');
 # LIST=1 prints the runs and their overrides; SMOKE=1 runs two of them on the tiny model, two steps
 # each, with rollout=hf (CI). TEPO=/path/to/tepo picks the executable (default: tepo on PATH).
+# Needs vLLM (make install-vllm) and a CPU left to itself: the 23 runs take about 9.5 hours alone
+# on a 2-core CPU (their recorded steps, evaluations and MPO warm-ups add up to 10.4 hours, part of
+# them beside other jobs, plus each run's start-up), and two jobs slow each other several-fold.
 set -euo pipefail
 source "$(dirname "$0")/shell/options.sh"  # -h/--help: the usage; another option: refused
 TEPO=${TEPO:-tepo}
@@ -21,7 +28,7 @@ if [[ -z "${LIST:-}" ]] && ! command -v "$TEPO" >/dev/null; then
     exit 2
 fi
 runs_dir=${1:-multirun/word_math}
-results_dir=${2:-docs/results/word_math/runs}
+results_dir=${2:-multirun/word_math_results}
 only=${ONLY:-}
 smoke=()
 if [[ -n "${SMOKE:-}" ]]; then
@@ -64,6 +71,11 @@ publish() {  # the records of one run, never its weights
     return 0
 }
 
+if [[ -z "${LIST:-}" ]]; then
+    echo "== training in $runs_dir; each finished run's records and the report go to $results_dir"
+fi
+skipped=0
+trained=0
 for entry in "${runs[@]}"; do
     name=${entry%%|*}
     read -r -a overrides <<< "${entry#*|}"
@@ -77,8 +89,10 @@ for entry in "${runs[@]}"; do
         # Published when it finished: its records stay as they were (a new invocation would
         # rewrite its .hydra/ with today's composition).
         echo "== $name: finished and published already, skipped"
+        skipped=$((skipped + 1))
         continue
     fi
+    trained=$((trained + 1))
     mkdir -p "$runs_dir"
     echo "== $name: $TEPO train recipe=word_math ${overrides[*]} resume=true hydra.run.dir=$run"
     # The console beside the run (a directory made before the run would read as a failed start).
@@ -93,3 +107,8 @@ for entry in "${runs[@]}"; do
         "$TEPO" report "$results_dir" --reference "algo=grpo trainer.minibatches=1"
     fi
 done
+if [[ -z "${LIST:-}" && $trained -eq 0 && $skipped -gt 0 ]]; then
+    echo "== nothing trained: every selected run is published in $results_dir already. To" \
+        "reproduce them, name a results folder that does not hold them (the default," \
+        "multirun/word_math_results, unless an earlier reproduction filled it)."
+fi

@@ -1,6 +1,7 @@
 """scripts/word_math_claims.sh (the word_math comparison's driver) on the tiny model: each run's
-records are published without weights, the report compares against GRPO, and a second
-invocation skips the finished runs instead of training them again."""
+records are published without weights, the report compares against GRPO, a second invocation
+skips the finished runs instead of training them again, and a reproduction from a clone (whose
+docs/results/word_math/runs holds every run already) trains into a fresh folder by default."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ TEPO = Path(sys.executable).parent / "tepo"
 SCRIPT = ROOT / "scripts" / "word_math_claims.sh"
 
 
-def run_claims(runs: Path, results: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def run_claims(cwd: Path, *folders: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the script from cwd (a clone's root) with RUNS_DIR and RESULTS_DIR, or with none:
+    then its defaults, relative to cwd."""
     result = subprocess.run(
-        ["bash", str(SCRIPT), str(runs), str(results)],
-        cwd=runs.parent,
+        ["bash", str(SCRIPT), *map(str, folders)],
+        cwd=cwd,
         env={**os.environ, "TEPO": str(TEPO), **env},
         capture_output=True,
         text=True,
@@ -31,7 +34,9 @@ def run_claims(runs: Path, results: Path, **env: str) -> subprocess.CompletedPro
 
 
 def test_the_list_names_every_run_of_the_comparison(tmp_path):
-    listed = run_claims(tmp_path / "runs", tmp_path / "results", LIST="1").stdout.splitlines()
+    listed = run_claims(
+        tmp_path, tmp_path / "runs", tmp_path / "results", LIST="1"
+    ).stdout.splitlines()
     names = [line.split(":")[0] for line in listed]
     assert len(names) == 23 and len(set(names)) == 23
     assert names[:5] == [f"{a}_seed0" for a in ("grpo", "dapo", "gspo", "tepo", "mpo")]
@@ -45,8 +50,18 @@ def test_the_list_names_every_run_of_the_comparison(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_publishes_records_reports_and_skips_finished_runs(tmp_path):
-    runs, results = tmp_path / "runs", tmp_path / "results"
-    run_claims(runs, results, SMOKE="1")
+    # A clone: the committed records of a finished run where the default used to publish.
+    committed = tmp_path / "docs" / "results" / "word_math" / "runs" / "grpo_seed0"
+    committed.mkdir(parents=True)
+    record = ROOT / "docs" / "results" / "word_math" / "runs" / "grpo_seed0" / "status.json"
+    (committed / "status.json").write_bytes(record.read_bytes())
+    runs = tmp_path / "multirun" / "word_math"
+    results = tmp_path / "multirun" / "word_math_results"
+    first = run_claims(tmp_path, SMOKE="1")  # the defaults, as the results page says
+    assert "finished and published already" not in first.stdout
+    assert f"report go to {results.relative_to(tmp_path)}" in first.stdout
+    assert [p.name for p in committed.parent.iterdir()] == ["grpo_seed0"]
+    assert (committed / "status.json").read_bytes() == record.read_bytes()
     for name in ("grpo_seed0", "tepo_mb4_nomask_seed0"):
         published = results / name
         assert json.loads((published / "status.json").read_text())["state"] == "finished"
@@ -68,13 +83,14 @@ def test_smoke_publishes_records_reports_and_skips_finished_runs(tmp_path):
     published = {
         p: p.read_bytes() for p in results.rglob("*") if p.is_file() and p.suffix != ".png"
     }
-    again = run_claims(runs, results, SMOKE="1")
+    again = run_claims(tmp_path, runs, results, SMOKE="1")
     assert again.stdout.count("finished and published already, skipped") == 2
+    assert f"nothing trained: every selected run is published in {results}" in again.stdout
     # the published records stay byte for byte (Hydra would rewrite a rerun's .hydra/)
     assert all(p.read_bytes() == content for p, content in published.items())
     # a run finished but not published (killed between the two) is skipped by tepo train itself
     (results / "grpo_seed0" / "status.json").unlink()
-    third = run_claims(runs, results, SMOKE="1")
+    third = run_claims(tmp_path, runs, results, SMOKE="1")
     assert "nothing to resume, skipped" in third.stdout + third.stderr
     assert (results / "grpo_seed0" / "status.json").is_file()
 
