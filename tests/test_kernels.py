@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from tepo_cli.kernels import available_backends, token_logprobs
+from tepo_cli.kernels import chunked as kernel_chunked
 from tepo_cli.kernels import dispatch as kernel_dispatch
 from tepo_cli.kernels.blocking import choose_blocking
 
@@ -150,31 +151,47 @@ def test_extreme_logits_take_the_shifted_paths_and_stay_exact(dtype, kind):
     torch.testing.assert_close(gw.to(F64), gw_ref, rtol=0, atol=16 * eps * z_max * entry)
 
 
-def test_bfloat16_within_tolerance_of_float64_reference():
-    """bf16 inputs: statistics in float32 on the exact bf16 values -> logp/entropy within 1e-4
-    of the float64 reference on the same values; gradients come back in bf16 (rel. 2^-8)."""
-    hidden, weight, targets = make_inputs(9, 8, 67, dtype=torch.bfloat16)
-    g_logp, g_ent = upstream(9), upstream(9, seed=5)
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("scale", [0.3, 1.0])  # logits up to ~4 and ~40 (a real head: tens)
+def test_bfloat16_on_cpu_multiplies_in_bf16_within_the_naive_paths_error(with_entropy, scale):
+    """bf16 inputs on the CPU: the tiles are multiplied in bf16 (float32 accumulation, the block
+    rounded to bf16 as a bf16 model's own logits are), every exponent and sum in float32. Its
+    log-probs, entropies and gradients stay as close to the float64 reference on the same bf16
+    values as the naive path's (full bf16 logits, float32 softmax); gradients come back in bf16."""
+    hidden, weight, targets = make_inputs(33, 64, 300, dtype=torch.bfloat16, scale=scale)
+    assert kernel_chunked.matmul_dtype(hidden, weight) == torch.bfloat16
+    g_logp, g_ent = upstream(33), (upstream(33, seed=5) if with_entropy else None)
 
-    def ours(h, w):
-        return token_logprobs(h, w, targets, 0.7, True, 4, "torch", vocab_chunk_size=20)
+    def run(backend, h, w, **kw):
+        return grads_of(
+            lambda a, b: token_logprobs(a, b, targets, 0.7, with_entropy, backend=backend, **kw),
+            h,
+            w,
+            g_logp,
+            g_ent,
+        )
 
-    lp, ent, gh, gw = grads_of(ours, hidden, weight, g_logp, g_ent)
-    assert lp.dtype == torch.float32 and ent.dtype == torch.float32
-    assert gh.dtype == torch.bfloat16 and gw.dtype == torch.bfloat16
+    ours = run("torch", hidden, weight, chunk_size=8, vocab_chunk_size=64)
+    naive = run("naive", hidden, weight)
+    assert ours[0].dtype == torch.float32
+    assert ours[2].dtype == torch.bfloat16 and ours[3].dtype == torch.bfloat16
     h64 = hidden.detach().to(F64).requires_grad_()
     w64 = weight.detach().to(F64).requires_grad_()
-    lp_ref, ent_ref, gh_ref, gw_ref = grads_of(
-        lambda h, w: token_logprobs(h, w, targets, 0.7, True, backend="naive"),
-        h64,
-        w64,
-        g_logp,
-        g_ent,
-    )
-    torch.testing.assert_close(lp.to(F64), lp_ref, rtol=0, atol=1e-4)
-    torch.testing.assert_close(ent.to(F64), ent_ref, rtol=0, atol=1e-4)
-    torch.testing.assert_close(gh.to(F64), gh_ref, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(gw.to(F64), gw_ref, rtol=1e-2, atol=1e-2)
+    exact = run("naive", h64, w64)
+    for index in (0, 1, 2, 3) if with_entropy else (0, 2, 3):  # logp, entropy, grads
+        err = (ours[index].to(F64) - exact[index]).abs().max()
+        naive_err = (naive[index].to(F64) - exact[index]).abs().max()
+        scale_of = exact[index].abs().max()
+        assert err <= 2 * naive_err + 2**-8 * scale_of, (index, float(err), float(naive_err))
+
+
+def test_bfloat16_tiles_only_where_both_inputs_are_bf16_on_the_cpu():
+    """float32 (and mixed) inputs keep float32 tiles: the float32 path is unchanged."""
+    h32, w32, _ = make_inputs(4, 8, 16, dtype=torch.float32)
+    h16, w16, _ = make_inputs(4, 8, 16, dtype=torch.bfloat16)
+    assert kernel_chunked.matmul_dtype(h32, w32) is None
+    assert kernel_chunked.matmul_dtype(h16, w32) is None
+    assert kernel_chunked.matmul_dtype(h16, w16) == torch.bfloat16
 
 
 def test_entropy_equals_direct_computation():

@@ -166,6 +166,7 @@ def _model_records(
     """The graded samples of the model itself, batch by batch, from the rollout back-end."""
     from tepo_cli.eval.accuracy import sample_and_grade
     from tepo_cli.models.loading import load_model, load_tokenizer
+    from tepo_cli.models.precision import precision_line
     from tepo_cli.rollout import build_backend
     from tepo_cli.rollout.vllm_modes import without_updates
 
@@ -173,6 +174,7 @@ def _model_records(
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"tepo eval: {precision_line(config.model.dtype, device.type)}", file=sys.stderr)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, tokenizer, device)
     rollout = config.rollout.model_copy(update={"engine": without_updates(config.rollout.engine)})

@@ -40,6 +40,37 @@ def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
+def matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+    """bfloat16 where a bf16 policy is scored on the CPU, else None (the compute dtype).
+
+    A CPU with AVX-512 BF16 or AMX multiplies bf16 matrices several times faster than float32
+    (docs/guides/performance.md, "bf16 on the CPU"), and oneDNN accumulates each product in
+    float32; only the block it writes is rounded to bf16, as a bf16 model's own logits are. The
+    block is then widened to float32, where every exponent, sum and softmax of this path runs.
+    On CUDA the tiles stay float32 in TF32 (kernels/tf32.py), measured there.
+    """
+    both = hidden.dtype == weight.dtype == torch.bfloat16
+    return torch.bfloat16 if both and hidden.device.type == "cpu" else None
+
+
+def _tile_mm(
+    a: torch.Tensor,
+    w_tile: torch.Tensor,
+    out: torch.Tensor,
+    scratch: torch.Tensor | None,
+    scale: float = 1.0,
+) -> None:
+    """out = a @ w_tile^T, straight into `out` (`a` already scaled); or, with a bf16 `scratch`,
+    the raw bf16 product widened into `out` times `scale`: the operands stay the exact bf16
+    values, so the block is rounded once (as a bf16 model's logits are), not twice."""
+    if scratch is None:
+        torch.mm(a, w_tile.to(out.dtype).t(), out=out)
+        return
+    low = scratch[: out.numel()].view(out.shape)
+    torch.mm(a, w_tile.t(), out=low)
+    torch.mul(low, scale, out=out)
+
+
 def _merge_tile(
     lse: torch.Tensor,
     ent: torch.Tensor | None,
@@ -78,14 +109,29 @@ def chunked_forward(
     rows, tile = blocking.rows, blocking.vocab_tile
     scaled = _scaled_hidden(hidden, cd, temperature)
     base2 = None if with_entropy else scaled * LOG2E
+    low = matmul_dtype(hidden, weight)
+    # bf16 tiles multiply the raw bf16 rows; 1/T (and log2 e) are applied to the widened block.
+    mm_scaled = scaled if low is None else hidden
+    mm_base2 = base2 if low is None or base2 is None else hidden
     buf = torch.empty(min(rows, n_rows) * min(tile, vocab), dtype=cd, device=device)
     buf2 = torch.empty_like(buf) if with_entropy else None
+    scratch = None if low is None else torch.empty(buf.numel(), dtype=low, device=device)
     for r0 in range(0, n_rows, rows):
         r1 = min(n_rows, r0 + rows)
         h_rows = scaled[r0:r1]
-        if base2 is None or not _lse_unshifted(base2[r0:r1], weight, tile, buf, lse[r0:r1]):
+        if mm_base2 is None or not _lse_unshifted(
+            mm_base2[r0:r1], weight, tile, buf, lse[r0:r1], scratch, LOG2E / temperature
+        ):
             _lse_and_entropy(
-                h_rows, weight, tile, buf, buf2, lse[r0:r1], ent[r0:r1] if ent is not None else None
+                mm_scaled[r0:r1],
+                weight,
+                tile,
+                buf,
+                buf2,
+                lse[r0:r1],
+                ent[r0:r1] if ent is not None else None,
+                scratch,
+                1.0 / temperature,
             )
         target_w = weight[targets[r0:r1]].to(cd)
         target_logit = torch.linalg.vecdot(h_rows, target_w, dim=1)
@@ -96,7 +142,13 @@ def chunked_forward(
 
 
 def _lse_unshifted(
-    h_base2: torch.Tensor, weight: torch.Tensor, tile: int, buf: torch.Tensor, out: torch.Tensor
+    h_base2: torch.Tensor,
+    weight: torch.Tensor,
+    tile: int,
+    buf: torch.Tensor,
+    out: torch.Tensor,
+    scratch: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> bool:
     """lse = ln(sum_v 2^(z_v log2 e)) with no max pass and no shift: `exp2_` and `sum` per tile.
 
@@ -109,7 +161,7 @@ def _lse_unshifted(
     for v0 in range(0, vocab, tile):
         v1 = min(vocab, v0 + tile)
         z = buf[: n * (v1 - v0)].view(n, v1 - v0)
-        torch.mm(h_base2, weight[v0:v1].to(buf.dtype).t(), out=z)
+        _tile_mm(h_base2, weight[v0:v1], z, scratch, scale)
         total += z.exp2_().sum(dim=1)
     # Below `low` the entries lost to underflow (< 2^-126 each, float32) could matter.
     low, high = (2.0**-900, 2.0**900) if buf.dtype == torch.float64 else (2.0**-70, 2.0**100)
@@ -127,13 +179,15 @@ def _lse_and_entropy(
     buf2: torch.Tensor | None,
     run_lse: torch.Tensor,
     run_ent: torch.Tensor | None,
+    scratch: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> None:
     """Per-row lse (and entropy) over vocabulary tiles, max-shifted: any logits, any range."""
     n, vocab = h_rows.shape[0], weight.shape[0]
     for v0 in range(0, vocab, tile):
         v1 = min(vocab, v0 + tile)
         z = buf[: n * (v1 - v0)].view(n, v1 - v0)
-        torch.mm(h_rows, weight[v0:v1].to(buf.dtype).t(), out=z)
+        _tile_mm(h_rows, weight[v0:v1], z, scratch, scale)
         # One fused pass (max, sum-exp, write) turns the block into the tile's log-softmax in
         # place; the tile's lse is then z - log_softmax(z) at any column (the first here:
         # its rounding error, eps * |log p|, is that of a float32 log_softmax itself).
@@ -173,22 +227,32 @@ def chunked_backward(
     acc_h = torch.zeros(n_active, width, dtype=cd, device=device) if need_hidden else None
     acc_w = torch.empty(vocab, width, dtype=cd, device=device) if need_weight else None
     h, lse, inv_t = hidden.to(cd), lse.to(cd), 1.0 / temperature
-    mm_operand, shift, row_factor, one_hot, h_factor = _backward_operands(
+    mm_scale, shift, row_factor, one_hot, h_factor = _backward_operands(
         h, lse, g, g_ent, ent, inv_t
     )
     w_operand = h * h_factor if need_weight else None  # grad_W = (block)^T (h_factor h)
+    low = matmul_dtype(hidden, weight)
+    if low is None:
+        mm_operand = h * mm_scale
+    else:  # every matmul in bf16 (float32 accumulation), the rest in float32
+        mm_operand = hidden
+        w_operand = w_operand.to(low) if w_operand is not None else None
     rows, tile = blocking.rows, blocking.vocab_tile
     buf = torch.empty(min(rows, n_active) * min(tile, vocab), dtype=cd, device=device)
     p_buf = torch.empty_like(buf) if g_ent is not None else None
+    scratch = None if low is None else torch.empty(buf.numel(), dtype=low, device=device)
     for r0 in range(0, n_active, rows):
         r1 = min(n_active, r0 + rows)
         n = r1 - r0
         for v0 in range(0, vocab, tile):
             v1 = min(vocab, v0 + tile)
-            w_tile = weight[v0:v1].to(cd)
+            w_tile = weight[v0:v1].to(cd if low is None else low)
             block = buf[: n * (v1 - v0)].view(n, v1 - v0)
             if shift is None:
-                torch.mm(mm_operand[r0:r1], w_tile.t(), out=block)
+                _tile_mm(mm_operand[r0:r1], w_tile, block, scratch, mm_scale)
+            elif low is not None:
+                _tile_mm(mm_operand[r0:r1], w_tile, block, scratch, mm_scale)
+                block.add_(shift[r0:r1].unsqueeze(1))
             else:
                 bias = shift[r0:r1].unsqueeze(1).expand(n, v1 - v0)
                 torch.addmm(bias, mm_operand[r0:r1], w_tile.t(), out=block)
@@ -200,6 +264,9 @@ def chunked_backward(
                 block.mul_(g_ent[r0:r1].unsqueeze(1)).add_(row_factor[r0:r1].unsqueeze(1))
                 block.mul_(p)
             _subtract_one_hot(block, targets[r0:r1], one_hot[r0:r1], v0)
+            if low is not None:
+                _accumulate_low(block, w_tile, w_operand, acc_h, acc_w, r0, r1, v0, v1, scratch)
+                continue
             if acc_h is not None:
                 acc_h[r0:r1].addmm_(block, w_tile)
             if acc_w is not None and w_operand is not None:
@@ -214,6 +281,34 @@ def chunked_backward(
     if acc_w is not None:
         grad_weight = acc_w.to(weight.dtype)
     return grad_hidden, grad_weight
+
+
+def _accumulate_low(
+    block: torch.Tensor,
+    w_tile: torch.Tensor,
+    w_operand: torch.Tensor | None,
+    acc_h: torch.Tensor | None,
+    acc_w: torch.Tensor | None,
+    r0: int,
+    r1: int,
+    v0: int,
+    v1: int,
+    scratch: torch.Tensor | None,
+) -> None:
+    """The two gradient matmuls of one float32 block in bf16, summed into float32 accumulators:
+    the block is rounded to bf16 once (as a bf16 model's own softmax gradient would be), each
+    product accumulates in float32 inside the matmul, and the sums over tiles and row chunks stay
+    float32."""
+    assert scratch is not None
+    low = scratch[: block.numel()].view(block.shape)
+    low.copy_(block)
+    if acc_h is not None:
+        acc_h[r0:r1] += torch.mm(low, w_tile)
+    if acc_w is not None and w_operand is not None:
+        if r0 == 0:
+            acc_w[v0:v1] = torch.mm(low.t(), w_operand[r0:r1])
+        else:
+            acc_w[v0:v1] += torch.mm(low.t(), w_operand[r0:r1])
 
 
 def _subtract_one_hot(
@@ -236,8 +331,9 @@ def _backward_operands(
     g_ent: torch.Tensor | None,
     ent: torch.Tensor | None,
     inv_t: float,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor, Any]:
-    """(mm_operand, shift, row_factor, one_hot, h_factor) of the backward's logit blocks."""
+) -> tuple[float, torch.Tensor | None, torch.Tensor | None, torch.Tensor, Any]:
+    """(mm_scale, shift, row_factor, one_hot, h_factor) of the backward's logit blocks: each
+    block is (h @ W^T) * mm_scale (+ shift)."""
     if g_ent is None or ent is None:
         # d loss / d z = g (Y - P), z = logits / T. Blocks are built in base 2 (exp2 is cheaper
         # than exp): block = 2^(z log2(e) - shift). When |lse| is moderate the shift is 0 and
@@ -250,7 +346,7 @@ def _backward_operands(
         row_g = g * torch.exp(-lse) if unshifted else g
         one_hot = torch.exp(lse) if unshifted else torch.ones_like(lse)
         # grad_W = (P - Y)^T (-g h / T)
-        return h * (LOG2E * inv_t), shift, None, one_hot, (row_g * -inv_t).unsqueeze(1)
+        return LOG2E * inv_t, shift, None, one_hot, (row_g * -inv_t).unsqueeze(1)
     # d loss / d z = g Y - M with M = P * (g + g_H * (H + log P)) per element;
     # grad_W = (M - g Y)^T (-h / T). Natural log here: log P is needed itself.
-    return h * inv_t, lse.neg(), g + g_ent * ent, g, -inv_t
+    return inv_t, lse.neg(), g + g_ent * ent, g, -inv_t

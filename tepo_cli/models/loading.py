@@ -28,18 +28,10 @@ from tepo_cli.config.schema import ModelConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.models.gguf_convert import converted_checkpoint
 from tepo_cli.models.lora import recompute_context
+from tepo_cli.models.precision import resolve_dtype
 from tepo_cli.models.zero_init import is_partitioned, partition, partitioned_loading
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a directory holding a LoRA adapter
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is float32 on CPU: without AVX-512 BF16, bfloat16 matmuls are emulated and far
-    slower (docs/guides/performance.md)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
 
 
 def checkpoint_dir(cfg: ModelConfig) -> str | None:

@@ -38,6 +38,7 @@ def train_job(cfg: DictConfig) -> None:
 
         device = choose_device(config.trainer.device)
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
+        _settle_precision(config, device.type)
         _check_registered_names(config)
         if dry_run(config, "train"):
             discard_if_unused(run_dir)
@@ -79,6 +80,25 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.runtime.distributed import teardown
 
         teardown()
+
+
+def _settle_precision(config: TrainConfig, device_type: str) -> None:
+    """`model.dtype=auto` becomes the dtype this machine trains in (models/precision.py), said
+    once at start and written to the run's config.yaml, so a resume on a machine that would
+    choose otherwise is refused rather than continued in another precision."""
+    import torch
+
+    from tepo_cli.models.precision import precision_line, resolve_dtype, slow_bf16_warning
+
+    name = config.model.dtype
+    if os.environ.get("RANK", "0") == "0":
+        print(f"tepo train: {precision_line(name, device_type)}", file=sys.stderr)
+        warning = slow_bf16_warning(name, device_type)
+        if warning:
+            print(f"tepo train: {warning}", file=sys.stderr)
+    if name == "auto":
+        dtype = resolve_dtype(name, torch.device(device_type))
+        config.model.dtype = str(dtype).removeprefix("torch.")  # type: ignore[assignment]
 
 
 def _finished_already(run_dir: Path, config: TrainConfig) -> bool:
@@ -161,7 +181,7 @@ def _prepare_on_rank0(config: TrainConfig, run_dir: Path, topo: Topology) -> Non
     outcome: list[tuple[str, str] | None] = [None]
     if topo.is_main:
         try:
-            _prepare_run_dir(config, run_dir)
+            _prepare_run_dir(config, run_dir, topo.device.type)
         except (ConfigError, RunError) as error:
             outcome = [(type(error).__name__, str(error))]
         except OSError as error:
@@ -174,7 +194,17 @@ def _prepare_on_rank0(config: TrainConfig, run_dir: Path, topo: Topology) -> Non
         raise (ConfigError if kind == "ConfigError" else RunError)(message)
 
 
-def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:
+def _auto_as_it_was(previous: dict[str, Any], device_type: str) -> dict[str, Any]:
+    """A run started before `model.dtype=auto` was settled at start recorded "auto", which then
+    meant float32 on the CPU and bfloat16 on CUDA: compared as that dtype."""
+    model = previous.get("model")
+    if isinstance(model, dict) and model.get("dtype") == "auto":
+        settled = "bfloat16" if device_type == "cuda" else "float32"
+        return {**previous, "model": {**model, "dtype": settled}}
+    return previous
+
+
+def _prepare_run_dir(config: TrainConfig, run_dir: Path, device_type: str) -> None:
     """Check a resumed run's config against its own; refuse to start afresh over an earlier run."""
     from tepo_cli.runtime import checkpoint, resume
 
@@ -182,7 +212,7 @@ def _prepare_run_dir(config: TrainConfig, run_dir: Path) -> None:
     previous = resume.read_config(run_dir)
     if config.resume:
         if previous is not None:
-            resume.check_same_run(previous, current, run_dir)
+            resume.check_same_run(_auto_as_it_was(previous, device_type), current, run_dir)
     elif checkpoint.sealed_checkpoints(run_dir) or _has_steps(run_dir):
         raise ConfigError(
             f"{run_dir} already holds a training run (metrics.jsonl or checkpoints/). Continue it "

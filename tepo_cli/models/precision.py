@@ -1,0 +1,175 @@
+"""`model.dtype=auto`: bfloat16 where the hardware multiplies it fast, float32 elsewhere.
+
+On CUDA, auto is bfloat16, as every peer trains. On the CPU it is bfloat16 only where the
+processor has bf16 matrix instructions (AVX-512 BF16 or AMX) **and** a one-time probe confirms a
+bf16 matmul runs at least `MIN_SPEEDUP` times faster than float32 there; otherwise float32: a CPU
+without those instructions emulates bf16 matmuls, about 100x slower (docs/guides/performance.md,
+"bf16 on the CPU"). Either way DeepSpeed keeps float32 master weights, moments and gradient
+accumulation (runtime/engine.py), and the log-prob kernel runs its softmax statistics in float32.
+
+The probe's answer is cached per machine (`$TEPO_CACHE/precision.json`, keyed by processor,
+cores and torch version), so every rank and every later run of the machine decide alike.
+`TEPO_CPU_BF16=1` or `0` forces it (tests; a machine whose probe you distrust).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tepo_cli.cache import cache_root
+
+MIN_SPEEDUP = 1.25  # bf16 must beat float32 by this factor on the probe to be chosen
+PROBE_SHAPE = (512, 576, 1536)  # rows x hidden x out: a SmolLM2-135M MLP projection's block
+FORCE_VARIABLE = "TEPO_CPU_BF16"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class CpuPrecision:
+    dtype: str  # "bfloat16" or "float32"
+    reason: str  # one clause: why, in the user's terms
+
+
+def bf16_instructions() -> list[str]:
+    """The processor's bf16 matrix instructions torch can use (empty: none)."""
+    found = []
+    if torch.cpu._is_amx_tile_supported():
+        found.append("AMX")
+    if torch.cpu._is_avx512_bf16_supported():
+        found.append("AVX-512 BF16")
+    return found
+
+
+def probe_speedup(repeats: int = 5) -> float:
+    """float32 matmul seconds / bfloat16 matmul seconds at PROBE_SHAPE, best of `repeats` each,
+    interleaved so a busy machine slows both alike."""
+    rows, inner, cols = PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, inner, generator=gen)
+    b = torch.randn(inner, cols, generator=gen)
+    operands = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+    best = dict.fromkeys(operands, float("inf"))
+    for _ in range(repeats):
+        for dtype, (x, y) in operands.items():
+            start = time.perf_counter()
+            torch.mm(x, y)
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
+def _machine_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    model = _cpu_model_name() or cpu
+    return f"{model} | {os.cpu_count()} cores | torch {torch.__version__}"
+
+
+def _cpu_model_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _cached_speedup(path: Path) -> float:
+    """The probe's speed-up for this machine: read from the cache, else measured and stored."""
+    key = _machine_key()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached, dict) and isinstance(cached.get(key), (int, float)):
+        return float(cached[key])
+    speedup = probe_speedup()
+    if not isinstance(cached, dict):
+        cached = {}
+    cached[key] = round(speedup, 3)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(cached, indent=1, sort_keys=True))
+        scratch.replace(path)  # atomic: ranks probing at once leave one whole file
+    except OSError:
+        pass  # an unwritable cache costs a probe per run, nothing else
+    return speedup
+
+
+@functools.cache
+def cpu_precision() -> CpuPrecision:
+    """What `model.dtype=auto` means on this CPU, and why."""
+    forced = os.environ.get(FORCE_VARIABLE)
+    if forced in ("0", "1"):
+        dtype = "bfloat16" if forced == "1" else "float32"
+        return CpuPrecision(dtype, f"{FORCE_VARIABLE}={forced} forces it")
+    instructions = bf16_instructions()
+    if not instructions:
+        return CpuPrecision(
+            "float32",
+            "this CPU has no bf16 matrix instructions (AVX-512 BF16 or AMX): bf16 would be "
+            "emulated, far slower",
+        )
+    cache = cache_root() / "precision.json"
+    speedup = _cached_speedup(cache)
+    has = " and ".join(instructions)
+    if speedup < MIN_SPEEDUP:
+        return CpuPrecision(
+            "float32",
+            f"this CPU has {has}, but a bf16 matmul ran only {speedup:.2f}x as fast as float32 "
+            f"(probed once, cached in {cache})",
+        )
+    return CpuPrecision(
+        "bfloat16",
+        f"this CPU has {has}: a bf16 matmul ran {speedup:.1f}x as fast as float32 (probed once, "
+        f"cached in {cache})",
+    )
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The torch dtype `model.dtype=name` means on `device`."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16
+        return DTYPES[cpu_precision().dtype]
+    return DTYPES[name]
+
+
+def precision_line(name: str, device_type: str) -> str:
+    """The start line that says which precision a run trains in and why."""
+    if device_type == "cuda":
+        chosen = "bfloat16" if name == "auto" else name
+        why = "auto on CUDA" if name == "auto" else "as set"
+        return f"model.dtype={name}: {chosen} ({why}){_mixed(chosen)}"
+    if name == "auto":
+        choice = cpu_precision()
+        return f"model.dtype=auto: {choice.dtype} ({choice.reason}){_mixed(choice.dtype)}"
+    return f"model.dtype={name}: as set{_mixed(name)}"
+
+
+def slow_bf16_warning(name: str, device_type: str) -> str | None:
+    """One paragraph when a half precision is asked for on a CPU that would run it slowly."""
+    if device_type != "cpu" or name not in ("bfloat16", "float16"):
+        return None
+    if name == "bfloat16" and bf16_instructions():
+        return None
+    what = "AVX-512 BF16 or AMX" if name == "bfloat16" else "native float16 matrix instructions"
+    return (
+        f"model.dtype={name} on a CPU without {what}: its matmuls are emulated and typically "
+        f"10-100x slower than float32. The run goes on as asked; model.dtype=auto (or float32) "
+        f"trains in float32 here."
+    )
+
+
+def _mixed(dtype: str) -> str:
+    if dtype == "float32":
+        return ""
+    return "; float32 master weights, optimizer state and softmax statistics"
