@@ -145,7 +145,7 @@ def test_kl_cov_loss_and_gradient_match_the_float64_reference(seed, padding, per
     assert metrics["cov_selected_frac"] == pytest.approx(len(chosen) / valid)
     cov = reference_cov(logp, adv, mask)
     assert metrics["cov_selected_mean"] == pytest.approx(sum(cov[k] for k in chosen) / len(chosen))
-    assert "clip_frac" not in metrics  # KL-Cov has no PPO clip
+    assert metrics["clip_frac"] == 0.0  # KL-Cov has no PPO clip
 
 
 def test_kl_cov_picks_the_top_tokens_by_covariance():

@@ -57,6 +57,7 @@ def kl_cov_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, 
         "pg_loss": float(pg_loss.detach()),
         "cov_loss": float(cov_loss.detach()),
         "cov_abs_kl": _masked_mean(distance.detach(), batch.mask),
+        "clip_frac": 0.0,  # no PPO clip: the key every objective reports, for reports and plots
         "ratio_mean": _masked_mean(ratio.detach(), batch.mask, empty=1.0),
         **_pick_metrics(batch, pick),
         **kl_metrics,
