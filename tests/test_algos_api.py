@@ -22,9 +22,9 @@ from tepo_cli.algos import (
 )
 
 F64 = torch.float64
-PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo"]
+PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo", "kl_cov", "clip_cov"]
 # Presets callable without MTP inputs (the paper's `mpo` needs them: tests/test_algos_mpo.py).
-LOSS_PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint"]
+LOSS_PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint", "kl_cov", "clip_cov"]
 
 
 def inputs(rows: int = 4, columns: int = 7, seed: int = 0):

@@ -173,6 +173,8 @@ PRESETS = [
     ["algo=mpo", "k=3", "algo.mtp.warmup.steps=0", "algo.mtp.aux_coef=0.1"],
     ["algo=mpo_exact", "k=3"],
     ["algo=grpo", "advantage=gae"],
+    ["algo=kl_cov", "algo.cov_fraction=0.25"],  # one pick per optimizer step, not per micro-batch
+    ["algo=clip_cov", "algo.cov_fraction=0.25", "algo.cov_lb=-100"],
 ]
 
 
@@ -255,7 +257,8 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
     critic = "advantage=gae" in preset
     assert len(passes) == 2 * (1 + critic)  # two minibatches, the policy's and the critic's
     assert fixed.keys() == tokens.keys()
-    for key in ("loss", "value_loss", "mtp_aux_loss", "clip_frac", "entropy"):
+    cov = ("cov_selected", "cov_selected_mean", "cov_candidates")
+    for key in ("loss", "value_loss", "mtp_aux_loss", "clip_frac", "entropy", *cov):
         if key in fixed:
             assert tokens[key] == pytest.approx(fixed[key], rel=1e-6, abs=1e-12), key
     # The update's float64 floor: transformers' RMSNorm rounds to float32 even in a float64 model,

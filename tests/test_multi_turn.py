@@ -119,6 +119,8 @@ PRESETS = [
     ("tepo", {}),
     ("mpo", {"k": 3}),
     ("mpo_exact", {"k": 2}),
+    ("kl_cov", {"cov_fraction": 0.3}),
+    ("clip_cov", {"cov_fraction": 0.3, "cov_lb": -10.0}),
 ]
 
 

@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
         ["algo=mpo", "k=4", "algo.mtp.warmup.steps=2"],
         ["algo=mpo_exact", "k=4"],
         ["algo=mpo_disjoint"],
+        ["algo=kl_cov", "trainer.minibatches=2"],  # the penalty acts from the second minibatch
+        ["algo=clip_cov"],
         ["algo=dapo", "k=2"],
         ["algo=mpo_exact", "algo.block_weights=geometric:0.5", "algo.tail=renormalise"],
         [
@@ -106,6 +108,8 @@ def test_objective_trains_three_steps(compose_config, tmp_path, overrides):
     if config.algo.kl_mask == "tepo":
         # the mask selects some tokens, not none and not all (it then would not be a mask)
         assert any(0.0 < r["kl_mask_frac"] < 1.0 for r in records)
+    if config.algo.covariance_selection:  # KL-Cov / Clip-Cov log their pick every step
+        assert all("cov_selected" in r and "cov_selected_frac" in r for r in records)
     if config.algo.dynamic_sampling:
         # a dropped group is one whose answers all agree: refills happened exactly when some were
         for r in records:

@@ -9,7 +9,7 @@ import torch
 from tepo_cli.algos import policy_loss
 
 F64 = torch.float64
-PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint"]
+PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint", "kl_cov", "clip_cov"]
 
 
 def batch(seed: int = 0, rows: int = 4, columns: int = 7, spread: float = 0.2):

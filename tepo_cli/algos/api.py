@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from tepo_cli.algos import cov_objectives as _cov_objectives  # noqa: F401  (kl_cov, clip_cov)
 from tepo_cli.algos import objectives as _objectives  # noqa: F401  (registers the presets)
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
 from tepo_cli.algos.presets import AlgoSpec, resolve_algo
@@ -29,6 +31,8 @@ def policy_loss(
     old_entropy_term: Tensor | None = None,
     token_weights: Tensor | None = None,
     turns: Tensor | None = None,
+    cov_selected: Tensor | None = None,
+    generator: torch.Generator | None = None,
     **overrides: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss (0-dim: policy term + KL term) and float metrics of objective `algo` on B responses.
@@ -47,13 +51,18 @@ def policy_loss(
     token_weights: [B, T] ≥ 0, detached: each token's policy term is multiplied by its weight
                  (mismatch correction, tepo_cli.algos.mismatch); not the KL term. None = 1.
     turns:       [B, T] int64 turn of each token (episodes only): no block or window spans two.
+    cov_selected: [B, T] bool, KL-Cov / Clip-Cov only: the tokens already picked by covariance
+                 over a larger set (the trainer picks over the optimizer step's rows); None:
+                 pick among these rows. generator: Clip-Cov's random draw (None: seeded with 0).
     overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
                  normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
                  `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
                  default T). With global normalisers, the sum of the micro-batch losses is the
                  loss of one big batch. A ValueError names the argument missing or misshapen.
 
-    Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac."""
+    Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac;
+    KL-Cov / Clip-Cov: cov_loss, cov_abs_kl, and (when they pick here) cov_selected,
+    cov_selected_frac, cov_selected_mean, cov_candidates (docs/objectives.md §1.6)."""
     normalisers = {name: overrides.pop(name) for name in NORMALISERS if name in overrides}
     cfg = resolve_algo(algo, overrides)
     raw = PolicyBatch(
@@ -69,6 +78,8 @@ def policy_loss(
         old_entropy_term=old_entropy_term,
         token_weights=token_weights,
         turns=turns,
+        cov_selected=cov_selected,
+        generator=generator,
         **normalisers,
     )
     batch = checked_batch(raw)

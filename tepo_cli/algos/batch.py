@@ -29,6 +29,9 @@ class PolicyBatch:
     mismatch correction (algos/mismatch.py); a plugin that builds its own surrogate applies them.
     `turns` [B, T] (multi-turn episodes, None otherwise): the turn of each of the model's tokens,
     so that K-blocks and sliding windows stay inside one turn (docs/objectives.md §0.2).
+    `cov_selected` [B, T] bool (KL-Cov, Clip-Cov, §1.6): the tokens picked by covariance over a
+    larger set (training: the optimizer step's rows); None = pick among these rows, Clip-Cov's
+    draw from `generator` (None = a generator seeded with 0).
     """
 
     logp: Tensor
@@ -43,6 +46,8 @@ class PolicyBatch:
     old_entropy_term: Tensor | None = None
     token_weights: Tensor | None = None
     turns: Tensor | None = None  # [B, T] int64 turn of each token (multi-turn episodes), or None
+    cov_selected: Tensor | None = None  # [B, T] bool, KL-Cov / Clip-Cov's pick, or None
+    generator: torch.Generator | None = None  # Clip-Cov's draw when it picks among these rows
     num_tokens: Count | None = None
     num_seqs: Count | None = None
     max_len: Count | None = None
@@ -84,6 +89,13 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
     turns = raw.turns
     if turns is not None and (not isinstance(turns, Tensor) or tuple(turns.shape) != shape):
         raise ValueError(f"turns must be [B, T] shaped like logp {shape}, got {_describe(turns)}")
+    selected = raw.cov_selected
+    if selected is not None:
+        if not isinstance(selected, Tensor) or tuple(selected.shape) != shape:
+            raise ValueError(
+                f"cov_selected must be [B, T] shaped like logp {shape}, got {_describe(selected)}"
+            )
+        selected = selected.bool() & mask
     return PolicyBatch(
         logp=_zero_padding(logp, mask, detach=False),  # type: ignore[arg-type]
         advantages=(
@@ -97,6 +109,8 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
         old_mtp_logp=_zero_padding(old_mtp_logp, mask, detach=True),
         **{name: _zero_padding(t, mask, detach=True) for name, t in detached.items()},  # type: ignore[arg-type]
         turns=turns,
+        cov_selected=selected,
+        generator=raw.generator,
         **counts,
     )
 

@@ -11,6 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+COV_OBJECTIVES = ("kl_cov", "clip_cov")
+"""The objectives that select tokens by covariance (algos/covariance.py, §1.6)."""
+
 Unit = Literal["token", "block", "sequence"]
 LossAgg = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
@@ -90,6 +93,11 @@ class AlgoConfig(BaseModel):
     tail: Literal["drop", "renormalise"] = "drop"
     future: Literal["exact", "mtp"] = "exact"
     mtp: MtpConfig = Field(default_factory=MtpConfig)
+    # KL-Cov and Clip-Cov (docs/objectives.md §1.6), read by those objectives only.
+    cov_fraction: float = Field(default=2e-4, ge=0.0, le=1.0)
+    cov_coef: float = Field(default=0.1, ge=0.0)
+    cov_lb: float = 1.0
+    cov_ub: float = 5.0
     # DAPO (docs/objectives.md §1.2), used by the training loop.
     dynamic_sampling: bool = False
     max_refill_rounds: int = Field(default=10, ge=1)
@@ -149,6 +157,20 @@ class AlgoConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_cov(self) -> AlgoConfig:
+        if self.cov_lb >= self.cov_ub:
+            raise ValueError(
+                f"cov_lb ({self.cov_lb}) must be smaller than cov_ub ({self.cov_ub}): Clip-Cov's "
+                "candidates are the tokens with cov_lb < cov < cov_ub"
+            )
+        if self.name in COV_OBJECTIVES and self.unit != "token":
+            raise ValueError(
+                f"{self.name} selects single tokens by their covariance: it needs unit=token "
+                f"(got unit={self.unit}); leave unit and k unset"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_dapo(self) -> AlgoConfig:
         max_len, cache_len = self.overlong_max_len, self.overlong_cache_len
         if max_len is not None and cache_len is not None and cache_len >= max_len:
@@ -186,6 +208,12 @@ class AlgoConfig(BaseModel):
     def needs_old_entropy_term(self) -> bool:
         """The first_order criterion reads S_old = Σ_j p_j²(log p_j + H) (a vocabulary sum)."""
         return self.needs_old_entropy and self.mask_criterion == "first_order"
+
+    @property
+    def covariance_selection(self) -> bool:
+        """KL-Cov and Clip-Cov pick tokens by covariance, once per optimizer step in training
+        (train/cov_selection.py), which needs π_old's log-probs before the step's forwards."""
+        return self.name in COV_OBJECTIVES
 
     @property
     def mtp_depths(self) -> int:

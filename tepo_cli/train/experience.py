@@ -34,6 +34,7 @@ class Experience:
     correct: torch.Tensor  # [N] bool
     advantages: torch.Tensor  # [N], or [N, T] from a critic
     old_logp: torch.Tensor | None = None  # [N, T]; None when the update is on-policy
+    selection_logp: torch.Tensor | None = None  # [N, T] on-policy KL-Cov / Clip-Cov's pick only
     old_entropy: torch.Tensor | None = None
     old_entropy_term: torch.Tensor | None = None  # [N, T] TEPO's first_order mask
     old_mtp_logp: torch.Tensor | None = None  # [N, T, K-1] MPO's MTP depths (future=mtp)
@@ -80,7 +81,11 @@ def _add_scores(
     cfg: TrainConfig, policy: Policy, reference: Reference | None, experience: Experience
 ) -> None:
     need_old = not on_policy(cfg)
-    if not need_old and reference is None:
+    # On-policy KL-Cov / Clip-Cov pick by π_old's log-probs before the update's forwards
+    # (train/cov_selection.py): scored here, kept apart from old_logp, which stays None so that
+    # the objective's π_old is the current forward's, detached, as for every on-policy objective.
+    need_selection = not need_old and cfg.algo.covariance_selection
+    if not need_old and not need_selection and reference is None:
         return
     batch, width = experience.batch, experience.batch.response_mask.shape[1]
     parts: dict[str, list[torch.Tensor]] = {
@@ -94,7 +99,7 @@ def _add_scores(
     plan = micro_batches_for(cfg, batch, all_rows, policy)
     # Each distinct prompt once for all the micro-batches (models/prompt_pass.py), per model.
     old_prompts = ref_prompts = MinibatchPrompts(None, plan.rows)
-    if need_old:
+    if need_old or need_selection:
         old_prompts = MinibatchPrompts.run(
             policy.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass
         )
@@ -104,7 +109,7 @@ def _add_scores(
         )
     for index, rows in enumerate(plan.rows):
         part = batch.select(rows)
-        if need_old:
+        if need_old or need_selection:
             scores = policy(
                 part,
                 cfg.rollout.temperature,
@@ -122,7 +127,10 @@ def _add_scores(
             parts["ref"].append(widen(scores.logp, width))
     back = torch.argsort(torch.cat(plan.rows))  # the plan's row order back to the batch's
     joined = {name: torch.cat(values)[back] if values else None for name, values in parts.items()}
-    experience.old_logp = joined["logp"]
+    if need_old:
+        experience.old_logp = joined["logp"]
+    else:
+        experience.selection_logp = joined["logp"]
     experience.old_entropy = joined["entropy"]
     experience.old_entropy_term = joined["entropy_term"]
     experience.old_mtp_logp = joined["mtp_logp"]

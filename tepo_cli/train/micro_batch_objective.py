@@ -26,9 +26,11 @@ def micro_batch_objective(
     num_tokens: float,
     num_seqs: float,
     tally: MismatchTally | None,
+    selected: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of the micro-batch `part` (these `rows` of the step) from the policy's `scores`,
-    normalised by the minibatch's global token and sequence counts, and its metrics."""
+    normalised by the minibatch's global token and sequence counts, and its metrics. `selected`
+    [N, T]: KL-Cov / Clip-Cov's pick over the step's rows (train/cov_selection.py)."""
     width = part.response_mask.shape[1]
     mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
     old = _old_scores(experience, rows, width, scores)
@@ -49,6 +51,7 @@ def micro_batch_objective(
         old_entropy_term=old.entropy_term,
         token_weights=weights,
         turns=part.turns,
+        cov_selected=_rows(selected, rows, width),
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         max_len=cfg.completion_tokens,

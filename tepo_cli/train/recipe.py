@@ -56,7 +56,9 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     advantages = estimate(cfg, groups, models.critic, clock)
     experience = score(cfg, models.policy, models.reference, groups, advantages, clock)
     with clock("update"):
-        metrics = update(cfg, models.engine, experience, run.generator, models.critic_engine)
+        metrics = update(
+            cfg, models.engine, experience, run.generator, models.critic_engine, step=step
+        )
     with clock("sync"):
         run.backend.sync(models.policy.lm)
         release_free_memory()  # ... and what the update freed

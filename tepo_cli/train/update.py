@@ -30,6 +30,7 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.prompt_pass import MinibatchPrompts, reads_prompt_pass, through_engine
 from tepo_cli.runtime import faults
 from tepo_cli.runtime.guards import skipped_optimizer_steps
+from tepo_cli.train.cov_selection import selection_seed, step_selection
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
 from tepo_cli.train.micro_batch_objective import micro_batch_objective
@@ -104,10 +105,12 @@ def update(
     experience: Experience,
     generator: torch.Generator,
     critic_engine: Any = None,
+    step: int = 0,
 ) -> dict[str, float]:
     """μ epochs × minibatches of the objective (and, with advantage=gae, of the critic's loss:
     its own engine, stepped at the same accumulation boundaries). Returns the step's metrics,
-    with the optimizer steps the guard skipped (a non-finite loss or gradient)."""
+    with the optimizer steps the guard skipped (a non-finite loss or gradient). `step` (the
+    training step) seeds Clip-Cov's draw (train/cov_selection.py)."""
     skipped_before = skipped_optimizer_steps(engine)
     rows = len(experience.batch)
     mismatch = MismatchTally() if experience.rollout.logprobs is not None else None
@@ -118,8 +121,11 @@ def update(
             if on_policy(cfg)
             else torch.randperm(rows, generator=generator, device="cpu")
         )
-        for minibatch in order.chunk(cfg.trainer.minibatches):
-            _optimizer_step(cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0)
+        for index, minibatch in enumerate(order.chunk(cfg.trainer.minibatches)):
+            seed = selection_seed(cfg.seed, step, epoch, index)
+            _optimizer_step(
+                cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0, seed
+            )
     result = tally.metrics(experience)
     result["skipped_optimizer_steps"] = skipped_optimizer_steps(engine) - skipped_before
     return result
@@ -133,15 +139,22 @@ def _optimizer_step(
     minibatch: torch.Tensor,
     tally: _Tally,
     first_epoch: bool,
+    seed: int = 0,
 ) -> None:
     """One minibatch: its micro-batches' forward and backward, then the optimizer step that
-    DeepSpeed takes at the accumulation boundary (the critic's engine alongside)."""
+    DeepSpeed takes at the accumulation boundary (the critic's engine alongside). KL-Cov and
+    Clip-Cov pick their tokens over the whole minibatch first (its draw seeded with `seed`)."""
     world = collective.world_size()
     num_tokens = _global_sum(experience.batch.trained_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
+    selected = pick_metrics = None
+    if cfg.algo.covariance_selection and num_tokens > 0:  # over all rows, before any is skipped
+        selected, pick_metrics = step_selection(cfg.algo, experience, minibatch, seed)
     minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
     if minibatch is None:
         return
+    for key, value in (pick_metrics or {}).items():  # per optimizer step taken, as the others
+        tally.sums[key] += value
     tally.count_work(experience.batch, minibatch)
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
     prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
@@ -157,7 +170,7 @@ def _optimizer_step(
         engine.set_gradient_accumulation_boundary(boundary)
         with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
             metrics = _forward_backward(
-                cfg, engine, experience, prompts, index, *counts, tally.seconds, mismatch
+                cfg, engine, experience, prompts, index, *counts, tally.seconds, mismatch, selected
             )
         if critic_engine is not None:
             critic_engine.set_gradient_accumulation_boundary(boundary)
@@ -265,9 +278,11 @@ def _forward_backward(
     world: int,
     seconds: dict[str, float],
     tally: MismatchTally | None = None,
+    selected: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """The objective on micro-batch `index` of the minibatch (plus MPO's auxiliary MTP loss) and
-    its backward; its answers read the minibatch's prompt pass where there is one."""
+    its backward; its answers read the minibatch's prompt pass where there is one. `selected`:
+    KL-Cov / Clip-Cov's pick over the step's rows ([N, T]), None for the other objectives."""
     began = time.perf_counter()
     rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
@@ -281,7 +296,7 @@ def _forward_backward(
         prompts=prompts.read(index),
     )
     loss, metrics = micro_batch_objective(
-        cfg, experience, rows, part, scores, num_tokens, num_seqs, tally
+        cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
     )
     if faults.armed("nan_loss"):
         loss = loss * float("nan")
