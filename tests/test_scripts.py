@@ -32,6 +32,7 @@ SMOKE_TESTS = {
     "bench_logprob.py": "tests/test_scripts.py::test_bench_logprob_smoke",
     "bench_lora.py": "tests/test_scripts.py::test_bench_lora_smoke",
     "bench_packing.py": "tests/test_scripts.py::test_bench_packing_smoke",
+    "bench_precision.py": "tests/test_scripts.py::test_bench_precision_smoke",
     "bench_step.py": "tests/test_scripts.py::test_bench_step_short_smoke",
     "bench_update.py": "tests/test_scripts.py::test_bench_update_smoke",
     "bench_vllm.py": "tests/test_scripts.py::test_bench_vllm_smoke",
@@ -177,6 +178,19 @@ def test_check_references_smoke():
     counts = re.findall(r"(\d+)/(\d+)\s+\(", result.stdout)
     assert len(counts) >= 5  # gsm8k (three modes), math, math500, humaneval (+ bare), mbpp
     assert all(int(total) == 5 for _, total in counts), result.stdout
+
+
+def test_bench_precision_smoke(tmp_path):
+    """bf16 against float32 on the same job, each in its own process, forced to run in bf16."""
+    run_script("scripts/bench_precision.py", "--smoke", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert [run["dtype"] for run in result["runs"]] == ["float32", "bfloat16"]
+    for dtype in ("float32", "bfloat16"):
+        row = result["summary"][dtype]
+        assert row["steps"] == 1 and finite(row["step_seconds"]) and row["step_seconds"] > 0
+    config = (tmp_path / "runs" / "bfloat16-round1" / "config.yaml").read_text()
+    assert "dtype: bfloat16" in config
+    assert "| bf16 / float32 |" in (tmp_path / "results.md").read_text()
 
 
 def test_bench_lora_smoke(tmp_path):

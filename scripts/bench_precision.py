@@ -1,0 +1,189 @@
+"""word_math step seconds in bfloat16 against float32, alternating, each run its own process.
+
+    python scripts/bench_precision.py                       # recipe=word_math, 4 steps, 1 round
+    python scripts/bench_precision.py --rounds 2 --steps 6 --out docs/results/precision/steps
+    python scripts/bench_precision.py --smoke               # CI: model=tiny, rollout=hf, 2 steps
+
+Each round trains the same job (same seed, same prompts) once per precision, float32 first, with
+`model.dtype` set explicitly, no evaluation and no checkpoints. The first step of every run is
+left out (vLLM's start-up, first-touch allocations); the others are pooled per precision. A
+machine shared with other work slows both sides of a round alike, so the ratio bf16 / float32 is
+the number to read, not the seconds; `others_cores` says how busy the rest of the machine was.
+
+Output: a Markdown table (printed, and OUT/results.md) with the median s/step and its split
+(rollout, scoring, update), rollout tokens/s, the rollout-training log-prob mismatch and the update's
+MFU per precision, and the ratios; OUT/results.json holds every step's record. Logs:
+OUT/<dtype>-round<r>.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DTYPES = ("float32", "bfloat16")
+SPLIT = ("step_seconds", "rollout_seconds", "score_seconds", "update_seconds")
+QUALITY = ("mismatch_abs_mean", "mismatch_abs_max", "update_mfu", "entropy", "grad_norm")
+SMOKE = (
+    "model=tiny",
+    "rollout=hf",
+    "trainer.prompts_per_step=2",
+    "rollout.n=2",
+    "rollout.max_new_tokens=16",
+    "trainer.warmup_steps=0",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--steps", type=int, default=4, help="steps per run (default 4; the 1st is left out)"
+    )
+    p.add_argument("--rounds", type=int, default=1, help="float32, bf16 alternations (default 1)")
+    p.add_argument(
+        "--out", type=Path, help="results directory (default outputs/bench_precision/<time>)"
+    )
+    p.add_argument("--smoke", action="store_true", help="model=tiny, rollout=hf, 2 steps (CI)")
+    p.add_argument("overrides", nargs="*", help="more tepo train overrides for both sides")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps = 2
+    if args.steps < 2:
+        p.error("--steps must be at least 2: the first step of each run is left out")
+    return args
+
+
+def job_overrides(args: argparse.Namespace, dtype: str, run_dir: Path) -> list[str]:
+    base = [
+        "recipe=word_math",
+        f"model.dtype={dtype}",
+        f"trainer.max_steps={args.steps}",
+        "trainer.eval_before=false",
+        "trainer.eval_after=false",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        "trainer.save_final=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    return [*base, *(SMOKE if args.smoke else ()), *args.overrides]
+
+
+def busy_cores() -> float:
+    """Cores the whole machine kept busy since boot, read now (for a before/after difference)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    values = [int(v) for v in fields]
+    idle = values[3] + values[4]
+    return (sum(values) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def run_one(args: argparse.Namespace, dtype: str, run_dir: Path, log: Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "tepo_cli", "train", *job_overrides(args, dtype, run_dir)]
+    start, busy = time.monotonic(), busy_cores()
+    with log.open("w") as out:
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        usage = os.wait4(child.pid, 0)[2]
+    wall = time.monotonic() - start
+    own = usage.ru_utime + usage.ru_stime
+    others = max(0.0, (busy_cores() - busy - own) / wall)
+    records = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        lines = metrics.read_text().splitlines()
+        records = [r for r in map(json.loads, filter(None, lines)) if "step" in r]
+    status = child.returncode if child.returncode is not None else 0
+    return {
+        "dtype": dtype,
+        "exit": status,
+        "wall_s": wall,
+        "others_cores": others,
+        "steps": records,
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per precision: medians over the pooled steps 2..N of every round."""
+    table: dict[str, dict[str, float]] = {}
+    for dtype in DTYPES:
+        steps = [s for run in runs if run["dtype"] == dtype for s in run["steps"][1:]]
+        if not steps:
+            continue
+        row = {key: statistics.median(s.get(key, float("nan")) for s in steps) for key in SPLIT}
+        # tokens_per_second is the step's generated tokens over its seconds: per rollout second
+        rollout = [
+            s["tokens_per_second"] * s["step_seconds"] / s["rollout_seconds"]
+            for s in steps
+            if s.get("rollout_seconds")
+        ]
+        row["rollout_tokens_per_s"] = statistics.median(rollout) if rollout else float("nan")
+        for key in QUALITY:
+            values = [s[key] for s in steps if key in s]
+            row[key] = statistics.median(values) if values else float("nan")
+        row["steps"] = len(steps)
+        row["others_cores"] = max(run["others_cores"] for run in runs if run["dtype"] == dtype)
+        table[dtype] = row
+    return table
+
+
+def render(table: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+    cols = [*SPLIT, "rollout_tokens_per_s", *QUALITY, "steps", "others_cores"]
+    lines = [
+        f"word_math step seconds by precision: {args.steps} steps a run (the first left out), "
+        f"{args.rounds} round(s){' (smoke: numbers meaningless)' if args.smoke else ''}",
+        "",
+        "| | " + " | ".join(cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for dtype, row in table.items():
+        lines.append(f"| {dtype} | " + " | ".join(_fmt(row[c]) for c in cols) + " |")
+    if len(table) == 2:
+        f32, b16 = table["float32"], table["bfloat16"]
+        ratios = [_fmt(b16[c] / f32[c]) if f32[c] else "" for c in cols[:5]]
+        lines.append("| bf16 / float32 | " + " | ".join(ratios) + " |" + " |" * (len(cols) - 5))
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if value != value:  # NaN
+        return ""
+    return f"{value:.3g}" if abs(value) < 1e-2 else f"{value:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out or REPO / "outputs" / "bench_precision" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for round_index in range(1, args.rounds + 1):
+        for dtype in DTYPES:
+            run_dir = out / "runs" / f"{dtype}-round{round_index}"
+            if run_dir.exists():
+                subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+            print(f"bench_precision: round {round_index}, {dtype} ...", flush=True)
+            run = run_one(args, dtype, run_dir, out / f"{dtype}-round{round_index}.log")
+            runs.append(run)
+            if run["exit"] != 0:
+                print(
+                    f"bench_precision: {dtype} failed (exit {run['exit']}); see its log",
+                    file=sys.stderr,
+                )
+                return 1
+    table = summarize(runs)
+    text = render(table, args)
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(json.dumps({"summary": table, "runs": runs}, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
