@@ -10,11 +10,12 @@ from rich.console import Console
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render, render_compare
 from tepo_cli.eval.report.compare import Difference, compare_groups
-from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics
-from tepo_cli.eval.report.grouping import group_runs
+from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics, matching_groups
+from tepo_cli.eval.report.grouping import Group, group_runs
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
 from tepo_cli.eval.report.runs import Run, find_runs, load_run
+from tepo_cli.eval.report.selection import select_groups
 
 MARKDOWN = "report.md"
 GROUPS_CSV = "report.csv"
@@ -62,14 +63,15 @@ def build_report(
         )
     runs = [load_run(path, root) for path in paths]
     _check_threshold_key(runs, options.threshold_key)
-    swept, groups = group_runs(runs)
+    swept, groups = _chosen(*group_runs(runs), options)
     group_rows, run_rows = build_rows(groups, options)
     reference, dynamics = build_dynamics(groups, options)
     differences = compare_groups(groups, reference, options.last, options.fractions)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
-    images = write_plots(groups, out) if plots else []
+    label = reference.label if reference is not None else None
+    images = write_plots(groups, out, label) if plots else []
     (out / MARKDOWN).write_text(_markdown(root, report, options, images), encoding="utf-8")
     render.write_csv_groups(out / GROUPS_CSV, group_rows, swept, options)
     render.write_csv_runs(out / RUNS_CSV, run_rows)
@@ -88,6 +90,17 @@ def build_report(
             table = render.rich_table("Against the reference", columns, differences, legend)
             console.print(table, highlight=False)
     return report
+
+
+def _chosen(
+    swept: list[str], groups: list[Group], options: Options
+) -> tuple[list[str], list[Group]]:
+    """The groups `--groups` chooses, plus the one a `--reference` named (selection.py)."""
+    chosen = select_groups(groups, options.groups)
+    if options.reference and options.reference_given:
+        kept = matching_groups(groups, options.reference)
+        chosen = [group for group in groups if group in chosen or group in kept]
+    return swept, chosen
 
 
 def _check_threshold_key(runs: list[Run], key: str) -> None:
