@@ -16,6 +16,7 @@ from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
 from tepo_cli.eval.report.runs import Run, find_runs, load_run
 from tepo_cli.eval.report.selection import select_groups
+from tepo_cli.eval.report.terminal import Spec, print_fitted
 
 MARKDOWN = "report.md"
 GROUPS_CSV = "report.csv"
@@ -80,16 +81,35 @@ def build_report(
     tables = [out / MARKDOWN, out / GROUPS_CSV, out / RUNS_CSV, out / CURVE_CSV, out / COMPARE_CSV]
     report.files = [*tables, *images]
     if console is not None:
-        render.print_tables(console, group_rows, run_rows, options)
-        render.print_dynamics(console, reference, dynamics, options)
-        if differences:
-            columns, legend = (
-                render_compare.compare_columns(),
-                render_compare.compare_legend(reference),
-            )
-            table = render.rich_table("Against the reference", columns, differences, legend)
-            console.print(table, highlight=False)
+        _print(console, report, options)
     return report
+
+
+def _print(console: Console, report: Report, options: Options) -> None:
+    """The tables on the terminal, fitted to its width (terminal.py)."""
+    reference, dynamics = report.reference, report.dynamics
+    specs = [
+        Spec("Groups", render.group_columns(options), report.groups, render.legend(options)),
+        Spec("Runs", render.run_columns(options), report.runs),
+        Spec(
+            "Learning dynamics",
+            render.dynamics_columns(reference, options),
+            dynamics,
+            render.dynamics_legend(reference, options),
+        ),
+        Spec(
+            "Held-out accuracy by step",
+            render.curve_columns(dynamics),
+            [row for row in dynamics] if any(row.curve for row in dynamics) else [],
+        ),
+        Spec(
+            "Against the reference",
+            render_compare.compare_columns(),
+            report.differences,
+            render_compare.compare_legend(reference),
+        ),
+    ]
+    print_fitted(console, specs, [row.group.label for row in report.groups])
 
 
 def _chosen(
