@@ -107,11 +107,17 @@ def test_a_wide_terminal_keeps_the_full_labels(sweep, tmp_path):
 def test_a_table_too_wide_for_the_terminal_is_split_and_each_part_says_what_it_is():
     from tepo_cli.eval.report.terminal import Spec, print_fitted
 
-    rows = [{"group": f"algo=a{i}", "x": f"{i}.{i}{i} ± 0.123", "s": f"{i}{i}.5"} for i in range(3)]
+    rows = [
+        {"group": f"algo=a{i} tags=[dim]", "x": f"{i}.{i}{i} ± 0.123", "s": f"{i}{i}.5"}
+        for i in range(3)
+    ]
     columns = [("group", lambda r: r["group"]), ("steps to 90% (0.216)", lambda r: r["x"])]
     columns += [("seconds to it", lambda r: r["s"]), ("CPU s to it", lambda r: r["s"])]
     console = Console(width=40, file=io.StringIO(), color_system=None)
     print_fitted(console, [Spec("Dynamics", columns, rows, "legend")], [r["group"] for r in rows])
+    wide = Console(width=200, file=io.StringIO(), color_system=None)
+    print_fitted(wide, [Spec("Dynamics", columns, rows, "legend")], [r["group"] for r in rows])
+    assert "│ algo=a1 tags=[dim] │" in wide.file.getvalue()  # a label is text, not rich markup
     text = console.file.getvalue()
     assert max(cell_len(line) for line in text.splitlines()) <= 40
     assert "Dynamics (1/2)" in text and "Dynamics (2/2)" in text
@@ -119,4 +125,5 @@ def test_a_table_too_wide_for_the_terminal_is_split_and_each_part_says_what_it_i
     headers = " ".join(line.strip("┃ ") for line in second.splitlines() if line.startswith("┃"))
     assert "to 90%" in headers and "to it" not in headers  # its "steps to" column is in part 1
     assert all(f"│ G{i} " in second for i in (1, 2, 3))  # each part names its rows
+    assert "G2   algo=a1 tags=[dim]" in text
     assert text.count("legend") == 1 and text.index("legend") > text.index("Dynamics (2/2)")

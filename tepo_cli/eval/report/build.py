@@ -100,7 +100,7 @@ def _print(console: Console, report: Report, options: Options) -> None:
         Spec(
             "Held-out accuracy by step",
             render.curve_columns(dynamics),
-            [row for row in dynamics] if any(row.curve for row in dynamics) else [],
+            list(dynamics) if any(row.curve for row in dynamics) else [],
         ),
         Spec(
             "Against the reference",

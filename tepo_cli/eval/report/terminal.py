@@ -25,6 +25,7 @@ from typing import Any
 from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tepo_cli.eval.report.render import NONE, TEXT_COLUMNS
 
@@ -70,11 +71,13 @@ def print_fitted(console: Console, specs: list[Spec], labels: list[str]) -> None
             console.print(_table(replace(part, title=title), names), highlight=False)
         # under the last part, at the console's width (a caption would wrap to the table's)
         if table.caption:
-            console.print(table.caption, highlight=False)
+            console.print(table.caption, highlight=False, markup=False)
         if table.constant:
-            console.print(_constant_said(table.constant), highlight=False)
+            console.print(_constant_said(table.constant), highlight=False, markup=False)
         if names and index == 0:
-            console.print(_names_said(names, console.width), highlight=False, soft_wrap=True)
+            console.print(
+                _names_said(names, console.width), highlight=False, soft_wrap=True, markup=False
+            )
         elif names:
             console.print("G1, G2, ...: the groups named under the first table.")
 
@@ -183,7 +186,7 @@ def _table(shown: Shown, names: dict[str, str]) -> Table:
             lines = textwrap.wrap(header, width, break_long_words=False)
             table.add_column("\n".join(lines), justify="right", no_wrap=True, min_width=width)
     for row in shown.cells:
-        table.add_row(*(names.get(cell, cell) if h == GROUP_COLUMN else cell
+        table.add_row(*(Text(names.get(cell, cell) if h == GROUP_COLUMN else cell)  # not markup
                         for h, cell in zip(shown.headers, row, strict=True)))  # fmt: skip
     return table
 
