@@ -99,31 +99,6 @@ def test_gpu_peaks_by_name_and_dtype(capsys):
     assert "no peak FLOP/s known for GPU 'Some Future GPU'" in capsys.readouterr().err
 
 
-def test_the_cpu_rate_is_measured_without_touching_the_global_rng():
-    torch.manual_seed(7)
-    expected = torch.rand(3)
-    torch.manual_seed(7)
-    rate = flops._cpu_rate(torch.float32, 64, 128, torch.get_num_threads())
-    assert torch.equal(torch.rand(3), expected)
-    assert math.isfinite(rate) and rate > 1e6
-
-
-def test_the_cpu_peak_is_measured_once_and_again_on_request_keeping_the_best(monkeypatch):
-    """A rate measured while another job held the cores is too low; measured again (as the step
-    record does when the update beat it), the higher rate stays."""
-    rates = iter([1e9, 5e9, 2e9])
-    monkeypatch.setattr(flops, "_cpu_rate", lambda *key: next(rates))
-    monkeypatch.setattr(flops, "_CPU_RATES", {})
-    shape = flops.ModelShape(
-        matmul_params=10, layers=1, attention_width=4, hidden=8, intermediate=16
-    )
-    cpu = torch.device("cpu")
-    assert flops.peak_flops(cpu, torch.float32, shape) == 1e9
-    assert flops.peak_flops(cpu, torch.float32, shape) == 1e9  # cached: not measured again
-    assert flops.peak_flops(cpu, torch.float32, shape, measure_again=True) == 5e9
-    assert flops.peak_flops(cpu, torch.float32, shape, measure_again=True) == 5e9  # 2e9 < 5e9
-
-
 @pytest.mark.slow
 def test_a_step_record_has_the_throughput(tmp_path):
     result = subprocess.run(

@@ -18,18 +18,16 @@ it skips count nothing. Recomputation (gradient checkpointing) is not needed wor
 counted: that is MFU, not hardware utilisation.
 
 The peak: on CUDA, the device's dense (no sparsity) tensor-core rate for the update's dtype from
-NVIDIA's datasheets (`PEAKS`; an unknown GPU gets no MFU, said once); on the CPU, the rate this
-process measures at the start for a matmul of the model's MLP shape ([2048, hidden] ×
-[hidden, intermediate]) in the model's dtype, well under a second. A machine busy with another job
-at that moment gives too low a rate, which shows as an update faster than the peak (MFU > 1):
-then the rate is measured again and the higher one kept (`peak_flops(..., measure_again=True)`).
+NVIDIA's datasheets (`PEAKS`; an unknown GPU gets no MFU, said once); on the CPU, the machine's
+matmul peak in the model's dtype, measured over several trials at a fixed shape and cached per
+machine and dtype (train/cpu_peak.py). An update faster than that peak (measured while the
+machine was busier) raises it (`cpu_peak.raise_peak`): MFU is never recorded above 1.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,6 +35,7 @@ import torch
 
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.shared_prompts import distinct_prompts
+from tepo_cli.train.cpu_peak import cpu_peak
 
 # Dense peak FLOP/s by GPU name fragment (first match wins: the specific names first), per dtype.
 # NVIDIA datasheets: H100 SXM5 / H200 (989 bf16, 495 tf32, 67 fp32 TFLOPS), H100 PCIe (756, 378,
@@ -138,21 +137,12 @@ def needed_flops(
     return flops, tokens
 
 
-# (dtype, hidden, intermediate, threads) -> the best CPU matmul rate measured so far
-_CPU_RATES: dict[tuple[torch.dtype, int, int, int], float] = {}
-
-
-def peak_flops(
-    device: torch.device, dtype: torch.dtype, shape: ModelShape, measure_again: bool = False
-) -> float | None:
-    """FLOP/s this device could do at best in `dtype`; None for a GPU not in PEAKS. On the CPU,
-    measured once, or again with `measure_again` (the best rate of every measurement)."""
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """FLOP/s this device could do at best in `dtype` (the model's: its parameters' dtype);
+    None for a GPU not in PEAKS. On the CPU, the machine's cached probe (train/cpu_peak.py)."""
     if device.type == "cuda":
         return _gpu_peak(torch.cuda.get_device_name(device), _kind(dtype))
-    key = (dtype, shape.hidden, shape.intermediate, torch.get_num_threads())
-    if measure_again or key not in _CPU_RATES:
-        _CPU_RATES[key] = max(_CPU_RATES.get(key, 0.0), _cpu_rate(*key))
-    return _CPU_RATES[key]
+    return cpu_peak(dtype)
 
 
 def _kind(dtype: torch.dtype) -> str:
@@ -172,18 +162,3 @@ def _gpu_peak(name: str, kind: str) -> float | None:
         file=sys.stderr,
     )
     return None
-
-
-def _cpu_rate(dtype: torch.dtype, hidden: int, intermediate: int, threads: int) -> float:
-    """The best of a few timed [2048, hidden] × [hidden, intermediate] matmuls, after one warm-up."""
-    own = torch.Generator(device="cpu").manual_seed(0)  # the run's RNG streams stay untouched
-    a = torch.randn(2048, hidden, dtype=dtype, device="cpu", generator=own)
-    b = torch.randn(hidden, intermediate, dtype=dtype, device="cpu", generator=own)
-    torch.mm(a, b)
-    best, spent = float("inf"), 0.0
-    while spent < 0.3:
-        began = time.perf_counter()
-        torch.mm(a, b)
-        took = time.perf_counter() - began
-        best, spent = min(best, took), spent + took
-    return 2.0 * 2048 * hidden * intermediate / best

@@ -10,8 +10,9 @@ import torch
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.runtime.clock import StepClock
+from tepo_cli.train.cpu_peak import raise_peak
 from tepo_cli.train.experience import Experience
-from tepo_cli.train.flops import model_shape, peak_flops
+from tepo_cli.train.flops import peak_flops
 
 
 def step_record(
@@ -88,10 +89,8 @@ def _throughput(engine: Any, record: dict[str, Any]) -> dict[str, float]:
     counted of the rows it ran, train/flops.py; `record` holds this rank's and the update's
     seconds), trained tokens per second and MFU. One collective, entered by every rank each
     step."""
-    lm = engine.module.lm
-    shape = model_shape(lm)
-    dtype = next(lm.parameters()).dtype
-    peak = peak_flops(engine.device, dtype, shape)
+    dtype = next(engine.module.lm.parameters()).dtype  # the matmuls' dtype: the model's
+    peak = peak_flops(engine.device, dtype)
     sums = torch.tensor(
         [
             record["update_flops"],
@@ -112,13 +111,14 @@ def _throughput(engine: Any, record: dict[str, Any]) -> dict[str, float]:
     if known != world:
         return result
     if flops > seconds * peaks and engine.device.type == "cpu":
-        # Faster than the measured peak: the machine was busier when it was measured. Every
-        # rank sees the same sums, so every rank measures again and enters the collective.
-        peak = peak_flops(engine.device, dtype, shape, measure_again=True)
+        # Faster than the cached peak (measured while the machine was busier): each rank raises
+        # its peak to at least its share of the achieved rate, so the sum covers the update.
+        # Every rank sees the same sums, so every rank enters the collective.
+        peak = raise_peak(dtype, flops / seconds / world)
         peaks = collective.all_sum(
             torch.tensor([peak], dtype=torch.float64, device=engine.device)
         ).item()
-    result["update_mfu"] = flops / (seconds * peaks)
+    result["update_mfu"] = min(1.0, flops / (seconds * peaks))  # 1 at most: float rounding
     result["peak_flops"] = peaks
     return result
 

@@ -10,11 +10,13 @@ from rich.console import Console
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render, render_compare
 from tepo_cli.eval.report.compare import Difference, compare_groups
-from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics
-from tepo_cli.eval.report.grouping import group_runs
+from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics, matching_groups
+from tepo_cli.eval.report.grouping import Group, group_runs
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
 from tepo_cli.eval.report.runs import Run, find_runs, load_run
+from tepo_cli.eval.report.selection import select_groups
+from tepo_cli.eval.report.terminal import Spec, print_fitted
 
 MARKDOWN = "report.md"
 GROUPS_CSV = "report.csv"
@@ -62,14 +64,15 @@ def build_report(
         )
     runs = [load_run(path, root) for path in paths]
     _check_threshold_key(runs, options.threshold_key)
-    swept, groups = group_runs(runs)
+    swept, groups = _chosen(*group_runs(runs), options)
     group_rows, run_rows = build_rows(groups, options)
     reference, dynamics = build_dynamics(groups, options)
     differences = compare_groups(groups, reference, options.last, options.fractions)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
-    images = write_plots(groups, out) if plots else []
+    label = reference.label if reference is not None else None
+    images = write_plots(groups, out, label) if plots else []
     (out / MARKDOWN).write_text(_markdown(root, report, options, images), encoding="utf-8")
     render.write_csv_groups(out / GROUPS_CSV, group_rows, swept, options)
     render.write_csv_runs(out / RUNS_CSV, run_rows)
@@ -78,16 +81,46 @@ def build_report(
     tables = [out / MARKDOWN, out / GROUPS_CSV, out / RUNS_CSV, out / CURVE_CSV, out / COMPARE_CSV]
     report.files = [*tables, *images]
     if console is not None:
-        render.print_tables(console, group_rows, run_rows, options)
-        render.print_dynamics(console, reference, dynamics, options)
-        if differences:
-            columns, legend = (
-                render_compare.compare_columns(),
-                render_compare.compare_legend(reference),
-            )
-            table = render.rich_table("Against the reference", columns, differences, legend)
-            console.print(table, highlight=False)
+        _print(console, report, options)
     return report
+
+
+def _print(console: Console, report: Report, options: Options) -> None:
+    """The tables on the terminal, fitted to its width (terminal.py)."""
+    reference, dynamics = report.reference, report.dynamics
+    specs = [
+        Spec("Groups", render.group_columns(options), report.groups, render.legend(options)),
+        Spec("Runs", render.run_columns(options), report.runs),
+        Spec(
+            "Learning dynamics",
+            render.dynamics_columns(reference, options),
+            dynamics,
+            render.dynamics_legend(reference, options),
+        ),
+        Spec(
+            "Held-out accuracy by step",
+            render.curve_columns(dynamics),
+            list(dynamics) if any(row.curve for row in dynamics) else [],
+        ),
+        Spec(
+            "Against the reference",
+            render_compare.compare_columns(),
+            report.differences,
+            render_compare.compare_legend(reference),
+        ),
+    ]
+    print_fitted(console, specs, [row.group.label for row in report.groups])
+
+
+def _chosen(
+    swept: list[str], groups: list[Group], options: Options
+) -> tuple[list[str], list[Group]]:
+    """The groups `--groups` chooses, plus the one a `--reference` named (selection.py)."""
+    chosen = select_groups(groups, options.groups)
+    if options.reference and options.reference_given:
+        kept = matching_groups(groups, options.reference)
+        chosen = [group for group in groups if group in chosen or group in kept]
+    return swept, chosen
 
 
 def _check_threshold_key(runs: list[Run], key: str) -> None:

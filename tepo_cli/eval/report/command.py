@@ -70,6 +70,13 @@ def parser() -> argparse.ArgumentParser:
         help="best: the --fractions are of the reference's best held-out accuracy; gain: of its\n"
         "gain from before training to its best (for models that start well above 0)",
     )
+    parse.add_argument(
+        "--groups",
+        metavar="NAME,...|REGEX",
+        help="the groups to draw and table: labels as the report prints them, separated by\n"
+        "commas, or a regular expression searched for in each label, e.g. 'algo=(grpo|tepo)'\n"
+        "(default: all; a group named by --reference is always kept)",
+    )
     parse.add_argument("--no-plots", action="store_true", help="tables only")
     parse.add_argument(
         "--protocol",
@@ -112,6 +119,7 @@ def main(arguments: list[str]) -> int:
         fractions,
         gain=args.levels == "gain",
         reference_given=given,
+        groups=args.groups,
     )
     console = Console()
     if not console.is_terminal:

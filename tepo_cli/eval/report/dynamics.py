@@ -101,8 +101,7 @@ def find_reference(
     default `algo=grpo` in a sweep of another key too: the report goes on without a reference)."""
     if not wanted:
         return None
-    parts = [part.split("=", 1) for part in wanted.split()]
-    matching = [g for g in groups if all(_matches(g, key, value) for key, value in parts)]
+    matching = matching_groups(groups, wanted)
     if len(matching) > 1 and not explicit:
         return None
     if len(matching) > 1:
@@ -120,6 +119,12 @@ def find_reference(
     step = max(curve, key=lambda s: (curve[s].mean, -s))
     start = curve[0].mean if 0 in curve else 0.0
     return Reference(matching[0].label, curve[step].mean, step, start, gain)
+
+
+def matching_groups(groups: list[Group], wanted: str) -> list[Group]:
+    """The groups matching every `key=value` of `wanted` (find_reference)."""
+    parts = [part.split("=", 1) for part in wanted.split()]
+    return [g for g in groups if all(_matches(g, key, value) for key, value in parts)]
 
 
 def _matches(group: Group, key: str, value: str) -> bool:

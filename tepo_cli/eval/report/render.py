@@ -14,8 +14,8 @@ from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
 from tepo_cli.eval.report.stats import Estimate
 
 NONE = "—"
-_TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity", "claim", "exploratory"}
-_TEXT_COLUMNS |= {"metric", "test", "verdict"}  # the protocol's verdict table
+TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity", "claim", "exploratory"}
+TEXT_COLUMNS |= {"metric", "test", "verdict"}  # the protocol's verdict table
 
 
 def _fmt(value: Estimate | float | None, digits: int) -> str:
@@ -186,7 +186,7 @@ def write_csv_curve(path: Path, rows: list[DynamicsRow]) -> None:
 def rich_table(title: str, columns: list, rows: list, caption: str = "") -> Table:
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for header, _ in columns:
-        justify = "left" if header in _TEXT_COLUMNS else "right"
+        justify = "left" if header in TEXT_COLUMNS else "right"
         table.add_column(header, justify=justify, overflow="fold")
     for row in rows:
         table.add_row(*(get(row) for _, get in columns))

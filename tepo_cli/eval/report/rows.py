@@ -35,6 +35,7 @@ class Options:
     gain: bool = False  # the fractions are of the reference's gain over its start, not its best
     # named by the user (--reference): one that matches several groups is refused, not skipped
     reference_given: bool = True
+    groups: str | None = None  # --groups: labels or a regular expression (selection.py)
 
 
 @dataclass(frozen=True)
