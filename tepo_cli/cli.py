@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
             from tepo_cli.runtime.resume import run_dir_overrides
 
             overrides = run_dir_overrides(overrides)
+            from tepo_cli.runtime.run_lock import check_run_dir_free
+
+            check_run_dir_free(overrides)  # one writer per run directory (runtime/run_lock.py)
         if command == "train" and argv is None and not dry_run:  # a process of its own
             start_with_host_allocator(config_name, overrides)
     except ConfigError as error:
