@@ -61,6 +61,8 @@ from benchstep.procs import (
 )
 from benchstep.versions import trl_version, versions, vllm_version
 
+from tepo_cli.data.required import require_prepared
+
 SCRIPTS = Path(__file__).resolve().parent
 
 
@@ -235,6 +237,8 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__)
     check_device(args)
+    if args.job == "long":  # before any side starts: each would fail on it seconds later
+        require_prepared([("math500", "train")], "bench_step.py --job long")
     trl = trl_version(args.trl_python) if "trl" in args.sides else None
     out = (args.out or Path("outputs/bench_step") / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     if out.exists() and any(out.iterdir()):

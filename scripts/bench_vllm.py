@@ -36,6 +36,8 @@ from typing import Any
 from benchstep.job import Job, resolve_model
 from benchstep.procs import log_tail, python_module, run_child, thread_env
 
+from tepo_cli.data.required import require_prepared
+
 SCRIPTS = Path(__file__).resolve().parent
 BACKENDS = ("hf", "vllm")
 
@@ -214,6 +216,8 @@ def _cell(key: str, value: Any) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.mode == "eval":  # its GSM8K rows read the prepared test split
+        require_prepared([("gsm8k", "test")], "bench_vllm.py eval")
     out = args.out or Path("outputs/bench_vllm") / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     if args.mode == "eval":

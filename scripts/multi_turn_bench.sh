@@ -66,6 +66,9 @@ else
         done
     done
 fi
+if [[ -z "${OBJECTIVES:-}" ]]; then  # the mbpp runs read its prepared test split
+    "$TEPO" data check mbpp --for multi_turn_bench.sh || exit 2
+fi
 mkdir -p "$runs_dir" "$results_dir"
 for entry in "${runs[@]}"; do
     name=${entry%%|*}

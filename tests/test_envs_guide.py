@@ -73,7 +73,7 @@ def test_a_plugin_breaking_the_contract_is_refused_at_start(tmp_path):
     ("override", "message"),
     [
         ("env.name=chess", "env.name=chess is not an environment; the environments are:"),
-        ("env=chess", "Could not find 'env/chess'"),
+        ("env=chess", "is chosen with env.name=chess, not env=chess"),
     ],
 )
 def test_an_unknown_environment_lists_the_known_ones(tmp_path, override, message):

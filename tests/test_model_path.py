@@ -21,10 +21,23 @@ from tepo_cli.config.model_path import looks_local, model_path_problem
         ("./model", True),
         ("~/models/x", True),
         ("outputs/train/run/final", True),
+        ("outputs/final", False),  # no outputs/ here: a hub namespace
+        (".hidden", True),
     ],
 )
-def test_what_reads_as_a_local_path(path, local):
+def test_what_reads_as_a_local_path(path, local, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert looks_local(path) is local
+
+
+def test_an_existing_first_part_makes_a_local_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert not looks_local("outputs/final")
+    (tmp_path / "outputs").mkdir()
+    assert looks_local("outputs/final")
+    assert "its first part outputs/ is a directory here" in (
+        model_path_problem("outputs/final") or ""
+    )
 
 
 def test_each_problem_is_named(tmp_path):
@@ -57,13 +70,27 @@ def test_each_problem_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["model=hf", "model.path=/no/such/dir"], "model.path=/no/such/dir: no such directory"),
-        (["model=hf"], "model=hf needs model.path"),
+        (
+            ["train", "model=hf", "model.path=/no/such/dir"],
+            "model.path=/no/such/dir: no such directory",
+        ),
+        (["train", "model=hf"], "model=hf needs model.path"),
+        # every preset that loads weights, not only model=hf; train, eval and a dry run alike
+        (["train", "model.path=/no/such/dir"], "model.path=/no/such/dir: no such directory"),
+        (["train", "model=tiny", "model.path=./gone"], "model.path=./gone: no such directory"),
+        (
+            ["eval", "model.path=outputs/train/d/t/final"],
+            "model.path=outputs/train/d/t/final: no such directory",
+        ),
+        (
+            ["eval", "model.path=outputs/train/d/t/final", "--dry-run"],
+            "read as a local path because it has more than one '/'",
+        ),
     ],
 )
 def test_the_cli_refuses_before_loading(tmp_path, args, fragment):
     result = subprocess.run(
-        [sys.executable, "-m", "tepo_cli", "train", *args],
+        [sys.executable, "-m", "tepo_cli", *args],
         cwd=tmp_path,
         env=dict(os.environ, HYDRA_FULL_ERROR="0"),
         capture_output=True,

@@ -287,3 +287,55 @@ def test_bench_step_long_smoke(tmp_path):
     assert summaries["tepo-hf"]["host_allocator"] == host_allocator.resolve("auto").name
     assert summaries["trl"]["host_allocator"] == "glibc"
     assert "| host allocator |" in table
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "missing", "prepare"),
+    [
+        (
+            "scripts/bench_step.py",
+            ["--job", "long", "--smoke"],
+            "data/math500/train.jsonl (math500's train split: not prepared)",
+            "`tepo data prepare benchmark=math500`",
+        ),
+        (
+            "scripts/bench_vllm.py",
+            ["eval", "--smoke", "--backends", "hf"],
+            "data/gsm8k/test.jsonl (gsm8k's test split: not prepared)",
+            "`tepo data prepare benchmark=gsm8k`",
+        ),
+        (
+            "scripts/multi_turn_bench.sh",
+            ["runs", "results"],
+            "data/mbpp/test.jsonl (mbpp's test split: not prepared)",
+            "`tepo data prepare benchmark=mbpp`",
+        ),
+    ],
+)
+def test_a_benchmark_without_its_prepared_data_stops_at_once(
+    tmp_path, script, args, missing, prepare
+):
+    """No side started and failed ("failed, 0 steps"): one paragraph, exit 2, no output."""
+    out = tmp_path / "out"
+    runner = ["bash"] if script.endswith(".sh") else [sys.executable]
+    extra = [] if script.endswith(".sh") else ["--out", str(out)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPTS)]),
+        "TEPO_CACHE": str(tmp_path / "cache"),
+        "TEPO": str(Path(sys.executable).parent / "tepo"),
+        "SMOKE": "1",
+    }
+    result = subprocess.run(
+        [*runner, str(ROOT / script), *args, *extra],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    message = result.stderr.strip()
+    assert "\n" not in message and f"{tmp_path / 'cache'}/{missing}" in message, message
+    assert prepare in message and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no run, results or cache directory made

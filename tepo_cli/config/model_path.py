@@ -14,27 +14,41 @@ WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 HUB_ID = "a hub id looks like 'namespace/name' (e.g. HuggingFaceTB/SmolLM2-135M-Instruct)"
 
 
+def local_reason(path: str) -> str | None:
+    """Why `path` is read as a local path, in words for the message; None for a hub id.
+
+    A hub id is `name` or `namespace/name`; anything else is meant as a local path, and so is
+    `outputs/final` when `outputs/` exists here: a user who types a path under a directory they
+    have means that directory, not a hub namespace that happens to share its name."""
+    first = path.split("/", 1)[0]
+    if path.startswith(("/", "~", ".")):
+        return f"it starts with '{path[0]}'"
+    if path.count("/") >= 2:
+        return "it has more than one '/'"
+    if Path(path).expanduser().exists():
+        return "it exists here"
+    if "/" in path and first and Path(first).is_dir():
+        return f"its first part {first}/ is a directory here"
+    return None
+
+
 def looks_local(path: str) -> bool:
-    """A hub id is `name` or `namespace/name`; anything else, or anything that exists here, is
-    meant as a local path."""
-    return (
-        path.startswith(("/", "./", "../", "~", "."))
-        or path.count("/") >= 2
-        or Path(path).expanduser().exists()
-    )
+    return local_reason(path) is not None
 
 
 def model_path_problem(path: str) -> str | None:
     """One sentence on why `path` cannot be the model's directory; None when it can (or when it
     is a hub id, which only the hub can check)."""
-    if not looks_local(path):
+    reason = local_reason(path)
+    if reason is None:
         return None
     where = Path(path).expanduser()
     shown = f"model.path={path}"
     if not where.exists():
         return (
-            f"{shown}: no such directory (looked for {where.resolve()}). A local model is a "
-            f"directory holding config.json and its weights; {HUB_ID}"
+            f"{shown}: no such directory (looked for {where.resolve()}; read as a local path because {reason}). A local "
+            f"model is a directory holding config.json and its weights, e.g. a run's final/; "
+            f"{HUB_ID}"
         )
     if not where.is_dir():
         return (

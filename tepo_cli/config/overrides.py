@@ -1,7 +1,8 @@
 """Check command-line override keys before Hydra composes, for a message that lists what exists.
 
 Hydra's own error for `trainer.lrr=1` says only that the key is "not in struct"; this one names
-the keys allowed at that level and the closest match. Values are checked later, by the schema.
+the keys allowed at that level and the closest match. A group's choice (`algo=foo`) is checked
+here too (config/group_choices.py); values are checked later, by the schema.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tepo_cli.config.eval_schema import EvalConfig
+from tepo_cli.config.group_choices import check_group_choice
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.errors import ConfigError
 
@@ -46,9 +48,24 @@ def check_override_keys(config_name: str, arguments: list[str]) -> None:
         key = override.key_or_group
         if override.is_hydra_override() or override.is_add() or override.is_force_add():
             continue
+        if key in groups and override.package is None and not override.is_delete():
+            check_group_choice(key, _choice_names(override.value()), arguments)
+            continue
         if override.package is not None or key in groups:
             continue
         _check_path(SCHEMAS[config_name], key.split("."), config_name)
+
+
+def _choice_names(value: object) -> list[str]:
+    """The preset names an override selects: one, or each of a sweep's (`algo=grpo,mpo`); none
+    for a glob, a range or null, which Hydra checks itself."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, ChoiceSweep):
+        return [v for v in value.list if isinstance(v, str)]
+    return []
 
 
 def config_groups() -> set[str]:

@@ -80,7 +80,14 @@ class ModelConfig(Strict):
     def _check_source(self) -> ModelConfig:
         if self.source == "hf" and (not self.path or self.path == "???"):
             raise ValueError("model=hf needs model.path (a hub id or a local directory)")
-        if self.source == "hf" and self.path and (problem := model_path_problem(self.path)):
+        # Every preset that loads weights loads model.path when set (models/loading.py): a
+        # missing directory is named here on all of them, not only on model=hf.
+        if (
+            self.source in ("hf", "tiny", "gguf_package")
+            and self.path
+            and self.path != "???"
+            and (problem := model_path_problem(self.path))
+        ):
             raise ValueError(problem)
         if self.source == "replay" and not self.path:
             raise ValueError("model=replay needs model.path (a JSONL file of completions)")

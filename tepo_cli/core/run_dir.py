@@ -44,15 +44,16 @@ NO_HYDRA_OUTPUTS = ("hydra.output_subdir=null", "hydra/job_logging=stdout")
 
 def discard_if_unused(run_dir: Path, stop_at: Path | None = None) -> bool:
     """Remove a run directory that holds nothing but what Hydra writes before the job starts
-    (`.hydra/` and an empty `<job>.log`): a run refused at start-up leaves no output behind. Empty
-    parents go too (`outputs/train/<date>/`), up to `stop_at` (default: the working directory).
-    A directory holding anything else — an earlier run's files, a resumed run's — is kept."""
+    (`.hydra/` and an empty `<job>.log`) and the run's lock file: a run refused at start-up
+    leaves no output behind. Empty parents go too (`outputs/train/<date>/`), up to `stop_at`
+    (default: the working directory). A directory holding anything else — an earlier run's files, a resumed run's — is kept."""
     if not run_dir.is_dir():
         return False
     for entry in run_dir.iterdir():
         hydra_record = entry.name == HYDRA and entry.is_dir()
         empty_log = entry.suffix == ".log" and entry.is_file() and entry.stat().st_size == 0
-        if not (hydra_record or empty_log):
+        lock = entry.name == ".tepo.lock"  # runtime/run_lock.py: this run's own, taken at start
+        if not (hydra_record or empty_log or lock):
             return False
     shutil.rmtree(run_dir)
     stop = (stop_at or Path.cwd()).resolve()

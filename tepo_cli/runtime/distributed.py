@@ -197,11 +197,17 @@ def run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
     """Run the launcher in its own process group and wait for it; SIGINT/SIGTERM to this process
     reach the ranks. The first goes to the ranks alone (each finishes its step, checkpoints and
     exits; the launcher then ends); the second to the whole group (the ranks end at once); a third
-    kills the group. Whatever ends this process, no launcher or rank outlives it.
+    kills the group. Whatever ends this process, no launcher or rank outlives it: a signal it can
+    catch as above; one it cannot (SIGKILL of it or of its process group, which does not reach the
+    launcher's own session) through the kernel, as runtime/lifetime.py says (the runner dies with
+    this process, each rank follows this process's PID, DeepSpeed's `launch` ends with its ranks).
 
     Without this a SIGTERM killed this process alone: the deepspeed runner and its ranks went on
     (a rank hung in a collective forever), and DeepSpeed's /dev/shm buffers were never removed."""
-    process = subprocess.Popen(command, env=env, start_new_session=True)
+    from tepo_cli.runtime.lifetime import PARENT_ENV, die_with_parent
+
+    env = {**env, PARENT_ENV: str(os.getpid())}
+    process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent)
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

@@ -31,6 +31,11 @@ def train_job(cfg: DictConfig) -> None:
     config: TrainConfig | None = None
     from tepo_cli.core.run_status import write_status
 
+    lock = None
+    from tepo_cli.runtime.lifetime import follow_train_process
+    from tepo_cli.runtime.run_lock import RunDirInUse, hold_run_dir, takes_the_lock
+
+    follow_train_process()  # a rank of `trainer.nproc=N`: it ends when `tepo train` ends
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
         check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
@@ -44,7 +49,9 @@ def train_job(cfg: DictConfig) -> None:
             discard_if_unused(run_dir)
             return
         if config.resume and _finished_already(run_dir, config):
-            return
+            return  # only read: a finished run's directory stays as it was
+        if takes_the_lock():
+            lock = hold_run_dir(run_dir)  # one writer: held until this job returns or dies
         from tepo_cli.runtime import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
@@ -62,6 +69,8 @@ def train_job(cfg: DictConfig) -> None:
             train(config, run_dir, topo)
         if status_owner:
             write_status(run_dir, "finished")
+    except RunDirInUse as error:  # the directory and its files are the live run's
+        _fail(run_dir, False, "failed", f"tepo train: {error}", 2)
     except ConfigError as error:
         if not status_owner:  # refused before the run started: no output left behind
             discard_if_unused(run_dir)
@@ -80,6 +89,8 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.runtime.distributed import teardown
 
         teardown()
+        if lock is not None:
+            lock.release()
 
 
 def _settle_precision(config: TrainConfig, device_type: str) -> None:
