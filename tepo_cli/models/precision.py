@@ -3,7 +3,7 @@
 On CUDA, auto is bfloat16, as every peer trains. On the CPU it is bfloat16 only where the
 processor has bf16 matrix instructions (AVX-512 BF16 or AMX) **and** a one-time probe confirms a
 bf16 matmul runs at least `MIN_SPEEDUP` times faster than float32 there; otherwise float32: a CPU
-without those instructions emulates bf16 matmuls, about 100x slower (docs/guides/performance.md,
+without those instructions emulates bf16 matmuls, far slower (docs/guides/performance.md,
 "bf16 on the CPU"). Either way DeepSpeed keeps float32 master weights, moments and gradient
 accumulation (runtime/engine.py), and the log-prob kernel runs its softmax statistics in float32.
 

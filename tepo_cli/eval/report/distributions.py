@@ -4,7 +4,7 @@ scipy is not a dependency (stats.py keeps t quantile tables for the same reason)
 the t distribution at a non-integer df (Welch–Satterthwaite), so the CDF comes from the
 regularised incomplete beta function, I_x(a, b), by its continued fraction (modified Lentz, as in
 Numerical Recipes §6.4): P(|T| > t) = I_{df/(df+t²)}(df/2, 1/2). The quantile inverts the CDF by
-bisection. Accurate to ~1e-12, far below what a p-value at 2-3 digits needs.
+bisection, run to a relative width far below what a p-value printed to 2-3 digits needs.
 """
 
 from __future__ import annotations
