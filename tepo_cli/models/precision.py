@@ -1,11 +1,14 @@
-"""`model.dtype=auto`: bfloat16 where the hardware multiplies it fast, float32 elsewhere.
+"""`model.dtype=auto`: bfloat16 where the hardware trains it faster, float32 elsewhere.
 
 On CUDA, auto is bfloat16, as every peer trains. On the CPU it is bfloat16 only where the
 processor has bf16 matrix instructions (AVX-512 BF16 or AMX) **and** a one-time probe confirms a
-bf16 matmul runs at least `MIN_SPEEDUP` times faster than float32 there; otherwise float32: a CPU
-without those instructions emulates bf16 matmuls, far slower (docs/guides/performance.md,
-"bf16 on the CPU"). Either way DeepSpeed keeps float32 master weights, moments and gradient
-accumulation (runtime/engine.py), and the log-prob kernel runs its softmax statistics in float32.
+bf16 training pass runs at least `MIN_SPEEDUP` times faster than float32 there (`probe_speedup`:
+one decoder layer, forward and backward, at changing lengths); otherwise float32. A CPU without
+those instructions emulates bf16 matmuls, far slower; one with them can still lose, where oneDNN
+compiles a kernel for every new bf16 shape and short sequences leave little matmul work to gain
+on (docs/guides/performance.md, "bf16 on the CPU"). Either way DeepSpeed keeps float32 master
+weights, moments and gradient accumulation (runtime/engine.py), and the log-prob kernel runs its
+softmax statistics in float32.
 
 The probe's answer is cached per machine (`$TEPO_CACHE/precision.json`, keyed by processor,
 cores and torch version), so every rank and every later run of the machine decide alike.
@@ -28,6 +31,7 @@ from tepo_cli.cache import cache_root
 
 MIN_SPEEDUP = 1.25  # bf16 must beat float32 by this factor on the probe to be chosen
 PROBE_SHAPE = (512, 576, 1536)  # rows x hidden x out: a SmolLM2-135M MLP projection's block
+PROBE_LENGTHS = (16, 48, 128)  # sequence lengths the probe trains on, each once
 FORCE_VARIABLE = "TEPO_CPU_BF16"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,21 +52,39 @@ def bf16_instructions() -> list[str]:
     return found
 
 
-def probe_speedup(repeats: int = 5) -> float:
-    """float32 matmul seconds / bfloat16 matmul seconds at PROBE_SHAPE, best of `repeats` each,
-    interleaved so a busy machine slows both alike."""
-    rows, inner, cols = PROBE_SHAPE
+def probe_speedup(lengths: tuple[int, ...] = PROBE_LENGTHS) -> float:
+    """float32 seconds / bfloat16 seconds of a forward and backward through one SmolLM2-135M-
+    shaped decoder layer (a random Llama, built here) at a few short sequence lengths, each met
+    once, as training meets them: every step packs another number of tokens. A single repeated
+    matmul would hide what decides the matter on some CPUs: oneDNN compiles a bf16 kernel for
+    each new shape, and norms, attention and elementwise passes gain little from bf16; where
+    they cost more than the faster matmuls save (short answers), the ratio is below 1 and auto
+    stays float32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, inner = PROBE_SHAPE[1], PROBE_SHAPE[2]
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inner,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        num_hidden_layers=1,
+        vocab_size=512,
+        max_position_embeddings=max(lengths) + 1,
+    )
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(rows, inner, generator=gen)
-    b = torch.randn(inner, cols, generator=gen)
-    operands = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
-    best = dict.fromkeys(operands, float("inf"))
-    for _ in range(repeats):
-        for dtype, (x, y) in operands.items():
-            start = time.perf_counter()
-            torch.mm(x, y)
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
+    batches = [torch.randint(0, config.vocab_size, (8, n), generator=gen) for n in lengths]
+    seconds = {}
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    for dtype in (torch.float32, torch.bfloat16):
+        model.to(dtype)
+        start = time.perf_counter()
+        for ids in batches:
+            model(input_ids=ids).logits.float().sum().backward()
+        seconds[dtype] = time.perf_counter() - start
+    return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
 def _machine_key() -> str:
@@ -124,13 +146,14 @@ def cpu_precision() -> CpuPrecision:
     if speedup < MIN_SPEEDUP:
         return CpuPrecision(
             "float32",
-            f"this CPU has {has}, but a bf16 matmul ran only {speedup:.2f}x as fast as float32 "
-            f"(probed once, cached in {cache})",
+            f"this CPU has {has}, but a bf16 training pass of changing lengths ran at {speedup:.2f}x "
+            f"float32's speed (probed once, cached in {cache}); model.dtype=bfloat16 still pays "
+            f"off for long answers with rollout=vllm (docs/guides/performance.md)",
         )
     return CpuPrecision(
         "bfloat16",
-        f"this CPU has {has}: a bf16 matmul ran {speedup:.1f}x as fast as float32 (probed once, "
-        f"cached in {cache})",
+        f"this CPU has {has}: a bf16 training pass of changing lengths ran {speedup:.1f}x as fast as "
+        f"float32 (probed once, cached in {cache})",
     )
 
 
