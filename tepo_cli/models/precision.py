@@ -73,7 +73,9 @@ def probe_speedup(lengths: tuple[int, ...] = PROBE_LENGTHS) -> float:
         max_position_embeddings=max(lengths) + 1,
     )
     gen = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, config.vocab_size, (8, n), generator=gen) for n in lengths]
+    batches = [
+        torch.randint(0, config.vocab_size, (8, n), generator=gen, device="cpu") for n in lengths
+    ]
     seconds = {}
     with torch.random.fork_rng():
         torch.manual_seed(0)

@@ -44,8 +44,8 @@ def measure(dtype: torch.dtype, size: int = PROBE_SIZE) -> float:
     """FLOP/s of the fastest of `TRIALS` timed [size, size] × [size, size] products in `dtype`,
     after one untimed warm-up; the run's RNG streams are left untouched."""
     own = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(size, size, generator=own).to(dtype)
-    b = torch.randn(size, size, generator=own).to(dtype)
+    a = torch.randn(size, size, generator=own, device="cpu").to(dtype)
+    b = torch.randn(size, size, generator=own, device="cpu").to(dtype)
     torch.mm(a, b)
     best, spent = float("inf"), 0.0
     for trial in range(TRIALS):

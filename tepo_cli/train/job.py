@@ -43,9 +43,11 @@ def train_job(cfg: DictConfig) -> None:
 
         device = choose_device(config.trainer.device)
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
+        dtype_name = config.model.dtype
         _settle_precision(config, device.type)
         _check_registered_names(config)
         if dry_run(config, "train"):
+            _say_precision(dtype_name, device.type)
             discard_if_unused(run_dir)
             return
         if config.resume and _finished_already(run_dir, config):
@@ -58,6 +60,8 @@ def train_job(cfg: DictConfig) -> None:
             _relaunch(config, hydra_cfg, run_dir, device.type)
             return
         topo = _join_ranks(config, device)
+        if topo.is_main:
+            _say_precision(dtype_name, device.type)
         _prepare_on_rank0(config, run_dir, topo)
         if topo.is_main:
             write_status(run_dir, "running")
@@ -95,18 +99,14 @@ def train_job(cfg: DictConfig) -> None:
 
 def _settle_precision(config: TrainConfig, device_type: str) -> None:
     """`model.dtype=auto` becomes the dtype this machine trains in (models/precision.py), said
-    once at start and written to the run's config.yaml, so a resume on a machine that would
+    once the config has passed every check that can refuse it (`_say_precision`) and written to
+    the run's config.yaml, so a resume on a machine that would
     choose otherwise is refused rather than continued in another precision."""
     import torch
 
-    from tepo_cli.models.precision import precision_line, resolve_dtype, slow_bf16_warning
+    from tepo_cli.models.precision import resolve_dtype
 
     name = config.model.dtype
-    if os.environ.get("RANK", "0") == "0":
-        print(f"tepo train: {precision_line(name, device_type)}", file=sys.stderr)
-        warning = slow_bf16_warning(name, device_type)
-        if warning:
-            print(f"tepo train: {warning}", file=sys.stderr)
     if name == "auto":
         dtype = resolve_dtype(name, torch.device(device_type))
         config.model.dtype = str(dtype).removeprefix("torch.")  # type: ignore[assignment]
@@ -203,6 +203,16 @@ def _prepare_on_rank0(config: TrainConfig, run_dir: Path, topo: Topology) -> Non
     if outcome[0] is not None:
         kind, message = outcome[0]
         raise (ConfigError if kind == "ConfigError" else RunError)(message)
+
+
+def _say_precision(name: str, device_type: str) -> None:
+    """The start line naming the precision and why, and the slow-bf16 paragraph where due."""
+    from tepo_cli.models.precision import precision_line, slow_bf16_warning
+
+    print(f"tepo train: {precision_line(name, device_type)}", file=sys.stderr)
+    warning = slow_bf16_warning(name, device_type)
+    if warning:
+        print(f"tepo train: {warning}", file=sys.stderr)
 
 
 def _auto_as_it_was(previous: dict[str, Any], device_type: str) -> dict[str, Any]:
