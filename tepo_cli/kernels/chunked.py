@@ -248,14 +248,13 @@ def chunked_backward(
             v1 = min(vocab, v0 + tile)
             w_tile = weight[v0:v1].to(cd if low is None else low)
             block = buf[: n * (v1 - v0)].view(n, v1 - v0)
-            if shift is None:
-                _tile_mm(mm_operand[r0:r1], w_tile, block, scratch, mm_scale)
-            elif low is not None:
-                _tile_mm(mm_operand[r0:r1], w_tile, block, scratch, mm_scale)
-                block.add_(shift[r0:r1].unsqueeze(1))
-            else:
+            if shift is not None and low is None:  # float32: the shift fused into the matmul
                 bias = shift[r0:r1].unsqueeze(1).expand(n, v1 - v0)
                 torch.addmm(bias, mm_operand[r0:r1], w_tile.t(), out=block)
+            else:
+                _tile_mm(mm_operand[r0:r1], w_tile, block, scratch, mm_scale)
+                if shift is not None:
+                    block.add_(shift[r0:r1].unsqueeze(1))
             if p_buf is None or g_ent is None or row_factor is None:
                 block.exp2_()
             else:
