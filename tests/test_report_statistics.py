@@ -204,3 +204,6 @@ def test_run_metrics_on_one_run(tmp_path):
     assert RUN_METRICS["train_accuracy_mean"].of_run(run, {}) == pytest.approx(0.35)
     assert RUN_METRICS["train_accuracy_mean"].of_run(run, {"window": [5, 6]}) == pytest.approx(0.55)
     assert RUN_METRICS["entropy_change"].of_run(run, {"first": [1, 2], "last": [91, 100]}) is None
+    assert RUN_METRICS["entropy_mean"].of_run(run, {"window": [5, 6]}) == pytest.approx(0.65)
+    assert RUN_METRICS["entropy_mean"].of_run(run, {}) == pytest.approx(5 / 6)  # (3 + 1.4 + .6)/6
+    assert RUN_METRICS["entropy_mean"].of_run(run, {"window": [7, 9]}) is None

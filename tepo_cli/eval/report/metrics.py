@@ -76,6 +76,12 @@ def entropy_relative_change(run: Run, params: Params) -> float | None:
     return (last - first) / first
 
 
+def entropy_mean(run: Run, params: Params) -> float | None:
+    """Mean token entropy over `window` [first, last] (default: every step): the level, where
+    entropy_change is the fall (e.g. a final entropy, paired by seed, for an equal-learning check)."""
+    return _window(run, "entropy", params.get("window", (1, 10**9)))
+
+
 def train_accuracy_mean(run: Run, params: Params) -> float | None:
     """Mean training `accuracy` (share of correct sampled answers) over `window` [first, last]
     (default: every step). Every step draws fresh problems, so it is a dense learning curve."""
@@ -98,6 +104,10 @@ RUN_METRICS: dict[str, Metric] = {
         Metric(
             "entropy_relative_change", entropy_relative_change, frozenset({"first", "last"}),
             ("welch", "paired"), "entropy change / the first window's mean",
+        ),
+        Metric(
+            "entropy_mean", entropy_mean, frozenset({"window"}), ("paired", "welch"),
+            "mean token entropy over the window",
         ),
         Metric(
             "train_accuracy_mean", train_accuracy_mean, frozenset({"window"}),
