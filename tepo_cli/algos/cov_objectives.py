@@ -24,7 +24,6 @@ from torch import Tensor
 
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.batch import PolicyBatch
-from tepo_cli.algos.clip import clipped_surrogate
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.algos.covariance import (
     CovSelection,
@@ -32,7 +31,14 @@ from tepo_cli.algos.covariance import (
     token_covariance,
     top_covariance,
 )
-from tepo_cli.algos.objectives import _masked_mean, _share, kl_term, token_ratios, unit_advantages
+from tepo_cli.algos.objectives import (
+    _masked_mean,
+    clip_metrics,
+    clipped_tokens,
+    kl_term,
+    token_ratios,
+    unit_advantages,
+)
 from tepo_cli.algos.registry import register_policy_loss
 
 
@@ -69,27 +75,16 @@ def kl_cov_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, 
 def clip_cov_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
     """max(−Aρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)) on every valid token but the selected ones,
     whose term is dropped: they get exactly zero gradient."""
-    ratio = token_ratios(batch, cfg)
-    advantages = unit_advantages(batch.advantages, batch.mask, cfg, batch.turns)
-    surrogate, flags = clipped_surrogate(
-        ratio, advantages, cfg.eps_low, cfg.eps_high, cfg.dual_clip
-    )
-    if batch.token_weights is not None:  # mismatch correction (algos/mismatch.py)
-        surrogate = surrogate * batch.token_weights.to(surrogate.dtype)
+    surrogate, flags, ratio = clipped_tokens(batch, cfg)
     clipped = flags.low | flags.high | flags.dual  # where the surrogate is already constant
     pick = _pick(batch, cfg, clipped=clipped)
     kept = torch.where(pick.selected, 0.0, surrogate)
     pg_loss = aggregate(kept, batch.mask, cfg.loss_agg, **batch.normalisers)
     kl_loss, kl_metrics = kl_term(batch, cfg)
-    mask = batch.mask
     metrics = {
         "pg_loss": float(pg_loss.detach()),
-        "clip_frac": _share(flags.low | flags.high, mask),
-        "clip_frac_low": _share(flags.low, mask),
-        "clip_frac_high": _share(flags.high, mask),
-        "dual_clip_frac": _share(flags.dual, mask),
-        "cov_abs_kl": _masked_mean((batch.logp - batch.old_logp).abs().detach(), mask),
-        "ratio_mean": _masked_mean(ratio.detach(), mask, empty=1.0),
+        **clip_metrics(flags, ratio, batch.mask),
+        "cov_abs_kl": _masked_mean((batch.logp - batch.old_logp).abs().detach(), batch.mask),
         **_pick_metrics(batch, pick),
         **kl_metrics,
     }

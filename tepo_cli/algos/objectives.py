@@ -14,7 +14,7 @@ from torch import Tensor
 
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.batch import PolicyBatch
-from tepo_cli.algos.clip import clipped_surrogate
+from tepo_cli.algos.clip import ClipFlags, clipped_surrogate
 from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.algos.kl import kl_estimate
 from tepo_cli.algos.ratio import RATIO_KNOBS, route_ratio, unit_log_ratio, unit_ratio
@@ -55,8 +55,8 @@ def token_ratios(batch: PolicyBatch, cfg: AlgoConfig) -> Tensor:
     return route_ratio(unit_ratio(log_ratio), batch.logp, cfg.route)
 
 
-def policy_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
-    """The clipped surrogate aggregated over the batch, and its clip / ratio metrics."""
+def clipped_tokens(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, ClipFlags, Tensor]:
+    """Per token: the clipped surrogate (mismatch-weighted), which clip acted, and the ratio."""
     ratio = token_ratios(batch, cfg)
     advantages = unit_advantages(batch.advantages, batch.mask, cfg, batch.turns)
     surrogate, flags = clipped_surrogate(
@@ -64,17 +64,25 @@ def policy_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, 
     )
     if batch.token_weights is not None:  # mismatch correction (algos/mismatch.py)
         surrogate = surrogate * batch.token_weights.to(surrogate.dtype)
-    loss = aggregate(surrogate, batch.mask, cfg.loss_agg, **batch.normalisers)
-    mask = batch.mask
-    metrics = {
-        "pg_loss": float(loss.detach()),
+    return surrogate, flags, ratio
+
+
+def clip_metrics(flags: ClipFlags, ratio: Tensor, mask: Tensor) -> dict[str, float]:
+    """Shares of the valid tokens each clip acted on, and the mean ratio."""
+    return {
         "clip_frac": _share(flags.low | flags.high, mask),
         "clip_frac_low": _share(flags.low, mask),
         "clip_frac_high": _share(flags.high, mask),
         "dual_clip_frac": _share(flags.dual, mask),
         "ratio_mean": _masked_mean(ratio.detach(), mask, empty=1.0),
     }
-    return loss, metrics
+
+
+def policy_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
+    """The clipped surrogate aggregated over the batch, and its clip / ratio metrics."""
+    surrogate, flags, ratio = clipped_tokens(batch, cfg)
+    loss = aggregate(surrogate, batch.mask, cfg.loss_agg, **batch.normalisers)
+    return loss, {"pg_loss": float(loss.detach()), **clip_metrics(flags, ratio, batch.mask)}
 
 
 def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
