@@ -106,12 +106,17 @@ def main(argv: list[str] | None = None) -> None:
     config_name, job = jobs[command]
     from tepo_cli.config.conflicts import check_conflicts
     from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
+    from tepo_cli.config.sweep_launch import check_launcher_keys, check_slurm, dry_sweep, is_sweep
     from tepo_cli.core.errors import ConfigError
 
     overrides = quote_weight_specs(overrides)
     try:
         check_override_keys(config_name, overrides)
         check_conflicts(config_name, overrides)
+        if dry_run and is_sweep(overrides):
+            check_launcher_keys(config_name, overrides)
+        else:
+            check_slurm(overrides, command)
         if command == "train":
             from tepo_cli.runtime.resume import run_dir_overrides
 
@@ -124,6 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:
         print(f"tepo {command}: {error}", file=sys.stderr)
         sys.exit(2)
+    if dry_run and is_sweep(overrides):  # nothing submitted, nothing written (sweep_launch.py)
+        with dry_sweep(config_name, overrides) as launched:
+            _run_hydra(config_name, job, rank_outputs(launched, os.environ))
+        return
     _run_hydra(config_name, job, rank_outputs(overrides, os.environ))
 
 

@@ -8,12 +8,25 @@ Not checked here, because other tests run them whole: the commands of the "exten
 (tests/test_docs_examples.py writes their files and runs them) and those shown with their output
 (tests/test_docs_outputs.py compares what they print). `outputs/train/<date>/<time>` placeholders
 stand for a run directory, made here with a saved model in its final/.
+
+Then each command runs as a reader runs it, through the command line with `--dry-run` appended
+(tests/dry_run_many.py runs a page's commands in one process): it exits 0, says "the
+configuration is valid" once per job of a sweep, and writes nothing. A command whose install is
+absent here (vLLM for `rollout=vllm`, a tracker's package for `logger=`) is skipped, the reason
+named in the skip.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
+import os
 import re
 import shlex
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -84,7 +97,8 @@ def test_the_pages_show_commands_of_both_kinds():
 )
 def test_a_documented_command_composes_and_validates(page, command, tmp_path):
     args = shlex.split(command, comments=True)
-    subcommand, overrides = args[1], args[2:]
+    subcommand = args[1]
+    overrides = [arg for arg in args[2:] if arg not in ("--dry-run", "--verbose")]  # cli.py's flags
     if "--help" in overrides:
         return  # prints and exits; tests/test_docs_site.py checks what --help says
     # The run directory a placeholder stands for, with a saved model in final/: a model.path
@@ -106,3 +120,118 @@ def test_a_documented_command_composes_and_validates(page, command, tmp_path):
             del cfg["hydra"]  # Hydra's own settings; its sweep keys resolve only in a real sweep
         load = load_train_config if subcommand == "train" else load_eval_config
         load(cfg)  # raises ConfigError: one paragraph naming the key
+
+
+# The Python package each `logger=` tracker imports (tepo_cli/trackers).
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+TRACKER_PACKAGES["trackio"] = "trackio"
+
+
+# Commands (their arguments, comments dropped) a dry run in an empty directory cannot show valid,
+# and the tests that run them instead. A sweep's `resume=true` (its own hydra.sweep.dir) is run.
+NOT_DRY_RUN = {
+    "tepo train resume=true": "continues the newest unfinished run, which an empty directory does not hold: "
+    "tests/test_resume_faults.py kills and resumes real runs",
+    "tepo train plugins=[guess.py] env.name=higher_or_lower env.max_turns=3": "the environments guide's worked example, whose plugin file is on the "
+    "page: tests/test_envs_guide.py writes it out and trains",
+}
+
+
+def missing_install(args: list[str]) -> str | None:
+    """What this machine lacks that the page says the command needs (None: nothing)."""
+    if "rollout=vllm" in args and importlib.util.find_spec("vllm") is None:
+        return "rollout=vllm needs vLLM (`make install-vllm`), not installed here"
+    for arg in args:
+        if arg.startswith("logger="):
+            for name in re.split(r"[\[\],]", arg.split("=", 1)[1]):
+                package = TRACKER_PACKAGES.get(name)
+                if package and importlib.util.find_spec(package) is None:
+                    return f"logger={name} needs {package} (`make install-trackers`), not installed"
+    return None
+
+
+def jobs(args: list[str]) -> int:
+    """How many jobs a command runs: 1, or a sweep's product of its swept keys' values."""
+    if "-m" not in args and "--multirun" not in args:
+        return 1
+    configs = _configs(args)
+    swept = [len(values) for values in _swept_values(args)]
+    assert len(configs) == 1 + sum(n - 1 for n in swept)
+    return math.prod(swept)
+
+
+def _swept_values(args: list[str]) -> list[list[str]]:
+    return [
+        arg.split("=", 1)[1].split(",")
+        for arg in args
+        if "=" in arg and "," in arg and not re.search(r"=\s*[\[{'\"]", arg)
+    ]
+
+
+def placeholder_run(root: Path) -> Path:
+    """The run directory `outputs/train/<date>/<time>` stands for, under `root`."""
+    run = root / "outputs" / "train" / "2026-01-01" / "00-00-00"
+    (run / "final").mkdir(parents=True, exist_ok=True)
+    (run / "final" / "config.json").write_text("{}")
+    (run / "final" / "model.safetensors").write_bytes(b"")
+    return run
+
+
+def as_run(command: str, root: Path) -> list[str]:
+    args = shlex.split(command, comments=True)[1:]
+    run = placeholder_run(root)
+    args = [arg.replace("outputs/train/<date>/<time>", str(run)) for arg in args]
+    return [arg.replace("<date>/<time>", "2026-01-01/00-00-00") for arg in args]
+
+
+@cache
+def dry_runs(page: str, root: str) -> dict[str, dict]:
+    """Every command of `page` run with --dry-run in one process, in `root`: command -> result."""
+    commands = [command for where, command in documented_commands() if where == page]
+    runnable = [
+        c
+        for c in commands
+        if missing_install(args := shlex.split(c, comments=True)) is None
+        and " ".join(args) not in NOT_DRY_RUN
+    ]
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("dry_run_many.py"))],
+        input="".join(json.dumps(as_run(c, Path(root))) + "\n" for c in runnable),
+        cwd=root,
+        env=dict(os.environ, HYDRA_FULL_ERROR="0", HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(runnable), done.stderr[-3000:]
+    return dict(zip(runnable, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def dry_run_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("docs_dry_run")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("page", "command"), documented_commands(), ids=lambda v: re.sub(r"\s+", " ", v)[:60]
+)
+def test_a_documented_command_dry_runs_from_the_command_line(page, command, dry_run_root):
+    args = shlex.split(command, comments=True)
+    if "--help" in args:
+        return  # prints and exits; tests/test_docs_site.py checks what --help says
+    elsewhere = NOT_DRY_RUN.get(" ".join(args))
+    if elsewhere is not None:
+        pytest.skip(f"{page}: {command}: {elsewhere}")
+    reason = missing_install(args)
+    if reason is not None:
+        pytest.skip(f"{page}: {reason}")
+    root = dry_run_root / re.sub(r"\W", "_", page)
+    root.mkdir(exist_ok=True)
+    result = dry_runs(page, str(root))[command]
+    assert result["code"] == 0, f"{command}\n{result['stderr'][-3000:]}"
+    assert result["stdout"].count("the configuration is valid") == jobs(args[2:])
+    assert sorted(p.name for p in root.iterdir()) == ["outputs"]  # the placeholder run only
+    assert [p.name for p in (root / "outputs").iterdir()] == ["train"]

@@ -1,17 +1,23 @@
-"""The environments guide's worked example (docs/guides/environments.md) runs exactly as written,
-on the tiny model: its plugin file is written out and its command trains, with the episode
-metrics in the run's records."""
+"""The environments guide (docs/guides/environments.md) runs as written, offline, on the tiny
+model: its worked example's plugin file is written out and its command trains, with the episode
+metrics in the run's records; and every other `tepo` command of the page runs to the end with
+the hub unreachable (HF_HUB_OFFLINE), shrunk to 2 steps of tiny sizes."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from markers import needs_vllm
 from test_docs_examples import BLOCK, QUICK
+
+from tepo_cli.data.prepare import prepare, problem_with
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "environments.md"
 
@@ -99,3 +105,85 @@ def test_hf_episodes_under_zero3_on_several_ranks_are_refused(compose_config):
         ConfigError, match=r"rollout=vllm .one engine per rank., or deepspeed=zero2"
     ):
         load_train_config(cfg)
+
+
+# What every guide command gets appended: the tiny model, 2 steps of 2 prompts x 2 answers of 8
+# tokens, no held-out evaluation inside training (the eval commands are run as well).
+TINY_TRAIN = [
+    "model=tiny",
+    "trainer.max_steps=2",
+    "trainer.prompts_per_step=2",
+    "rollout.n=2",
+    "rollout.max_new_tokens=8",
+    "trainer.eval_before=false",
+    "trainer.eval_after=false",
+    "trainer.save_every=0",
+]
+TINY_EVAL = ["model=tiny", "eval.limit=2", "benchmark.max_new_tokens=8"]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def guide_commands() -> list[str]:
+    """The page's `tepo` lines in fenced shell blocks, outside the worked example (which
+    test_the_guide_s_environment_trains runs with its plugin file)."""
+    text = PAGE.read_text().split("## A worked example", 1)[0]
+    blocks = re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", text, re.S)
+    return [
+        line.strip() for block in blocks for line in block.splitlines() if line.startswith("tepo ")
+    ]
+
+
+def test_the_guide_s_commands_are_the_ones_run_here():
+    assert guide_commands() == [
+        "tepo train env=python_tool benchmark=word_math rollout=vllm",
+        "tepo train env=code_feedback benchmark=mbpp env.max_turns=4",
+        "tepo eval model.path=outputs/train/<date>/<time>/final benchmark=word_math env=python_tool",
+        "tepo eval benchmark=mbpp env=code_feedback env.max_turns=4 eval.limit=50 rollout=vllm",
+    ]
+
+
+def run_offline(tmp_path: Path, command: str) -> subprocess.CompletedProcess[str]:
+    args = shlex.split(command)
+    tiny = TINY_TRAIN if args[1] == "train" else TINY_EVAL
+    result = subprocess.run(
+        [sys.executable, "-m", "tepo_cli", *args[1:], *tiny],
+        cwd=tmp_path,
+        env=dict(os.environ, **OFFLINE),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def mbpp_prepared() -> None:
+    """`tepo data prepare benchmark=mbpp`, as the guide's reader has run (online, once)."""
+    if problem_with("mbpp"):
+        prepare(["mbpp"])
+
+
+def test_the_code_feedback_command_trains_on_mbpp_offline(tmp_path, mbpp_prepared):
+    """Before MBPP's offline `train` split (data/derived_splits.py) this stopped at start:
+    "Could not load split 'train' of the hub dataset 'google-research-datasets/mbpp:full'"."""
+    result = run_offline(tmp_path, guide_commands()[1])
+    assert "training on mbpp 'train' (400 problems; prepared offline:" in result.stderr
+    (summary,) = tmp_path.glob("outputs/train/*/*/summary.json")
+    assert json.loads(summary.read_text())["steps"] == 2
+    (metrics,) = tmp_path.glob("outputs/train/*/*/metrics.jsonl")
+    record = json.loads(metrics.read_text().splitlines()[-1])
+    assert 1.0 <= record["env_turns_mean"] <= 4.0
+
+
+@needs_vllm
+def test_the_vllm_commands_run_offline_and_the_trained_model_evaluates(tmp_path, mbpp_prepared):
+    """The page's python_tool training (rollout=vllm), `tepo eval` of its final model (the
+    page's `<date>/<time>` placeholder: that run's directory), and the vLLM MBPP evaluation."""
+    train, _, evaluate, evaluate_mbpp = guide_commands()
+    run_offline(tmp_path, train)
+    (final,) = tmp_path.glob("outputs/train/*/*/final")
+    run_offline(tmp_path, evaluate.replace("outputs/train/<date>/<time>/final", str(final)))
+    run_offline(tmp_path, evaluate_mbpp)
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/eval/*/*/summary.json")]
+    assert sorted(s["problems"] for s in summaries) == [2, 2]

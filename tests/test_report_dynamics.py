@@ -206,7 +206,16 @@ def test_a_reference_matching_several_groups_is_refused_before_anything_is_writt
     )
     assert plain.returncode == 0, plain.stderr
     said = "--reference 'algo=grpo' (the default) names no single group"
-    assert said in (out / "report.md").read_text()
+    markdown = (out / "report.md").read_text()
+    assert said in markdown
+    # ... and says it where the comparison tables would be, on the terminal too (issue #54)
+    note = (
+        "none: the default reference 'algo=grpo' matches 2 groups ('algo=grpo "
+        "trainer.minibatches=(default)', 'algo=grpo trainer.minibatches=4'), so there are no "
+        "steps to a level and no comparison with it."
+    )
+    assert f"## Against the reference\n\n{note}" in markdown
+    assert note in " ".join(plain.stdout.split())
     narrowed = build_report(
         sweep,
         tmp_path / "narrowed",

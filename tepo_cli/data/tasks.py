@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.records import Problem
+from tepo_cli.data.derived_splits import DERIVED
 from tepo_cli.data.prepare import prepared_file, prepared_splits
 from tepo_cli.data.records import check_split_for_training, records_origin
 
@@ -29,6 +30,8 @@ class DatasetTask:
         self._load = load
         self._hub_id = hub_id
         self._train: list[Problem] | None = None
+        # Set by check_training (a training run): the held-out evaluation leaves these out
+        self._trained_on: frozenset[str] = frozenset()
 
     def _train_problems(self) -> list[Problem]:
         if self._train is None:
@@ -36,20 +39,31 @@ class DatasetTask:
         return self._train
 
     def eval_problems(self, limit: int | None = None) -> list[Problem]:
-        return self._load(self.cfg.split, limit)
+        """`split`'s problems; in a training run, without those the run trains on."""
+        if not self._trained_on:
+            return self._load(self.cfg.split, limit)
+        kept = [p for p in self._load(self.cfg.split, None) if p.id not in self._trained_on]
+        return kept[:limit] if limit is not None else kept
 
     def check_training(self) -> None:
         """Before any model loads: refuse a test split unless forced, and read the training split
-        (a malformed record stops the run here, naming it, rather than after minutes of setup)."""
+        (a malformed record stops the run here, naming it, rather than after minutes of setup).
+        From here on the held-out problems exclude the training problems: a held-out accuracy
+        over problems the run trains on would not be held out (MBPP's offline `train` is cut
+        from its test split: data/derived_splits.py)."""
         cfg = self.cfg
         check_split_for_training(cfg.name, cfg.train_split, self._hub_id, cfg.allow_test_split)
-        self._train_problems()
+        self._trained_on = frozenset(p.id for p in self._train_problems())
 
     def origin(self, split: str) -> str:
         """Where `split`'s records come from, in words (records.load_records decides the same)."""
         cfg = self.cfg
         prepared = prepared_splits(cfg.name)
         origin, where = records_origin(split, cfg.path, cfg.hub_id, self._hub_id, prepared)
+        if origin == "prepared" and split in DERIVED.get(cfg.name, {}):
+            cut = DERIVED[cfg.name][split]
+            where = prepared_file(cfg.name, cut.parent)
+            return f"prepared offline: {where}, {cut.key} {cut.first}-{cut.last}"
         if origin == "prepared":
             return f"prepared offline: {prepared_file(cfg.name, split)}"
         if origin == "hub":
@@ -66,7 +80,22 @@ class DatasetTask:
             "train_problems": len(self._train_problems()),
             "eval_split": cfg.split,
             "eval_from": self.origin(cfg.split),
+            **self._left_out(),
         }
+
+    def _left_out(self) -> dict[str, int]:
+        """How many of `split`'s problems the held-out evaluation leaves out because the run
+        trains on them; read only where `split` is on this machine (never the hub's)."""
+        prepared = prepared_splits(self.cfg.name)
+        origin, _ = records_origin(self.cfg.split, self.cfg.path, self.cfg.hub_id, None, prepared)
+        if not self._trained_on or origin == "none" or origin == "hub":
+            return {}
+        every, kept = len(self._load(self.cfg.split, None)), len(self.eval_problems())
+        return (
+            {"eval_problems": kept, "eval_trained_on_left_out": every - kept}
+            if kept < every
+            else {}
+        )
 
     def train_stream(self, seed: int) -> Iterator[Problem]:
         """Epochs over the training split, each in a fresh seeded order."""

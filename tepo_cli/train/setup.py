@@ -209,6 +209,11 @@ def _say_data(data: dict[str, Any]) -> None:
     )
     if "eval_split" in data:
         line += f", evaluating on '{data['eval_split']}' ({data['eval_from']})"
+        if data.get("eval_trained_on_left_out"):
+            line += (
+                f" without the {data['eval_trained_on_left_out']:,} problems it also holds that "
+                f"the run trains on ({data['eval_problems']:,} held out)"
+            )
     print(line, file=sys.stderr)
 
 

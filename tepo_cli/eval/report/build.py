@@ -34,6 +34,7 @@ class Report:
     dynamics: list[DynamicsRow] = field(default_factory=list)
     differences: list[Difference] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    no_reference: str | None = None  # why there is no "Against the reference" (reference_note)
 
 
 def build_report(
@@ -69,6 +70,7 @@ def build_report(
     reference, dynamics = build_dynamics(groups, options)
     differences = compare_groups(groups, reference, options.last, options.fractions)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
+    report.no_reference = reference_note(groups, options) if reference is None else None
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     label = reference.label if reference is not None else None
@@ -110,6 +112,24 @@ def _print(console: Console, report: Report, options: Options) -> None:
         ),
     ]
     print_fitted(console, specs, [row.group.label for row in report.groups])
+    if report.no_reference:
+        console.print(f"[bold]Against the reference[/bold]: {report.no_reference}", highlight=False)
+
+
+def reference_note(groups: list[Group], options: Options) -> str | None:
+    """Why the comparison tables are missing where the default reference names several groups
+    (an explicit --reference doing so is refused: dynamics.find_reference); None otherwise."""
+    if not options.reference or options.reference_given:
+        return None
+    matching = matching_groups(groups, options.reference)
+    if len(matching) < 2:
+        return None
+    labels = ", ".join(repr(group.label) for group in matching)
+    return (
+        f"none: the default reference {options.reference!r} matches {len(matching)} groups "
+        f"({labels}), so there are no steps to a level and no comparison with it. Name one "
+        f"with --reference, e.g. --reference {matching[0].label!r}."
+    )
 
 
 def _chosen(
@@ -159,6 +179,8 @@ def _markdown(root: Path, report: Report, options: Options, images: list[Path]) 
         "",
         render.markdown_table(render.curve_columns(report.dynamics), report.dynamics),
     ]
+    if report.no_reference:
+        parts += ["", "## Against the reference", "", report.no_reference]
     if report.differences:
         parts += [
             "",
