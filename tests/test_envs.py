@@ -230,6 +230,107 @@ def test_a_failing_environment_ends_its_episode_with_reward_zero_and_the_others_
     assert time.monotonic() - began < 5  # the hanging environment does not hold the run
     assert [e.end for e in episodes] == ["env-error", "env-malformed", "env-timeout", "answer"]
     assert [e.reward.reward for e in episodes] == [0.0, 0.0, 0.0, 1.0]
+    assert [e.error for e in episodes] == [
+        "environment raises: respond raised RuntimeError: the environment's own bug",
+        "environment malformed: respond returned dict, not str or None",
+        "environment hangs: respond did not answer within env.respond_timeout_s=0.5 s",
+        None,
+    ]
+
+
+class RaisesInInit(Environment):
+    name = "raises_init"
+
+    def __init__(self, problem, grader, settings) -> None:
+        raise KeyError("no board")
+
+    def respond(self, turn: str) -> str | None:
+        return None
+
+
+class RaisesInTurnEnd(Environment):
+    name = "raises_turn_end"
+
+    def turn_end(self, text: str) -> int | None:
+        raise IndexError("offset\nout of range")  # the message's lines become one
+
+    def respond(self, turn: str) -> str | None:
+        return None
+
+
+class TurnEndMalformed(RaisesInTurnEnd):
+    name = "turn_end_malformed"
+
+    def turn_end(self, text: str) -> int | None:
+        return 2.5  # type: ignore[return-value]
+
+
+class RaisesInReward(Environment):
+    name = "raises_reward"
+
+    def respond(self, turn: str) -> str | None:
+        return None
+
+    def reward(self, turns: list[str]) -> RewardResult:
+        raise ValueError("scorer broke")
+
+
+class RewardMalformed(RaisesInReward):
+    name = "reward_malformed"
+
+    def reward(self, turns: list[str]) -> RewardResult:
+        return 1.0  # type: ignore[return-value]
+
+
+class RaisesInToolCalls(RaisesInReward):
+    name = "raises_tool_calls"
+
+    def reward(self, turns: list[str]) -> RewardResult:
+        return RewardResult(1.0, True, "1")
+
+    def tool_calls(self) -> int:
+        return 1 // 0
+
+
+def test_every_hook_s_failure_is_contained_and_says_which_environment_hook_and_why(
+    tiny_tokenizer,
+):
+    from tepo_cli.envs.episodes import make_environments
+
+    grader = make_reward(RewardConfig(name="arith"), "arith")
+    problem = Problem("a", "q", "1")
+    classes = [
+        RaisesInInit,
+        RaisesInTurnEnd,
+        TurnEndMalformed,
+        RaisesInReward,
+        RewardMalformed,
+        RaisesInToolCalls,
+        environment("single"),
+    ]
+    envs = [made for cls in classes for made in make_environments(cls, [problem], grader, SETTINGS)]
+    turns = [["The answer is 1."]] * len(classes)
+    sampler = Scripted(tiny_tokenizer, turns)
+    prompts = [[i] for i in range(len(classes))]
+    episodes = run_episodes(sampler, tiny_tokenizer, prompts, envs, SETTINGS)
+    assert [e.end for e in episodes] == [
+        *["env-error", "env-error", "env-malformed", "env-error", "env-malformed", "env-error"],
+        "answer",
+    ]
+    assert [e.error for e in episodes] == [
+        "environment raises_init: __init__ raised KeyError: 'no board'",
+        "environment raises_turn_end: turn_end raised IndexError: offset out of range",
+        "environment turn_end_malformed: turn_end returned float, not an int or None",
+        "environment raises_reward: reward raised ValueError: scorer broke",
+        "environment reward_malformed: reward returned float, not a RewardResult "
+        "(tepo_cli.core.records.RewardResult)",
+        "environment raises_tool_calls: tool_calls raised ZeroDivisionError: integer division "
+        "or modulo by zero",
+        None,
+    ]
+    assert [e.reward.reward for e in episodes] == [0.0] * 6 + [1.0]
+    # every episode, the failed ones included, holds the model's turn as sampled
+    assert all(e.ids == sampler.turns[i][0] for i, e in enumerate(episodes))
 
 
 def test_the_hf_sampler_takes_ids_and_the_episode_keeps_exactly_what_it_sampled(

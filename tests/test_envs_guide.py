@@ -127,9 +127,10 @@ def guide_commands() -> list[str]:
     """The page's `tepo` lines in fenced shell blocks, outside the worked example (which
     test_the_guide_s_environment_trains runs with its plugin file)."""
     text = PAGE.read_text().split("## A worked example", 1)[0]
-    blocks = re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", text, re.S)
+    blocks = re.findall(r"```([a-z]*)\n(.*?)```", text, re.S)  # every fence, so none pairs wrongly
+    shell = [body for language, body in blocks if language in ("", "bash", "sh", "shell")]
     return [
-        line.strip() for block in blocks for line in block.splitlines() if line.startswith("tepo ")
+        line.strip() for body in shell for line in body.splitlines() if line.startswith("tepo ")
     ]
 
 
@@ -187,3 +188,37 @@ def test_the_vllm_commands_run_offline_and_the_trained_model_evaluates(tmp_path,
     run_offline(tmp_path, evaluate_mbpp)
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/eval/*/*/summary.json")]
     assert sorted(s["problems"] for s in summaries) == [2, 2]
+
+
+def test_the_guide_s_shaped_reward_pays_what_it_says(tiny_tokenizer):
+    """The page's per-episode-state example, run as written on scripted turns: `turn_end` cuts
+    a turn after its guess, the guesses are the episode's own, and the reward is shaped."""
+    from test_envs import Scripted
+
+    from tepo_cli.config.schema import RewardConfig
+    from tepo_cli.core.records import Problem
+    from tepo_cli.envs import EnvSettings, environment
+    from tepo_cli.envs.episodes import run_episodes
+    from tepo_cli.rewards import make_reward
+
+    section = PAGE.read_text().split("### Per-episode state and a shaped reward", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "guess_shaped.py", "exec"), {"__name__": "guess_shaped"})
+    shaped = environment("guess_shaped")
+    settings = EnvSettings(max_turns=3)
+    grader = make_reward(RewardConfig(name="arith"), "arith")
+    turns = [
+        ["My Guess: 7 and then some more words", "Guess: 5"],  # right on the 2nd guess
+        ["Guess: 3", "Guess: 4", "Guess: 9"],  # out of turns, 4 away
+        ["hello", "hello", "hello"],  # never a guess
+    ]
+    envs = [shaped(Problem(str(i), "2+3", "5"), grader, settings) for i in range(3)]
+    sampler = Scripted(tiny_tokenizer, turns)
+    episodes = run_episodes(sampler, tiny_tokenizer, [[0], [1], [2]], envs, settings)
+    right, missed, silent = episodes
+    assert right.turns == ["My Guess: 7", "Guess: 5"] and right.end == "answer"
+    assert right.reward.reward == 0.75 and right.reward.correct  # 1.25 - 0.25 * 2
+    assert right.reward.extracted == "5" and right.environment.guesses == [7, 5]
+    assert missed.end == "turn-limit" and missed.environment.guesses == [3, 4, 9]
+    assert missed.reward.reward == pytest.approx(0.2 / 5) and not missed.reward.correct
+    assert silent.reward.reward == 0.0 and silent.reward.extracted is None

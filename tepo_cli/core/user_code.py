@@ -1,4 +1,6 @@
-"""Import the user's own Python files (custom rewards, objective plugins). User code is trusted."""
+"""Import the user's own Python files (custom rewards, objective plugins, environments). User
+code is trusted. A file's own folder goes on the import path, so it imports the modules beside
+it as a script would."""
 
 from __future__ import annotations
 
@@ -32,12 +34,23 @@ def _import_file(file: Path, spec: str, key: str) -> ModuleType:
         raise ConfigError(f"{key}='{spec}' cannot be imported as a Python module.")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
+    _beside(file)
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
         raise ConfigError(f"{key}='{spec}' failed to import: {type(exc).__name__}: {exc}") from None
     return module
+
+
+def _beside(file: Path) -> None:
+    """The file's folder on the import path, first, as Python puts a script's own folder:
+    a plugin file imports the modules beside it (`import helper` of helper.py) as it would
+    when run as a script. Added once; it stays for the process (a module imported later, in
+    a hook, finds its siblings too)."""
+    folder = str(file.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def import_plugins(plugins: list[str]) -> None:

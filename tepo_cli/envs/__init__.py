@@ -12,9 +12,20 @@ from types import ModuleType
 
 from tepo_cli.core.discovery import Registry
 from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.envs.base import Environment, EnvSettings, contract_problem
 
-__all__ = ["EnvSettings", "Environment", "environment", "environments", "register_environment"]
+# What a plugin environment imports (docs/guides/environments.md, "The contract"): the base
+# class, its registration, and the types its hooks receive and return.
+__all__ = [
+    "EnvSettings",
+    "Environment",
+    "Problem",
+    "RewardResult",
+    "environment",
+    "environments",
+    "register_environment",
+]
 
 
 def _defined(module: ModuleType) -> list[type[Environment]]:

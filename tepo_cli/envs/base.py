@@ -55,7 +55,9 @@ class EnvSettings:
 
 class Environment(ABC):
     """One episode of a task. Subclasses set `name` and implement `respond`; `reward` grades
-    the last turn with the task's own grader unless overridden."""
+    the last turn with the task's own grader unless overridden. Every hook, its thread and what
+    a failing one does to its episode: docs/guides/environments.md ("The contract"), which a
+    user writes their environment from alone."""
 
     name: ClassVar[str]
     # Appended to the task's message (after a blank line): what the model must know to use the

@@ -4,23 +4,26 @@ Every active episode's context (its prompt ids, then every turn and observation 
 the sampler as ids, and the ids it returns are kept as they are: what the trainer trains on is
 exactly what was sampled. A turn ends at an end-of-message token; a turn cut by its token limit
 ends the episode. After each turn the environments answer concurrently (sandboxed programs wait
-on pipes), each bounded by `env.respond_timeout_s`. An environment that raises, answers
-something other than text or None, or does not answer in time ends its episode with reward 0
-and a counted reason; the run goes on.
+on pipes), each bounded by `env.respond_timeout_s`. An environment whose hook raises
+(`__init__`, `turn_end`, `respond`, `reward`, `tool_calls`, `tool_failures`), answers something
+of the wrong type, or does not answer in time ends its episode with reward 0 and a counted
+reason; the run goes on. The episode keeps one line saying which environment, which hook and
+what went wrong (`Episode.error`), since a counter alone tells a user nothing to fix.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from tepo_cli.core.records import RewardResult
+from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.envs.base import Environment, EnvSettings
 from tepo_cli.envs.observations import ObservationFormat
 
@@ -67,6 +70,9 @@ class Episode:
     observations_cut: int = 0
     unclosed: bool = False  # the last turn was stopped early: its end-of-message is not sampled
     engine_logprobs: bool = True  # every turn came with the engine's log-probs (vllm)
+    error: str | None = None  # the environment's failure, one line (`failure_line`)
+    tool_calls: int = 0  # the environment's counts, read once when the episode is over
+    tool_failures: dict[str, int] = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:
@@ -82,6 +88,62 @@ class Episode:
         self.from_model += [from_model] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
+    def fail(self, failure: str, error: str) -> None:
+        """End the episode for its environment's failure (an `ENV_FAILURES` reason)."""
+        self.end, self.error = failure, error
+
+
+def episode_fields(episode: Episode) -> dict[str, Any]:
+    """What a sample's record says of its episode (eval's samples.jsonl and training's): its
+    turns, tool calls and failures, how it ended, and the environment's error (None: none)."""
+    return {
+        "turns": len(episode.turns),
+        "tool_calls": episode.tool_calls,
+        "tool_failures": sum(episode.tool_failures.values()),
+        "end": episode.end,
+        "error": episode.error,
+    }
+
+
+class Unmade(Environment):
+    """Stands in for an environment whose constructor raised: its episode plays the model's
+    first turn (a row always holds a response) and then ends with `env-error`."""
+
+    name = "unmade"
+
+    def __init__(self, made: str, error: str) -> None:  # no super(): there is nothing to hold
+        self.calls, self.failures, self.made, self.error = 0, {}, made, error
+
+    def respond(self, turn: str) -> None:
+        return None
+
+
+def make_environments(
+    make: Callable[[Problem, Any, EnvSettings], Environment],
+    problems: list[Problem],
+    grader: Any,
+    settings: EnvSettings,
+) -> list[Environment]:
+    """One environment per problem; a constructor that raises gives an `Unmade` in its place."""
+    made: list[Environment] = []
+    for problem in problems:
+        try:
+            made.append(make(problem, grader, settings))
+        except Exception as exc:  # the user's class: its episode fails, the run goes on
+            name = getattr(make, "name", getattr(make, "__name__", "?"))
+            made.append(Unmade(name, failure_line(name, "__init__", exc)))
+    return made
+
+
+def failure_line(environment: str, hook: str, problem: BaseException | str) -> str:
+    """One line naming the environment, its hook and what went wrong (an exception's type and
+    message, or a sentence), at most 300 characters."""
+    if isinstance(problem, BaseException):
+        message = " ".join(str(problem).split())
+        problem = f"raised {type(problem).__name__}" + (f": {message}" if message else "")
+    line = f"environment {environment}: {hook} {problem}"
+    return line if len(line) <= 300 else line[:297] + "..."
+
 
 def run_episodes(
     sample: TurnSampler,
@@ -93,37 +155,67 @@ def run_episodes(
     """Run one episode per prompt to its end, and grade each once."""
     episodes = [Episode(list(p), env) for p, env in zip(prompt_ids, environments, strict=True)]
     framing = ObservationFormat(tokenizer, settings.observation_role)
-    # Not a `with` block: its exit would wait for an environment that never returns.
-    pool = ThreadPoolExecutor(max_workers=min(64, max(1, len(episodes))), thread_name_prefix="env")
-    try:
-        for turn in range(settings.max_turns):
-            active = [e for e in episodes if e.end is None]
-            if not active:
-                break
-            _take_turns(sample, tokenizer, active, settings)
-            talking = [e for e in active if e.end is None]
-            replies = _ask(pool, [(e.environment.respond, e.turns[-1]) for e in talking], settings)
-            for episode, (reply, failure) in zip(talking, replies, strict=True):
-                _observe(
-                    episode, reply, failure, framing, settings, last=turn == settings.max_turns - 1
-                )
-        for episode in episodes:
-            episode.end = episode.end or "turn-limit"
-        graded = [e for e in episodes if e.end not in ENV_FAILURES]
-        rewards = _ask(pool, [(e.environment.reward, e.turns) for e in graded], settings)
-        for episode, (reward, failure) in zip(graded, rewards, strict=True):
-            if failure is None and not isinstance(reward, RewardResult):
-                failure = "env-malformed"
-            if failure is not None:
-                episode.end = failure
-            else:
-                episode.reward = reward
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    for turn in range(settings.max_turns):
+        active = [e for e in episodes if e.end is None]
+        if not active:
+            break
+        _take_turns(sample, tokenizer, active, settings)
+        for episode in active:
+            if isinstance(episode.environment, Unmade) and episode.error is None:
+                episode.fail("env-error", episode.environment.error)
+        talking = [e for e in active if e.end is None]
+        replies = _ask([(e, "respond", e.turns[-1]) for e in talking], settings)
+        for episode, (reply, failure) in zip(talking, replies, strict=True):
+            _observe(
+                episode, reply, failure, framing, settings, last=turn == settings.max_turns - 1
+            )
     for episode in episodes:
+        episode.end = episode.end or "turn-limit"
+    graded = [e for e in episodes if e.end not in ENV_FAILURES]
+    rewards = _ask([(e, "reward", e.turns) for e in graded], settings)
+    for episode, (reward, failure) in zip(graded, rewards, strict=True):
+        if failure is None and not isinstance(reward, RewardResult):
+            failure = (
+                "env-malformed",
+                f"returned {type(reward).__name__}, not a RewardResult "
+                "(tepo_cli.core.records.RewardResult)",
+            )
+        if failure is not None:
+            episode.fail(failure[0], _line(episode, "reward", failure[1]))
+        else:
+            episode.reward = reward
+    for episode in episodes:
+        _count_tools(episode)
         if episode.reward is None:
             episode.reward = RewardResult(0.0, False, None)
     return episodes
+
+
+def _line(episode: Episode, hook: str, problem: BaseException | str) -> str:
+    environment = episode.environment
+    name = environment.made if isinstance(environment, Unmade) else type(environment).name
+    return failure_line(name, hook, problem)
+
+
+def _count_tools(episode: Episode) -> None:
+    """The environment's tool counts, read once; a count hook that fails (or answers the wrong
+    type) fails the episode like any other hook."""
+    for hook in ("tool_calls", "tool_failures"):
+        try:
+            value = getattr(episode.environment, hook)()
+        except Exception as exc:  # the user's override
+            if episode.error is None:
+                episode.fail("env-error", _line(episode, hook, exc))
+                episode.reward = None
+            continue
+        wanted = int if hook == "tool_calls" else dict
+        if not isinstance(value, wanted):
+            if episode.error is None:
+                problem = f"returned {type(value).__name__}, not {wanted.__name__}"
+                episode.fail("env-malformed", _line(episode, hook, problem))
+                episode.reward = None
+            continue
+        setattr(episode, hook, value)
 
 
 def _take_turns(
@@ -132,15 +224,22 @@ def _take_turns(
     active: list[Episode],
     settings: EnvSettings,
 ) -> None:
-    """Each active episode's next turn, sampled from its context, kept as sampled."""
+    """Each active episode's next turn, sampled from its context, kept as sampled (up to where
+    its environment's `turn_end` stops it)."""
     budgets = [
         min(settings.max_turn_tokens, settings.max_episode_tokens - len(e.ids)) for e in active
     ]
     turns = sample([e.context for e in active], max(budgets))
-    for episode, budget, turn in zip(active, budgets, turns, strict=True):
-        ids = turn.ids[:budget]
+    kept = [turn.ids[:budget] for turn, budget in zip(turns, budgets, strict=True)]
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in kept]
+    ends = _ask([(e, "turn_end", t) for e, t in zip(active, texts, strict=True)], settings)
+    for episode, budget, turn, ids, text, (end, failure) in zip(
+        active, budgets, turns, kept, texts, ends, strict=True
+    ):
         ended = turn.ended and len(ids) == len(turn.ids)
-        stop = _early_stop(tokenizer, episode.environment, ids)
+        if failure is None and not (end is None or type(end) is int):
+            failure = ("env-malformed", f"returned {type(end).__name__}, not an int or None")
+        stop = None if failure is not None else _early_stop(tokenizer, ids, text, end)
         if stop is not None:  # the environment ends the turn here (a closed code block)
             ids, ended = ids[:stop], True
             episode.unclosed = True  # its message still needs its end-of-message token
@@ -148,17 +247,18 @@ def _take_turns(
         episode.engine_logprobs &= logprobs is not None
         episode.add(ids, from_model=True, logprobs=logprobs)
         episode.turns.append(tokenizer.decode(ids, skip_special_tokens=True))
-        if not ended:
+        if failure is not None:  # the turn is kept as sampled; the episode ends here
+            episode.fail(failure[0], _line(episode, "turn_end", failure[1]))
+        elif not ended:
             episode.end = "episode-tokens" if budget < settings.max_turn_tokens else "turn-tokens"
 
 
 def _early_stop(
-    tokenizer: PreTrainedTokenizerBase, environment: Environment, ids: list[int]
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], text: str, end: int | None
 ) -> int | None:
-    """The fewest of the turn's tokens whose text reaches the environment's `turn_end`, when it
-    names one before the turn's own end (None: the turn stands as sampled)."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    end = environment.turn_end(text)
+    """The fewest of the turn's tokens whose text (`text`) reaches the environment's
+    `turn_end` (`end`), when it names one before the turn's own end (None: the turn stands as
+    sampled)."""
     if end is None or end >= len(text.rstrip()):
         return None
     low, high = 1, len(ids)  # the shortest prefix whose text holds the first `end` characters
@@ -174,16 +274,16 @@ def _early_stop(
 def _observe(
     episode: Episode,
     reply: Any,
-    failure: str | None,
+    failure: tuple[str, BaseException | str] | None,
     framing: ObservationFormat,
     settings: EnvSettings,
     last: bool,
 ) -> None:
     """The environment's reply into the episode: its end, or the observation's tokens."""
     if failure is None and reply is not None and not isinstance(reply, str):
-        failure = "env-malformed"
+        failure = ("env-malformed", f"returned {type(reply).__name__}, not str or None")
     if failure is not None:
-        episode.end = failure
+        episode.fail(failure[0], _line(episode, "respond", failure[1]))
         return
     if reply is None:
         episode.end = "answer"
@@ -203,19 +303,51 @@ def _observe(
     episode.observations_cut += int(cut)
 
 
+Failure = tuple[str, BaseException | str]  # (an ENV_FAILURES reason, what went wrong)
+
+
+# Environment calls running at once, at most (a shipped environment's call waits on a sandboxed
+# program: this bounds the processes alive together).
+_SLOTS = threading.BoundedSemaphore(64)
+
+
+def _in_thread(function: Callable[[Any], Any], argument: Any) -> Future[Any]:
+    """`function(argument)` on a daemon thread of its own: one that never returns is left
+    behind, and neither the run nor the interpreter's exit waits for it (a thread pool's
+    workers are joined at exit: a hanging environment would hang the finished run)."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        with _SLOTS:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(function(argument))
+            except BaseException as exc:  # handed to the caller, which names it
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name="env", daemon=True).start()
+    return future
+
+
 def _ask(
-    pool: ThreadPoolExecutor, calls: list[tuple[Callable[[Any], Any], Any]], settings: EnvSettings
-) -> list[tuple[Any, str | None]]:
-    """Each (function, argument) called in the pool: (its result, None), or (None, why it
-    failed). A call still running after the timeout is left to finish on its own thread."""
-    futures = [pool.submit(function, argument) for function, argument in calls]
+    calls: list[tuple[Episode, str, Any]], settings: EnvSettings
+) -> list[tuple[Any, Failure | None]]:
+    """Each (episode, hook, argument): the episode's environment's hook called on its own
+    thread with the argument: (its result, None), or (None, (reason, what went wrong)). A call
+    still running after the timeout is left to finish on its thread."""
+    futures = [
+        _in_thread(getattr(episode.environment, hook), argument)
+        for episode, hook, argument in calls
+    ]
     deadline = time.monotonic() + settings.respond_timeout_s  # one for the whole batch
-    results: list[tuple[Any, str | None]] = []
+    results: list[tuple[Any, Failure | None]] = []
     for future in futures:
         try:
             results.append((future.result(timeout=max(0.0, deadline - time.monotonic())), None))
         except FutureTimeout:
-            results.append((None, "env-timeout"))
-        except Exception:  # the environment's own failure: its episode ends, the run goes on
-            results.append((None, "env-error"))
+            late = f"did not answer within env.respond_timeout_s={settings.respond_timeout_s:g} s"
+            results.append((None, ("env-timeout", late)))
+        except Exception as exc:  # the environment's own failure: its episode ends, the run goes on
+            results.append((None, ("env-error", exc)))
     return results

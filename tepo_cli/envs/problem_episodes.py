@@ -15,14 +15,20 @@ from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.records import Problem
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.envs import Environment, EnvSettings, environment
-from tepo_cli.envs.episodes import Episode, SampledTurn, TurnSampler, run_episodes
+from tepo_cli.envs.episodes import (
+    Episode,
+    SampledTurn,
+    TurnSampler,
+    make_environments,
+    run_episodes,
+)
 from tepo_cli.rewards import Reward
 
 
 def env_settings(env: EnvConfig, turn_tokens: int) -> EnvSettings:
     """The environment's limits from the `env` group; a turn holds at most `turn_tokens`."""
     return EnvSettings(
-        max_turns=env.max_turns,
+        max_turns=env.turns,
         max_turn_tokens=turn_tokens,
         max_episode_tokens=env.episode_tokens(turn_tokens),
         max_observation_tokens=env.max_observation_tokens,
@@ -47,7 +53,7 @@ def problem_episodes(
     prompts = [render_prompt(tokenizer, benchmark, with_instructions(p, make)) for p in problems]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     rows = [list(prompt_ids[i // n]) for i in range(len(prompts) * n)]
-    envs = [make(problems[i // n], reward, settings) for i in range(len(rows))]
+    envs = make_environments(make, [problems[i // n] for i in range(len(rows))], reward, settings)
     return run_episodes(sampler, tokenizer, rows, envs, settings)
 
 

@@ -3,7 +3,8 @@ observations (tepo_cli/envs/), as in training — graded by its environment when
 
 Records have the one-answer records' keys (`completion` holds the whole episode after the
 prompt, observations included; `length` the model's own tokens) and, per episode, its turns,
-tool calls and how it ended. Problems go `eval.batch_size // eval.n` at a time, so an
+tool calls, how it ended and the environment's error (`envs.episodes.episode_fields`, which
+training's samples.jsonl shares). Problems go `eval.batch_size // eval.n` at a time, so an
 interrupted evaluation resumes after the last batch written.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.envs.episodes import ENDS, Episode
+from tepo_cli.envs.episodes import ENDS, Episode, episode_fields
 from tepo_cli.envs.problem_episodes import env_settings, problem_episodes, turn_sampler
 from tepo_cli.rewards import Reward
 
@@ -57,10 +58,7 @@ def _record(problem: Problem, sample: int, episode: Episode, text: str) -> dict[
         "passed": False if result is None else result.correct,
         "length": sum(episode.from_model),
         "truncated": episode.truncated,
-        "turns": len(episode.turns),
-        "tool_calls": episode.environment.tool_calls(),
-        "tool_failures": sum(episode.environment.tool_failures().values()),
-        "end": episode.end,
+        **episode_fields(episode),
     }
 
 

@@ -48,6 +48,7 @@ class RunLog:
 
     def __init__(self, run_dir: Path, total_steps: int, show_progress: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
         self.console = Console(stderr=True)
         self._writers = tuple(JsonlWriter(run_dir / name) for name in LOG_FILES)
         self.metrics, self.samples, self.evals, self.eval_samples = self._writers

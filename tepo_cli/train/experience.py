@@ -7,6 +7,7 @@ no-grad scores the objective needs are added, and the update never reaches back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -46,6 +47,8 @@ class Experience:
     refill_rounds: int = 0
     overlong_mean: float = 0.0
     env_sums: dict[str, float] = field(default_factory=dict)  # multi-turn metric sums
+    episode_records: list[dict[str, Any]] = field(default_factory=list)  # per row, multi-turn
+    env_errors: list[str] = field(default_factory=list)  # the step's environment errors
 
 
 def on_policy(cfg: TrainConfig) -> bool:

@@ -17,6 +17,7 @@ from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.metrics import RunLog
+from tepo_cli.train.env_errors import report_env_errors
 from tepo_cli.train.multi_turn import sample_episodes
 
 
@@ -31,6 +32,13 @@ def rank_shard(
     shard = problems[rank::world_size]
     size = -(-len(problems) // world_size)
     return shard, [problems[0]] * (size - len(shard)) if problems else []
+
+
+def held_out_problems(cfg: TrainConfig, task: Any) -> list[Problem]:
+    """The held-out split's problems; with a multi-turn environment the first `env.eval_size`
+    of them (all when null): each is a whole episode, several generations long."""
+    limit = cfg.env.eval_size if cfg.env.multi_turn else None
+    return task.eval_problems() if limit is None else task.eval_problems(limit)
 
 
 def _first_records(
@@ -57,7 +65,7 @@ def held_out_accuracy(
 ) -> float:
     """Greedy accuracy on the held-out split; ranks evaluate disjoint shards and add up. With a
     multi-turn environment each problem is one greedy episode, graded by its environment."""
-    problems, padding = rank_shard(task.eval_problems(), topo.rank, topo.world_size)
+    problems, padding = rank_shard(held_out_problems(cfg, task), topo.rank, topo.world_size)
     sampling = Sampling(
         n=1,
         greedy=True,
@@ -67,8 +75,11 @@ def held_out_accuracy(
     records: list[dict[str, Any]] = []  # graded answers; none from a multi-turn environment
     if cfg.env.multi_turn:  # greedy episodes with the run's environment
         began = time.perf_counter()
-        correct = _episodes_correct(cfg, backend, tokenizer, problems + padding, reward, sampling)
+        correct, errors = _episodes_correct(
+            cfg, backend, tokenizer, problems + padding, reward, sampling, len(problems)
+        )
         solved, samples = float(sum(correct[: len(problems)])), len(problems)
+        report_env_errors(errors, f"eval {when} (step {step})", log)
         seconds = time.perf_counter() - began
     else:
         batches = sample_and_grade(
@@ -121,8 +132,11 @@ def _episodes_correct(
     problems: list[Problem],
     reward: Reward,
     sampling: Sampling,
-) -> list[bool]:
-    """One greedy episode per problem: whether its environment graded it correct."""
+    real: int,
+) -> tuple[list[bool], list[str]]:
+    """One greedy episode per problem: whether its environment graded it correct; and the
+    environment errors of this rank's real problems (the padding's are not counted)."""
     one_each = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"n": 1})})
     episodes = sample_episodes(one_each, backend, tokenizer, problems, reward, sampling)
-    return [result.correct for result in episodes.results]
+    errors = [r["error"] for r in episodes.records[:real] if r["error"] is not None]
+    return [result.correct for result in episodes.results], errors

@@ -3,9 +3,12 @@ the environment (tepo_cli/envs/), laid out as one row each — the prompt, then 
 observation, with `model_mask` marking the model's own tokens (the objective's; the
 observations are context only) — and graded by the environment when it ended.
 
-Metrics per step (summed here per rank, averaged over every rank's episodes in the record):
-turns per episode, tool calls and their failures (sandbox timeouts apart), observation tokens,
-observations cut, and the share of episodes by how they ended.
+Metrics per step (summed here per rank, averaged over every rank's episodes in the record, so
+every one is per episode): turns, tool calls, failed tool calls, tool calls that timed out,
+observation tokens and observations cut (`env_*_mean`), and the share of episodes by how they
+ended (`env_end_*_frac`). Each episode's own account (its turns, how it ended, its
+environment's error) goes to the step's samples (`EpisodeRollout.records`), and every
+environment error of the round to `errors`, for the console and train.log.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.core.rollout import Rollout
-from tepo_cli.envs.episodes import ENDS, Episode
+from tepo_cli.envs.episodes import ENDS, Episode, episode_fields
 from tepo_cli.envs.problem_episodes import env_settings, problem_episodes, turn_sampler
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import Sampling
@@ -34,6 +37,8 @@ class EpisodeRollout:
     rollout: Rollout
     results: list[RewardResult]
     sums: dict[str, float]
+    records: list[dict[str, Any]]  # per row: `episode_fields` (turns, end, error, ...)
+    errors: list[str]  # the round's environment errors, one line each
 
 
 def sample_episodes(
@@ -57,7 +62,9 @@ def sample_episodes(
     if device is not None:
         rollout = rollout.to(device)
     results = [episode.reward or RewardResult(0.0, False, None) for episode in episodes]
-    return EpisodeRollout(rollout, results, episode_sums(episodes))
+    records = [episode_fields(episode) for episode in episodes]
+    errors = [episode.error for episode in episodes if episode.error is not None]
+    return EpisodeRollout(rollout, results, episode_sums(episodes), records, errors)
 
 
 def episodes_rollout(
@@ -101,16 +108,12 @@ def episode_sums(episodes: list[Episode]) -> dict[str, float]:
     sums = {
         "episodes": float(len(episodes)),
         "env_turns": float(sum(len(e.turns) for e in episodes)),
-        "env_tool_calls": float(sum(e.environment.tool_calls() for e in episodes)),
-        "env_tool_failures": 0.0,
-        "env_tool_timeouts": 0.0,
+        "env_tool_calls": float(sum(e.tool_calls for e in episodes)),
+        "env_tool_failures": float(sum(sum(e.tool_failures.values()) for e in episodes)),
+        "env_tool_timeouts": float(sum(e.tool_failures.get("timeout", 0) for e in episodes)),
         "env_observation_tokens": float(sum(e.observation_tokens for e in episodes)),
         "env_observations_cut": float(sum(e.observations_cut for e in episodes)),
     }
-    for episode in episodes:
-        failures = episode.environment.tool_failures()
-        sums["env_tool_failures"] += sum(failures.values())
-        sums["env_tool_timeouts"] += failures.get("timeout", 0)
     for end in ENDS:
         sums[f"env_end_{end.replace('-', '_')}"] = float(sum(e.end == end for e in episodes))
     return sums

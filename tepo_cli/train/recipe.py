@@ -18,6 +18,7 @@ from tepo_cli.core.host_allocator import release_free_memory
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.train.advantage import estimate
+from tepo_cli.train.env_errors import report_env_errors
 from tepo_cli.train.experience import score
 from tepo_cli.train.records import step_record, step_samples
 from tepo_cli.train.run import Run
@@ -50,6 +51,8 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     groups = rollout_and_grade(
         cfg, run.backend, run.tokenizer, problems, run.reward, run.prompts.refill, seed, clock
     )
+    if cfg.env.multi_turn:  # every rank enters: the errors are gathered on rank 0
+        report_env_errors(groups.env_errors, f"step {step}", run.log)
     with clock("sync"):  # the engine's device memory to the update until the sync (vllm's sleep)
         run.backend.sleep()
         release_free_memory()  # what generation freed leaves the allocator: no drift across phases

@@ -61,27 +61,20 @@ def step_record(
 
 
 def _episode_metrics(sums: dict[str, float], device: torch.device) -> dict[str, float]:
-    """The multi-turn metrics over every rank's episodes (train/multi_turn.py): means per
-    episode, and shares of episodes for how they ended (`env_end_*`). One collective, entered
-    by every rank of a multi-turn run each step."""
+    """The multi-turn metrics over every rank's episodes (train/multi_turn.py), each per
+    episode: means (`env_*_mean`: turns, tool calls, failed and timed-out tool calls, observation
+    tokens, observations cut) and shares of episodes by how they ended (`env_end_*_frac`). One
+    collective, entered by every rank of a multi-turn run each step."""
     names = sorted(sums)
     totals = collective.all_sum(
         torch.tensor([sums[name] for name in names], dtype=torch.float64, device=device)
     ).tolist()
     summed = dict(zip(names, totals, strict=True))
     episodes = max(summed.pop("episodes", 0.0), 1.0)
-    record = {}
-    for name, value in summed.items():
-        if name in PER_EPISODE:
-            record[f"{name}_mean"] = value / episodes
-        elif name.startswith("env_end_"):
-            record[f"{name}_frac"] = value / episodes
-        else:  # counts over the step: tool failures, timeouts, observations cut
-            record[name] = value
-    return record
-
-
-PER_EPISODE = frozenset({"env_turns", "env_tool_calls", "env_observation_tokens"})
+    suffix = {True: "_frac", False: "_mean"}
+    return {
+        f"{name}{suffix[name.startswith('env_end_')]}": v / episodes for name, v in summed.items()
+    }
 
 
 def _throughput(engine: Any, record: dict[str, Any]) -> dict[str, float]:
@@ -148,8 +141,10 @@ def _summed_over_ranks(cfg: TrainConfig, experience: Experience) -> list[float]:
 
 
 def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[dict[str, Any]]:
+    """The rows samples.jsonl keeps (`_logged_rows`); a multi-turn row adds its episode's
+    account as eval's records have it (turns, tool calls, tool failures, end, error)."""
     samples = []
-    for index in range(min(cfg.trainer.samples_per_step, len(experience.rollout.texts))):
+    for index in _logged_rows(cfg, experience):
         problem = experience.problems[index // cfg.rollout.n]
         samples.append(
             {
@@ -159,9 +154,20 @@ def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[di
                 "completion": experience.rollout.texts[index],
                 "reward": float(experience.rewards[index]),
                 "advantage": response_advantage(experience, index),
+                **(experience.episode_records[index] if experience.episode_records else {}),
             }
         )
     return samples
+
+
+def _logged_rows(cfg: TrainConfig, experience: Experience) -> list[int]:
+    """The first `trainer.samples_per_step` rows; and, when none of them holds an environment
+    error but another row does, the first such row too: samples.jsonl shows what failed."""
+    rows = list(range(min(cfg.trainer.samples_per_step, len(experience.rollout.texts))))
+    failed = [i for i, r in enumerate(experience.episode_records) if r.get("error") is not None]
+    if failed and not any(i in rows for i in failed) and cfg.trainer.samples_per_step > 0:
+        rows.append(failed[0])
+    return rows
 
 
 def response_advantage(experience: Experience, index: int) -> float:

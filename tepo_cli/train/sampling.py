@@ -12,6 +12,7 @@ import hashlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -45,6 +46,10 @@ class Groups:
     sampled_groups: int  # groups generated (more than kept under dynamic sampling)
     refill_rounds: int
     env_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # multi-turn metrics
+    # Multi-turn: each kept row's episode account (`episode_fields`), and every environment
+    # error of the step's rounds (dropped groups' too), one line each.
+    episode_records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    env_errors: list[str] = dataclasses.field(default_factory=list)
 
 
 def rollout_and_grade(
@@ -63,6 +68,8 @@ def rollout_and_grade(
     wanted = len(problems)
     kept: list[tuple[Rollout, Graded, list[Problem]]] = []
     kept_groups, sampled, rounds, env_sums = 0, 0, 0, dict[str, float]()
+    records: list[dict[str, Any]] = []
+    errors: list[str] = []
     batch_problems = problems
     for round_index in itertools.count():
         if batch_problems:
@@ -72,6 +79,7 @@ def rollout_and_grade(
                     cfg, backend, tokenizer, batch_problems, round_seed, reward
                 )
                 _add_sums(env_sums, episodes)
+                errors += episodes.errors if episodes is not None else []
             faults.maybe_kill("rollout")
             with clock("reward"):
                 graded = grade(cfg, rollout, batch_problems, reward, episodes and episodes.results)
@@ -81,6 +89,8 @@ def rollout_and_grade(
                 rows = _group_rows(keep, cfg.rollout.n)
                 part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
                 kept.append((rollout.take(rows), _take_graded(graded, rows), part))
+                if episodes is not None:
+                    records += [episodes.records[row] for row in rows.tolist()]
                 kept_groups += len(part)
         else:
             with clock("rollout"):
@@ -106,6 +116,8 @@ def rollout_and_grade(
         sampled_groups=sampled,
         refill_rounds=rounds,
         env_sums=env_sums,
+        episode_records=records,
+        env_errors=errors,
     )
 
 

@@ -45,6 +45,8 @@ from tepo_cli.runtime.resume import truncate_logs
 from tepo_cli.runtime.rng_and_streams import restore_rng
 from tepo_cli.runtime.state import RankState, TrainerState
 from tepo_cli.trackers import Trackers, open_trackers
+from tepo_cli.train.env_start import environment_line
+from tepo_cli.train.held_out import held_out_problems
 from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
 from tepo_cli.train.prompts import open_prompts
 from tepo_cli.train.run import Models, Run
@@ -65,6 +67,8 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     if topo.is_main:
         _say_data(data)
         _say_allocator(cfg, topo, allocator)
+        if cfg.env.multi_turn:
+            _say_environment(cfg, task)
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     zero3 = partitioned_load_config(cfg, topo)
@@ -215,6 +219,13 @@ def _say_data(data: dict[str, Any]) -> None:
                 f"the run trains on ({data['eval_problems']:,} held out)"
             )
     print(line, file=sys.stderr)
+
+
+def _say_environment(cfg: TrainConfig, task: Any) -> None:
+    trainer = cfg.trainer
+    evaluates = trainer.eval_before or trainer.eval_after or trainer.eval_every
+    count = len(held_out_problems(cfg, task)) if evaluates else 0
+    print(f"tepo train: {environment_line(cfg, count)}", file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:
