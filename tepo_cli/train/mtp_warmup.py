@@ -56,18 +56,17 @@ def warm_up(
     emit: Emit,
 ) -> dict[str, Any]:
     """Train the MTP modules for `mtp.warmup.steps` steps (auto: as train/mtp_warmup_size.py
-    sizes it); returns the summary (steps and why, seconds, per-depth NLL and top-1 agreement
-    before and after). With zero steps the modules stay as built; the step-0 record still
-    measures them (one batch, no update)."""
+    sizes it; `tepo train` settles it at start); returns the summary (steps, seconds, per-depth
+    NLL and top-1 agreement before and after). Zero steps draw nothing: the modules stay as
+    built (the step-0 measurement alone costs a batch: 16 sampled answers with data=samples)."""
     assert policy.mtp is not None
     settings = cfg.algo.mtp.warmup
     size = warmup_size(cfg)
     source = warmup_source(cfg)
-    summary: dict[str, Any] = {
-        "mtp_warmup_source": source,
-        "mtp_warmup_steps": size.steps,
-        "mtp_warmup_reason": size.reason,
-    }
+    summary: dict[str, Any] = {"mtp_warmup_source": source, "mtp_warmup_steps": size.steps}
+    if size.steps == 0:
+        _broadcast_from_rank0(list(policy.mtp.parameters()))
+        return summary
     params = list(policy.mtp.parameters())
     began = time.perf_counter()
     with _only_modules_train(policy), _own_random_state(cfg.seed):
