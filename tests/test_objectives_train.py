@@ -9,6 +9,7 @@ import pytest
 from tepo_cli.algos.plugins import load_objectives
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.runtime.distributed import setup_topology, teardown
+from tepo_cli.train.mtp_warmup_size import warmup_size
 from tepo_cli.train.recipe import train
 
 pytestmark = pytest.mark.slow
@@ -96,8 +97,9 @@ def test_objective_trains_three_steps(compose_config, tmp_path, overrides):
     assert summary["steps"] == 3 and [r["step"] for r in records] == [1, 2, 3]
     depths = config.algo.mtp_depths
     settings = config.algo.mtp.warmup
-    logged = {0, settings.steps, *range(0, settings.steps + 1, settings.log_every)}
-    assert [r["mtp_warmup_step"] for r in warmup] == (sorted(logged) if depths else [])
+    steps = warmup_size(config).steps  # zero steps draw no batch: no record
+    logged = {0, steps, *range(0, steps + 1, settings.log_every)}
+    assert [r["mtp_warmup_step"] for r in warmup] == (sorted(logged) if depths and steps else [])
     for depth in range(2, depths + 2):
         assert all(r[f"mtp_nll_d{depth}"] > 0 for r in records if f"mtp_nll_d{depth}" in r)
     if depths:

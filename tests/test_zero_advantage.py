@@ -149,3 +149,39 @@ def test_rows_with_gradient_reads_per_token_advantages_on_trained_tokens_only():
     kept = rows_with_gradient(advantages, trained, torch.tensor([3, 2, 1, 0]))
     assert kept.tolist() == [1]  # row 2's advantage sits on an untrained token
     assert rows_with_gradient(torch.zeros(4), trained, torch.arange(4)) is None
+
+
+def _entropy_of_every_row(cfg, policy: Policy, rewards: torch.Tensor) -> float:
+    """The reference: one float64 forward over all the rows, the token-mean entropy of their
+    trained tokens."""
+    batch = _experience(rewards).batch
+    with torch.no_grad():
+        scores = policy(batch, cfg.rollout.temperature, with_entropy=True)
+    valid = batch.trained_mask
+    return float((scores.entropy * valid).sum() / valid.sum())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rewards"),
+    [
+        ([], [1.0, 0, 1, 0, 0, 0, 0, 0]),  # group 2 left out, group 1 trained
+        (["trainer.micro_batch_tokens=1024"], [0.0, 0, 0, 0, 1, 1, 0, 1]),  # one micro-batch
+        ([], [0.0] * ROWS),  # nothing to train: the whole minibatch left out
+        (["trainer.minibatches=2"], [1.0, 0, 1, 0, 0, 0, 0, 0]),  # a step between minibatches
+    ],
+)
+def test_the_logged_entropy_covers_every_row_whatever_the_skip(make_engine, overrides, rewards):
+    rewards = torch.tensor(rewards)
+    logged, reference = [], []
+    for skip in ("true", "false"):
+        overrides_ = [f"trainer.skip_zero_advantage={skip}", "trainer.micro_batch_tokens=16"]
+        cfg, engine, _ = make_engine([*overrides_, *overrides])
+        reference.append(_entropy_of_every_row(cfg, engine.module, rewards))
+        metrics = update(cfg, engine, _experience(rewards), torch.Generator().manual_seed(0))
+        logged.append(metrics)
+    skipped, full = logged
+    assert skipped["zero_advantage_rows"] >= 4  # the skip did leave rows out
+    assert skipped["entropy"] == pytest.approx(full["entropy"], rel=1e-12, abs=0)
+    if "trainer.minibatches=2" not in overrides:  # one minibatch: before any optimizer step
+        assert full["entropy"] == pytest.approx(reference[1], rel=1e-12, abs=0)
+    assert reference[0] == reference[1]  # both engines started from the same weights

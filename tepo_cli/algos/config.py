@@ -7,7 +7,7 @@ ranges and the rules that tie knobs together, each with a message that says what
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,7 +36,9 @@ class MtpWarmupConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    steps: int = Field(default=30, ge=0)
+    # auto: sized by train/mtp_warmup_size.py (none on a random backbone, at most 30 and never
+    # more sequences than the RL run samples); an integer always wins.
+    steps: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     lr: float = Field(default=3e-4, gt=0.0)
     batch_size: int = Field(default=16, ge=1)
     alpha_decay: float = Field(default=0.8, gt=0.0, le=1.0)

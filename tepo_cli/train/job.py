@@ -18,6 +18,7 @@ from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-di
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS, discard_if_unused
+from tepo_cli.train.mtp_warmup_size import WarmupSize, settle_warmup_steps, warmup_line
 
 if TYPE_CHECKING:
     from tepo_cli.runtime.device_choice import DeviceChoice
@@ -45,9 +46,11 @@ def train_job(cfg: DictConfig) -> None:
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         dtype_name = config.model.dtype
         _settle_precision(config, device.type)
+        warmup = settle_warmup_steps(config)
         _check_registered_names(config)
         if dry_run(config, "train"):
             _say_precision(dtype_name, device.type)
+            _say_warmup(config, warmup)
             discard_if_unused(run_dir)
             return
         if config.resume and _finished_already(run_dir, config):
@@ -62,6 +65,7 @@ def train_job(cfg: DictConfig) -> None:
         topo = _join_ranks(config, device)
         if topo.is_main:
             _say_precision(dtype_name, device.type)
+            _say_warmup(config, warmup)
         _prepare_on_rank0(config, run_dir, topo)
         if topo.is_main:
             write_status(run_dir, "running")
@@ -213,6 +217,15 @@ def _say_precision(name: str, device_type: str) -> None:
     warning = slow_bf16_warning(name, device_type)
     if warning:
         print(f"tepo train: {warning}", file=sys.stderr)
+
+
+def _say_warmup(config: TrainConfig, size: WarmupSize | None) -> None:
+    """MPO's start line: how long the MTP warm-up runs and why (train/mtp_warmup_size.py). A
+    resume skips the warm-up (the checkpoint holds the modules), but the line still says what a
+    fresh start of this config would do."""
+    if size is not None:
+        line = warmup_line(size, config.algo.mtp.warmup.batch_size)
+        print(f"tepo train: {line}", file=sys.stderr)
 
 
 def _auto_as_it_was(previous: dict[str, Any], device_type: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from tepo_cli.models.policy import Policy
 from tepo_cli.rollout.hf import generate
 from tepo_cli.runtime import faults
 from tepo_cli.runtime.master_weights import MasterAdamW
+from tepo_cli.train.mtp_warmup_size import warmup_size
 from tepo_cli.train.sampling import training_sampling
 
 Emit = Callable[[dict[str, Any]], None]
@@ -54,17 +55,23 @@ def warm_up(
     stream: Iterator[Problem],
     emit: Emit,
 ) -> dict[str, Any]:
-    """Train the MTP modules for `mtp.warmup.steps` steps; returns the summary (seconds,
-    parameters, per-depth NLL and top-1 agreement before and after)."""
+    """Train the MTP modules for `mtp.warmup.steps` steps (auto: as train/mtp_warmup_size.py
+    sizes it; `tepo train` settles it at start); returns the summary (steps, seconds, per-depth
+    NLL and top-1 agreement before and after). Zero steps draw nothing: the modules stay as
+    built (the step-0 measurement alone costs a batch: 16 sampled answers with data=samples)."""
     assert policy.mtp is not None
     settings = cfg.algo.mtp.warmup
+    size = warmup_size(cfg)
     source = warmup_source(cfg)
+    summary: dict[str, Any] = {"mtp_warmup_source": source, "mtp_warmup_steps": size.steps}
+    if size.steps == 0:
+        _broadcast_from_rank0(list(policy.mtp.parameters()))
+        return summary
     params = list(policy.mtp.parameters())
     began = time.perf_counter()
-    summary: dict[str, Any] = {"mtp_warmup_source": source, "mtp_warmup_steps": settings.steps}
     with _only_modules_train(policy), _own_random_state(cfg.seed):
         optimizer = MasterAdamW(params, lr=settings.lr, weight_decay=0.0)  # float32 masters
-        for step in range(0, settings.steps + 1):
+        for step in range(0, size.steps + 1):
             batch = _batch(cfg, policy, tokenizer, stream, source)
             with torch.no_grad():
                 hidden = policy.backbone_hidden(batch)
@@ -73,7 +80,7 @@ def warm_up(
             )
             mask = batch.response_mask
             loss = mtp_prediction_loss(mtp_logp, mask, settings.alpha_decay)
-            if step == 0 or step == settings.steps or step % settings.log_every == 0:
+            if step == 0 or step == size.steps or step % settings.log_every == 0:
                 record = {"mtp_warmup_step": step, "mtp_warmup_loss": float(loss.detach())}
                 record.update(_depth_metrics(policy, batch, hidden, depth_hidden, mtp_logp))
                 record["mtp_warmup_seconds"] = time.perf_counter() - began
@@ -81,7 +88,7 @@ def warm_up(
                 if step == 0:
                     summary["mtp_warmup_before"] = record
                 summary["mtp_warmup_after"] = record
-            if step == settings.steps:
+            if step == size.steps:
                 break  # the record of step s measures the modules after s updates
             optimizer.zero_grad()
             loss.backward()

@@ -33,6 +33,7 @@ from tepo_cli.runtime.guards import skipped_optimizer_steps
 from tepo_cli.train.cov_selection import selection_seed, step_selection
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
+from tepo_cli.train.left_out_entropy import entropy_sum, left_out_rows
 from tepo_cli.train.micro_batch_objective import micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
@@ -71,6 +72,8 @@ class _Tally:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     counts: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # whole step
     optimizer_steps: int = 0
+    entropy_steps: int = 0  # minibatches whose entropy is logged: the optimizer steps and those
+    # the zero-advantage skip left out whole (train/left_out_entropy.py)
     grad_norms: list[float] = field(default_factory=list)
     critic_norms: list[float] = field(default_factory=list)
     mismatch: MismatchTally | None = None
@@ -85,6 +88,8 @@ class _Tally:
     def metrics(self, experience: Experience) -> dict[str, float]:
         empty = self.sums.pop("empty_minibatches", 0.0)
         result = {key: value / max(1, self.optimizer_steps) for key, value in self.sums.items()}
+        if "entropy" in self.sums:  # = optimizer_steps unless a whole minibatch was left out
+            result["entropy"] = self.sums["entropy"] / max(1, self.entropy_steps)
         result["empty_minibatches"] = empty
         result.update(self.counts)
         result.update(self.seconds)
@@ -150,8 +155,18 @@ def _optimizer_step(
     selected = pick_metrics = None
     if cfg.algo.covariance_selection and num_tokens > 0:  # over all rows, before any is skipped
         selected, pick_metrics = step_selection(cfg.algo, experience, minibatch, seed)
+    everything = minibatch
     minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
+    left_sum, left_tokens = 0.0, 0
+    if num_tokens > 0 and critic_engine is None and may_skip(cfg):  # the same on every rank
+        left_out = left_out_rows(everything, minibatch)
+        left_sum, left_tokens = entropy_sum(
+            cfg, engine.module, experience.batch, left_out, int(everything[0])
+        )
     if minibatch is None:
+        if num_tokens > 0:  # left out whole: its entropy is still logged (train/left_out_entropy)
+            tally.sums["entropy"] += left_sum / left_tokens if left_tokens else 0.0
+            tally.entropy_steps += 1
         return
     for key, value in (pick_metrics or {}).items():  # per optimizer step taken, as the others
         tally.sums[key] += value
@@ -162,6 +177,9 @@ def _optimizer_step(
     critic_prompts = _prompt_pass(cfg, critic_engine, experience, minibatch, plan, tally.seconds)
     mask = experience.batch.trained_mask
     own_tokens = int(mask[minibatch].sum())
+    seen_tokens = own_tokens + left_tokens  # the entropy's: every row of the minibatch
+    if left_tokens:
+        tally.sums["entropy"] += left_sum / seen_tokens
     own_norm = critic_own_norm = None
     counts = (num_tokens, num_seqs, world)
     for index, rows in enumerate(plan.rows):
@@ -178,8 +196,10 @@ def _optimizer_step(
                 _critic_backward(cfg, critic_engine, experience, critic_prompts, index, *counts)
             )
         share = int(mask[rows].sum()) / own_tokens if own_tokens else 1 / len(plan.rows)
+        entropy_share = int(mask[rows].sum()) / seen_tokens if seen_tokens else share
         for key, value in metrics.items():
-            tally.sums[key] += value if key in ADDITIVE else value * share
+            weight = entropy_share if key == "entropy" else share
+            tally.sums[key] += value if key in ADDITIVE else value * weight
         faults.maybe_kill("update")
         began = time.perf_counter()
         if boundary and engine.zero_optimization_stage() == 0:
@@ -191,6 +211,7 @@ def _optimizer_step(
             critic_engine.step()
         tally.seconds["optimizer_seconds"] += time.perf_counter() - began
     tally.optimizer_steps += 1
+    tally.entropy_steps += 1
     _keep_norm(tally.grad_norms, engine.get_global_grad_norm(), own_norm)
     if critic_engine is not None:
         _keep_norm(tally.critic_norms, critic_engine.get_global_grad_norm(), critic_own_norm)

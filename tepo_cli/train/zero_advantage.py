@@ -9,8 +9,9 @@ it: a KL term (algo.beta > 0), MPO's MTP prediction loss (algo.mtp.aux_coef > 0)
 before the rows are left out, so token-mean stays a mean over all of them and the gradient is
 the same as without the skip. When no rank keeps a row, the optimizer step is left out as an
 all-empty minibatch's is (train/update.py): weights, AdamW moments and the schedule's count stay
-as they were. The update's metrics (clip fractions, ratio, entropy, mismatch) then cover the rows
-that ran.
+as they were. The update's metrics (clip fractions, ratio, mismatch) then cover the rows that
+ran; `entropy` alone covers every row, the ones left out scored by a no-grad forward
+(train/left_out_entropy.py).
 """
 
 from __future__ import annotations
