@@ -25,8 +25,8 @@ import torch
 from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.run_dir import CHECKPOINTS
-from tepo_cli.runtime import faults
 from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.runtime.state import RankState, TrainerState
 
 MANIFEST = "manifest.json"
@@ -58,6 +58,7 @@ def save(
     topo: Topology,
     keep: int,
     critic_engine: Any = None,
+    hooks: RunHooks = NO_HOOKS,
 ) -> Path:
     """Collective: every rank calls it, after step `trainer_state.step`. Returns the sealed
     directory; RunError if a write failed."""
@@ -70,7 +71,7 @@ def save(
         shutil.rmtree(staging, ignore_errors=True)
     _barrier()
     error = _attempt(lambda: _write_rank_parts(engine, critic_engine, staging, rank_state, topo))
-    faults.maybe_kill("checkpoint")
+    hooks.reached("checkpoint")
     if error is None and topo.is_main:
         error = _attempt(lambda: _write_trainer_state(staging, trainer_state))
     error = _first_error(error, topo)  # also: every rank's files are written now
