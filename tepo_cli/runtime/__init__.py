@@ -21,7 +21,8 @@ Engines and numbers
     guards           an optimizer step with non-finite gradients does not happen
 Signals, faults, logs
     stop             SIGINT/SIGTERM: finish the step, checkpoint, exit
-    faults           fault injection at named points, for the tests that prove nothing is lost
+    hooks            the run's hooks: what a run calls at its named points, passed down the recipe
+    faults           fault injection at named points (one kind of hooks), for the kill tests
     clock            wall-clock seconds per phase of a step
     metrics          metrics.jsonl, samples.jsonl and the console
 """
