@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from tepo_cli.config.added_keys import check_added_keys
 from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core import help_groups, job_dirname  # noqa: F401  (register their resolvers)
+from tepo_cli.core.atomic_write import write_text
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
@@ -253,16 +253,12 @@ def _completed_records(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
     complete = {key: rows for key, rows in by_id.items() if len(rows) >= n}
     if len(complete) != len(by_id):  # rewrite without the incomplete problems' samples
         kept = [row for rows in complete.values() for row in rows]
-        staging = path.with_suffix(".tmp")
-        staging.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
-        os.replace(staging, path)
+        write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
     return complete
 
 
 def _write_json(path: Path, data: object) -> None:
-    staging = path.with_suffix(path.suffix + ".tmp")
-    staging.write_text(json.dumps(data, indent=2))
-    os.replace(staging, path)
+    write_text(path, json.dumps(data, indent=2))
 
 
 def _print_table(summary: dict[str, Any], run_dir: Path) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from tepo_cli.core import collective
+from tepo_cli.core.atomic_write import replace
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.run_dir import CHECKPOINTS
 from tepo_cli.runtime.distributed import Topology
@@ -155,15 +156,9 @@ def _seal(staging: Path, final: Path, step: int, digests: dict[str, dict[str, An
     for path in files:  # nothing a rank did not own escapes the manifest
         entries.setdefault(str(path.relative_to(staging)), _digest(path))
     manifest = {"files": dict(sorted(entries.items())), "step": step}
-    manifest_file = staging / MANIFEST
-    manifest_file.write_text(json.dumps(manifest, indent=1))
-    _fsync(manifest_file)
-    for directory in {p.parent for p in files} | {staging}:
-        _fsync(directory)
-    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
-        shutil.rmtree(final)
-    staging.rename(final)
-    _fsync(final.parent)
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    # over the same step saved again (e.g. a stop right after a periodic save)
+    replace(staging, final, durable=True)
 
 
 def verify(checkpoint: Path, topo: Topology | None = None) -> str | None:
@@ -289,14 +284,6 @@ def _digest(path: Path) -> dict[str, Any]:
             sha.update(block)
         os.fsync(handle.fileno())
     return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
-
-
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _attempt(action: Callable[[], None]) -> str | None:
