@@ -169,11 +169,14 @@ def _model_records(
     from tepo_cli.models.precision import precision_line
     from tepo_cli.rollout import build_backend
     from tepo_cli.rollout.vllm_modes import without_updates
+    from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    choice = choose_device("auto")  # tepo eval has no device knob: trainer.device=auto's rule
+    apply_device_choice(choice)
+    device = torch.device(choice.type)
     print(f"tepo eval: {precision_line(config.model.dtype, device.type)}", file=sys.stderr)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, tokenizer, device)

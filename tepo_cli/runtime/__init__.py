@@ -5,7 +5,7 @@ Checkpoints and resume
     state            what a run carries from step to step (what a checkpoint saves)
     rng_and_streams  random-number states and prompt-stream positions, restored exactly
     resume           which directory a resumed run continues, and whether it is the same run
-    atomic_dir       a directory written whole or not at all
+    atomic_dir       a directory written whole or not at all (core/atomic_write.py), or RunError
     finish           the end of a run: rank checksums, final/, the optimizer state dropped
     lora_files, mtp_files, critic_files   what final/ holds beside the model, per feature
 Processes and devices
