@@ -211,12 +211,8 @@ def _strip_local_rank(args: list[str]) -> list[str]:
 
 
 def _quiet_libraries() -> None:
-    """Keep the console for tepo's own output: no per-file progress bars or accelerator notices."""
-    import torch
-
-    if not torch.cuda.is_available():
-        # DeepSpeed would otherwise detect the CPU itself and print a warning saying so.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    """Keep the console for tepo's own output: no per-file progress bars. (DeepSpeed's device, and
+    its notice on a CPU, follow each command's one device decision: runtime/device_choice.py.)"""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

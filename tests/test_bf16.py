@@ -20,9 +20,11 @@ from tepo_cli.config.validate import load_train_config
 from tepo_cli.core import collective
 from tepo_cli.core.collective import collective_device
 from tepo_cli.core.errors import RunError
+from tepo_cli.runtime import faults
 from tepo_cli.runtime.distributed import setup_topology, teardown
 from tepo_cli.runtime.engine import build_engine
 from tepo_cli.runtime.guards import FiniteAdamW, skipped_optimizer_steps
+from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.runtime.master_weights import MasterAdamW
 
 SMALL = 2.0**-9  # 1 + SMALL is 1 in bf16 (8 significant bits), not in float32
@@ -134,7 +136,7 @@ def test_max_bad_steps_stops_a_bf16_run(compose_config, tmp_path, monkeypatch):
     topo = setup_topology(num_threads=None)
     try:
         with pytest.raises(RunError, match=r"2 steps in a row \(up to step 3\)"):
-            train(cfg, tmp_path, topo)
+            train(cfg, tmp_path, topo, faults.from_env())
     finally:
         teardown()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -227,7 +229,7 @@ def test_bf16_mtp_warmup_steps_float32_masters(compose_config, tiny_model, tiny_
     ]
     assert all(torch.equal(w, torch.ones_like(w)) for w in norms)
     stream = build_task(cfg.benchmark).train_stream(warmup_stream_seed(cfg.seed))
-    warm_up(cfg, policy, tiny_tokenizer, stream, lambda record: None)
+    warm_up(cfg, policy, tiny_tokenizer, stream, lambda record: None, RunHooks())
     assert all(p.dtype == torch.bfloat16 for p in policy.mtp.parameters())
     moved = sum(int((w != 1.0).sum()) for w in norms)
     assert moved > 0

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tepo_cli.core.atomic_write import write_text
 from tepo_cli.core.run_dir import STATUS
 
 
@@ -24,9 +25,7 @@ def write_status(run_dir: Path, state: str, **details: Any) -> None:
         "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **details,
     }
-    staging = run_dir / (STATUS + ".tmp")
-    staging.write_text(json.dumps(record, indent=1))
-    staging.replace(run_dir / STATUS)
+    write_text(run_dir / STATUS, json.dumps(record, indent=1))
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:

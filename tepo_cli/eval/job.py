@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from tepo_cli.config.added_keys import check_added_keys
 from tepo_cli.config.eval_schema import EvalConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core import help_groups, job_dirname  # noqa: F401  (register their resolvers)
+from tepo_cli.core.atomic_write import write_text
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
@@ -169,11 +169,14 @@ def _model_records(
     from tepo_cli.models.precision import precision_line
     from tepo_cli.rollout import build_backend
     from tepo_cli.rollout.vllm_modes import without_updates
+    from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    choice = choose_device("auto")  # tepo eval has no device knob: trainer.device=auto's rule
+    apply_device_choice(choice)
+    device = torch.device(choice.type)
     print(f"tepo eval: {precision_line(config.model.dtype, device.type)}", file=sys.stderr)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, tokenizer, device)
@@ -253,16 +256,12 @@ def _completed_records(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
     complete = {key: rows for key, rows in by_id.items() if len(rows) >= n}
     if len(complete) != len(by_id):  # rewrite without the incomplete problems' samples
         kept = [row for rows in complete.values() for row in rows]
-        staging = path.with_suffix(".tmp")
-        staging.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
-        os.replace(staging, path)
+        write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
     return complete
 
 
 def _write_json(path: Path, data: object) -> None:
-    staging = path.with_suffix(path.suffix + ".tmp")
-    staging.write_text(json.dumps(data, indent=2))
-    os.replace(staging, path)
+    write_text(path, json.dumps(data, indent=2))
 
 
 def _print_table(summary: dict[str, Any], run_dir: Path) -> None:

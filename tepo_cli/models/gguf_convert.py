@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from tepo_cli.cache import cache_root, sha256_file
+from tepo_cli.core.atomic_write import staged
 from tepo_cli.core.errors import ConfigError
 
 MANIFEST = "tepo_source.json"
@@ -53,20 +51,15 @@ def converted_checkpoint(name: str, package: str, gguf_file: str) -> Path:
     if _matches(target, fingerprint):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        _convert(source, staging)
-        (staging / MANIFEST).write_text(json.dumps(fingerprint, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            os.replace(staging, target)
-        except OSError:
-            # Another process finished the same conversion first; its copy is as good as ours.
-            if not _matches(target, fingerprint):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with staged(target, unique=True) as staging:  # processes converting at once: one each
+            staging.mkdir()
+            _convert(source, staging)
+            (staging / MANIFEST).write_text(json.dumps(fingerprint, indent=2))
+    except OSError:
+        # Another process finished the same conversion first; its copy is as good as ours.
+        if not _matches(target, fingerprint):
+            raise
     return target
 
 

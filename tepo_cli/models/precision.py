@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from tepo_cli.cache import cache_root
+from tepo_cli.core.atomic_write import write_text
 
 MIN_SPEEDUP = 1.25  # bf16 must beat float32 by this factor on the probe to be chosen
 PROBE_SHAPE = (512, 576, 1536)  # rows x hidden x out: a SmolLM2-135M MLP projection's block
@@ -120,9 +121,8 @@ def _cached_speedup(path: Path) -> float:
     cached[key] = round(speedup, 3)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        scratch.write_text(json.dumps(cached, indent=1, sort_keys=True))
-        scratch.replace(path)  # atomic: ranks probing at once leave one whole file
+        # ranks probing at once leave one whole file
+        write_text(path, json.dumps(cached, indent=1, sort_keys=True), unique=True)
     except OSError:
         pass  # an unwritable cache costs a probe per run, nothing else
     return speedup

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tepo_cli.core.atomic_write import staged
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.run_dir import (
     CHECKPOINTS,
@@ -284,17 +285,15 @@ def _stream(command: list[str], console: Path) -> int:
 def _publish(run_dir: Path, console: Path, published: Path) -> None:
     """Copy the run's records into `published` whole or not at all (a staging folder renamed),
     so a run is skipped next time only when every record is there."""
-    staging = published.with_name(f".{published.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    if (run_dir / HYDRA).is_dir():
-        shutil.copytree(run_dir / HYDRA, staging / HYDRA)
-    for name in RECORDS:
-        if (run_dir / name).is_file():
-            shutil.copy2(run_dir / name, staging / name)
-    shutil.copy2(console, staging / CONSOLE)
-    shutil.rmtree(published, ignore_errors=True)
-    staging.rename(published)
+    published.parent.mkdir(parents=True, exist_ok=True)
+    with staged(published) as staging:
+        staging.mkdir()
+        if (run_dir / HYDRA).is_dir():
+            shutil.copytree(run_dir / HYDRA, staging / HYDRA)
+        for name in RECORDS:
+            if (run_dir / name).is_file():
+                shutil.copy2(run_dir / name, staging / name)
+        shutil.copy2(console, staging / CONSOLE)
 
 
 def _newest_checkpoint(run_dir: Path) -> int | None:

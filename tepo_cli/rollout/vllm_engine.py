@@ -15,6 +15,9 @@ Placement: inside the trainer's process group every rank's engine is built as vL
 `external_launcher` executor (TRL's colocate mode does the same), so it takes the trainer's rank
 and local device instead of vLLM's single-process default (rank 0 on cuda:0 in every process, and
 each rank's current device switched to it); see `engine_arguments`.
+
+Changes outside tepo's own objects (`torch.set_num_threads` and `destroy_process_group` put back
+around the engine's start and shutdown): listed in docs/patches.md.
 """
 
 from __future__ import annotations

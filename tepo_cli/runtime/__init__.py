@@ -5,7 +5,7 @@ Checkpoints and resume
     state            what a run carries from step to step (what a checkpoint saves)
     rng_and_streams  random-number states and prompt-stream positions, restored exactly
     resume           which directory a resumed run continues, and whether it is the same run
-    atomic_dir       a directory written whole or not at all
+    atomic_dir       a directory written whole or not at all (core/atomic_write.py), or RunError
     finish           the end of a run: rank checksums, final/, the optimizer state dropped
     lora_files, mtp_files, critic_files   what final/ holds beside the model, per feature
 Processes and devices
@@ -21,7 +21,8 @@ Engines and numbers
     guards           an optimizer step with non-finite gradients does not happen
 Signals, faults, logs
     stop             SIGINT/SIGTERM: finish the step, checkpoint, exit
-    faults           fault injection at named points, for the tests that prove nothing is lost
+    hooks            the run's hooks: what a run calls at its named points, passed down the recipe
+    faults           fault injection at named points (one kind of hooks), for the kill tests
     clock            wall-clock seconds per phase of a step
     metrics          metrics.jsonl, samples.jsonl and the console
 """

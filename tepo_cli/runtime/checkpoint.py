@@ -23,10 +23,11 @@ from typing import Any
 import torch
 
 from tepo_cli.core import collective
+from tepo_cli.core.atomic_write import replace
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.run_dir import CHECKPOINTS
-from tepo_cli.runtime import faults
 from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.runtime.state import RankState, TrainerState
 
 MANIFEST = "manifest.json"
@@ -58,6 +59,7 @@ def save(
     topo: Topology,
     keep: int,
     critic_engine: Any = None,
+    hooks: RunHooks = NO_HOOKS,
 ) -> Path:
     """Collective: every rank calls it, after step `trainer_state.step`. Returns the sealed
     directory; RunError if a write failed."""
@@ -70,7 +72,7 @@ def save(
         shutil.rmtree(staging, ignore_errors=True)
     _barrier()
     error = _attempt(lambda: _write_rank_parts(engine, critic_engine, staging, rank_state, topo))
-    faults.maybe_kill("checkpoint")
+    hooks.reached("checkpoint")
     if error is None and topo.is_main:
         error = _attempt(lambda: _write_trainer_state(staging, trainer_state))
     error = _first_error(error, topo)  # also: every rank's files are written now
@@ -154,15 +156,9 @@ def _seal(staging: Path, final: Path, step: int, digests: dict[str, dict[str, An
     for path in files:  # nothing a rank did not own escapes the manifest
         entries.setdefault(str(path.relative_to(staging)), _digest(path))
     manifest = {"files": dict(sorted(entries.items())), "step": step}
-    manifest_file = staging / MANIFEST
-    manifest_file.write_text(json.dumps(manifest, indent=1))
-    _fsync(manifest_file)
-    for directory in {p.parent for p in files} | {staging}:
-        _fsync(directory)
-    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
-        shutil.rmtree(final)
-    staging.rename(final)
-    _fsync(final.parent)
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    # over the same step saved again (e.g. a stop right after a periodic save)
+    replace(staging, final, durable=True)
 
 
 def verify(checkpoint: Path, topo: Topology | None = None) -> str | None:
@@ -288,14 +284,6 @@ def _digest(path: Path) -> dict[str, Any]:
             sha.update(block)
         os.fsync(handle.fileno())
     return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
-
-
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _attempt(action: Callable[[], None]) -> str | None:

@@ -24,6 +24,7 @@ import torch
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.run_dir import NO_HYDRA_OUTPUTS
+from tepo_cli.runtime.device_choice import choose_device
 from tepo_cli.runtime.shm_buffers import remove_shm_buffers, remove_stale_shm_buffers
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -68,7 +69,7 @@ def setup_topology(
     """Read (or, for a single process, set) the rendezvous variables DeepSpeed expects.
 
     Without them DeepSpeed falls back to MPI discovery and asks for mpi4py. `device_type`:
-    `trainer.device` as resolved at start-up ("cpu" or "cuda"); None: CUDA whenever available.
+    `trainer.device` as resolved at start-up ("cpu" or "cuda"); None: decided here as for `auto`.
     Launched ranks' collectives wait at most `collective_timeout_s` (runtime/collective_timeout.py).
     """
     if not launched_by_launcher():
@@ -88,7 +89,7 @@ def setup_topology(
     local_world = (
         int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or 0) or world
     )
-    use_cuda = torch.cuda.is_available() if device_type is None else device_type == "cuda"
+    use_cuda = choose_device(device_type or "auto").uses_cuda
     if use_cuda:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)

@@ -86,7 +86,7 @@ def build_engine(
 
     deepspeed = import_deepspeed()
 
-    if not torch.cuda.is_available():
+    if next(model.parameters()).device.type == "cpu":  # on topo.device: trainer.device's choice
         _skip_cpu_shm_op()
     trainer = cfg.trainer
     dtype = next(model.parameters()).dtype

@@ -1,4 +1,5 @@
-"""Fault injection at named points of the loop, for the tests that prove nothing is lost.
+"""Fault injection at named points of the loop (the run's hooks), for the tests that prove
+nothing is lost.
 
 `TEPO_FAULT` holds comma-separated `point:step` entries; a step may be a range `a-b`.
   kill points (the process SIGKILLs itself there, as `kill -9` would):
@@ -11,7 +12,8 @@
   hang          the rank stops at the start of the step, in no collective, until a stop signal
                 ends it (the other ranks' next collective waits: trainer.collective_timeout_s)
 An entry may name one rank, `point:step@rank` (e.g. `hang:1@1`); without it, every rank.
-Unset in normal use; reading it costs one dictionary lookup per point.
+Read once per run (`from_env`) into the run's hooks (runtime/hooks.py); unset, a point costs
+a method call that does nothing.
 """
 
 from __future__ import annotations
@@ -21,53 +23,60 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tepo_cli.runtime.hooks import RunHooks
+
+if TYPE_CHECKING:
+    import torch
 
 KILL_POINTS = ("rollout", "episode", "update", "checkpoint", "warmup")
-_current_step = 0
 
 
-def enter_step(step: int) -> None:
-    """The loop says which step runs, so points deep inside it need no step argument."""
-    global _current_step
-    _current_step = step
+def from_env() -> RunHooks:
+    """This run's hooks: TEPO_FAULT's faults on this rank (RANK), or none."""
+    spec = os.environ.get("TEPO_FAULT", "")
+    return FaultInjection(spec, int(os.environ.get("RANK", "0"))) if spec else RunHooks()
 
 
-def current_step() -> int:
-    """The step the loop is in (0 before the first)."""
-    return _current_step
+class FaultInjection(RunHooks):
+    """The run's hooks with the faults of a TEPO_FAULT value armed on rank `rank`."""
 
+    def __init__(self, spec: str, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+        self.entries: list[tuple[str, int, int, int | None]] = []
+        for item in filter(None, spec.split(",")):
+            point, _, where = item.partition(":")
+            steps, _, on_rank = where.partition("@")
+            first, _, last = steps.partition("-")
+            rank_only = int(on_rank) if on_rank else None
+            self.entries.append((point.strip(), int(first), int(last or first), rank_only))
 
-def _entries() -> list[tuple[str, int, int, int | None]]:
-    entries = []
-    for item in filter(None, os.environ.get("TEPO_FAULT", "").split(",")):
-        point, _, where = item.partition(":")
-        steps, _, rank = where.partition("@")
-        first, _, last = steps.partition("-")
-        entries.append((point.strip(), int(first), int(last or first), int(rank) if rank else None))
-    return entries
+    def armed(self, point: str) -> bool:
+        return any(
+            name == point and first <= self.step <= last and rank in (None, self.rank)
+            for name, first, last, rank in self.entries
+        )
 
+    def reached(self, point: str) -> None:
+        if self.armed(point):
+            os.kill(os.getpid(), signal.SIGKILL)
 
-def armed(point: str) -> bool:
-    step, me = _current_step, int(os.environ.get("RANK", "0"))
-    return any(
-        name == point and first <= step <= last and rank in (None, me)
-        for name, first, last, rank in _entries()
-    )
+    def hold(self, stop_signal: Callable[[], int]) -> None:
+        """The `hang` point: wait forever, in no collective, until a stop signal arrives
+        (`stop_signal()` non-zero), which ends the process as a stuck rank's end would."""
+        if self.armed("hang"):
+            print(
+                f"TEPO_FAULT: rank {self.rank} hangs at step {self.step}",
+                file=sys.stderr,
+                flush=True,
+            )
+        while self.armed("hang"):
+            signum = stop_signal()
+            if signum:
+                os._exit(128 + signum)
+            time.sleep(0.1)
 
-
-def maybe_kill(point: str) -> None:
-    if armed(point):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def maybe_hang(stop_signal: Callable[[], int]) -> None:
-    """The `hang` point: wait forever, in no collective, until a stop signal arrives
-    (`stop_signal()` non-zero), which ends the process as a stuck rank's end would."""
-    if armed("hang"):
-        rank = os.environ.get("RANK", "0")
-        print(f"TEPO_FAULT: rank {rank} hangs at step {_current_step}", file=sys.stderr, flush=True)
-    while armed("hang"):
-        signum = stop_signal()
-        if signum:
-            os._exit(128 + signum)
-        time.sleep(0.1)
+    def loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * float("nan") if self.armed("nan_loss") else loss

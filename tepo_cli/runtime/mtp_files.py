@@ -8,13 +8,13 @@ in the file's metadata, for a later run or an analysis that wants them.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file, save_file
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.atomic_write import staged
 from tepo_cli.core.errors import RunError
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.engine import consolidated_state_dict
@@ -41,12 +41,10 @@ def save_mtp_modules(engine: Any, cfg: TrainConfig, target: Path, topo: Topology
     # process, and the file must be the same bytes whenever the modules are.
     metadata = {METADATA_KEY: json.dumps(settings, sort_keys=True)}
     tensors = {key: value.detach().cpu().contiguous() for key, value in state.items()}
-    staging = target.with_name(target.name + ".tmp")
     try:
-        save_file(tensors, staging, metadata=metadata)
-        os.replace(staging, target)
+        with staged(target) as staging:
+            save_file(tensors, staging, metadata=metadata)
     except OSError as error:
-        staging.unlink(missing_ok=True)
         raise RunError(
             f"could not save the MTP modules to {target}: {error}. final/ is complete; the "
             f"checkpoints under {target.parent / 'checkpoints'} still hold the modules."

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from tepo_cli.core.atomic_write import write_text
+
 # How a run ended, as status.json says it (core/run_status.py); a tracker marks its run so.
 Outcome = Literal["finished", "failed", "interrupted"]
 
@@ -47,9 +49,7 @@ def read_id(path: Path) -> str | None:
 def save_id(path: Path, value: str) -> None:
     """Written whole or not at all (a rename), before the first step is logged."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(value + "\n")
-    staging.replace(path)
+    write_text(path, value + "\n")
 
 
 def run_name(run_dir: Path) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from tepo_cli.cache import cache_root
+from tepo_cli.core.atomic_write import write_text
 
 PROBE_SIZE = 1024
 TRIALS = 5  # timed trials after one warm-up; the fastest counts
@@ -126,9 +127,7 @@ def _store(key: str, peak: float) -> float:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {**_load(), key: peak}
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
+        write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n", unique=True)
     except OSError:
         pass  # a read-only cache: the peak still holds for this process
     return peak

@@ -33,10 +33,12 @@ def train_job(cfg: DictConfig) -> None:
     from tepo_cli.core.run_status import write_status
 
     lock = None
+    from tepo_cli.runtime import faults
     from tepo_cli.runtime.lifetime import follow_train_process
     from tepo_cli.runtime.run_lock import RunDirInUse, hold_run_dir, takes_the_lock
 
     follow_train_process()  # a rank of `trainer.nproc=N`: it ends when `tepo train` ends
+    hooks = faults.from_env()  # the run's hooks: TEPO_FAULT's faults (the kill tests), or none
     try:
         config = load_train_config(cfg, hydra_cfg.runtime.choices)
         check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
@@ -74,7 +76,7 @@ def train_job(cfg: DictConfig) -> None:
         from tepo_cli.train.recipe import train
 
         with warnings_to_log("train"):
-            train(config, run_dir, topo)
+            train(config, run_dir, topo, hooks)
         if status_owner:
             write_status(run_dir, "finished")
     except RunDirInUse as error:  # the directory and its files are the live run's
@@ -89,7 +91,7 @@ def train_job(cfg: DictConfig) -> None:
         _fail(run_dir, status_owner, "interrupted", f"tepo train: {error}", 128 + error.signum)
     except Exception as error:
         if config is not None and config.trainer.nproc > 1:
-            _fail_if_timed_out(run_dir, status_owner, config, error)
+            _fail_if_timed_out(run_dir, status_owner, config, error, hooks.step)
         if status_owner:
             write_status(run_dir, "failed", error=repr(error))
         raise
@@ -261,10 +263,12 @@ def _has_steps(run_dir: Path) -> bool:
     return metrics.is_file() and metrics.stat().st_size > 0
 
 
-def _fail_if_timed_out(run_dir: Path, owner: bool, config: TrainConfig, error: Exception) -> None:
+def _fail_if_timed_out(
+    run_dir: Path, owner: bool, config: TrainConfig, error: Exception, step: int
+) -> None:
     """A collective that waited past `trainer.collective_timeout_s` ends this rank with one
     paragraph (which rank, which phase) instead of a traceback from inside torch.distributed."""
-    from tepo_cli.runtime import collective_timeout, faults
+    from tepo_cli.runtime import collective_timeout
 
     if not collective_timeout.timed_out(error):
         return
@@ -272,7 +276,7 @@ def _fail_if_timed_out(run_dir: Path, owner: bool, config: TrainConfig, error: E
         int(os.environ.get("RANK", "0")),
         config.trainer.nproc,
         config.trainer.collective_timeout_s,
-        faults.current_step(),
+        step,
         error,
     )
     if owner:

@@ -29,7 +29,7 @@ from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
 from tepo_cli.models.policy import Policy
 from tepo_cli.rollout.hf import generate
-from tepo_cli.runtime import faults
+from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.runtime.master_weights import MasterAdamW
 from tepo_cli.train.mtp_warmup_size import warmup_size
 from tepo_cli.train.sampling import training_sampling
@@ -54,6 +54,7 @@ def warm_up(
     tokenizer: PreTrainedTokenizerBase,
     stream: Iterator[Problem],
     emit: Emit,
+    hooks: RunHooks,
 ) -> dict[str, Any]:
     """Train the MTP modules for `mtp.warmup.steps` steps (auto: as train/mtp_warmup_size.py
     sizes it; `tepo train` settles it at start); returns the summary (steps, seconds, per-depth
@@ -93,9 +94,9 @@ def warm_up(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step(cfg.trainer.grad_clip or float("inf"))
-            faults.enter_step(step + 1)
-            faults.maybe_kill("warmup")
-    faults.enter_step(0)
+            hooks.enter_step(step + 1)
+            hooks.reached("warmup")
+    hooks.enter_step(0)
     _broadcast_from_rank0(params)
     summary["mtp_warmup_seconds"] = time.perf_counter() - began
     return summary

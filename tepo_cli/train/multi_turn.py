@@ -26,7 +26,7 @@ from tepo_cli.envs.episodes import ENDS, Episode, episode_fields
 from tepo_cli.envs.problem_episodes import env_settings, problem_episodes, turn_sampler
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import Sampling
-from tepo_cli.runtime import faults
+from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 
 
 @dataclasses.dataclass
@@ -48,12 +48,13 @@ def sample_episodes(
     problems: list[Problem],
     reward: Reward,
     sampling: Sampling,
+    hooks: RunHooks = NO_HOOKS,
 ) -> EpisodeRollout:
     """`rollout.n` episodes per problem, each with its own environment; the prompt is the
     benchmark's, with the environment's instructions after the question."""
     assert cfg.rollout.max_new_tokens is not None  # resolved from the benchmark
     settings = env_settings(cfg.env, cfg.rollout.max_new_tokens)
-    sampler = turn_sampler(backend, sampling, lambda: faults.maybe_kill("episode"))
+    sampler = turn_sampler(backend, sampling, lambda: hooks.reached("episode"))
     episodes = problem_episodes(
         cfg.env, settings, cfg.benchmark, sampler, tokenizer, problems, reward, cfg.rollout.n
     )

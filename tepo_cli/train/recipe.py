@@ -17,6 +17,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.host_allocator import release_free_memory
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.train.advantage import estimate
 from tepo_cli.train.env_errors import report_env_errors
 from tepo_cli.train.experience import score
@@ -27,10 +28,13 @@ from tepo_cli.train.setup import setup_run
 from tepo_cli.train.update import update
 
 
-def train(cfg: TrainConfig, run_dir: Path, topo: Topology) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks | None = None
+) -> dict[str, Any]:
     """Set up (or resume) a run, evaluate, take the remaining steps, evaluate, save. Returns the
-    run's summary (summary.json)."""
-    run = setup_run(cfg, run_dir, topo)
+    run's summary (summary.json). `hooks`: what the run calls at its named points (the faults of
+    the kill tests); none by default."""
+    run = setup_run(cfg, run_dir, topo, hooks or RunHooks())
     with run.session():  # logs open, stop signals caught, the rollout engine closed at the end
         run.evaluate("before")
         for step in run.remaining_steps():
@@ -49,7 +53,15 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     problems = run.prompts.draw()
     seed = rollout_seed(cfg.seed, step, run.topo.rank)
     groups = rollout_and_grade(
-        cfg, run.backend, run.tokenizer, problems, run.reward, run.prompts.refill, seed, clock
+        cfg,
+        run.backend,
+        run.tokenizer,
+        problems,
+        run.reward,
+        run.prompts.refill,
+        seed,
+        clock,
+        run.hooks,
     )
     if cfg.env.multi_turn:  # every rank enters: the errors are gathered on rank 0
         report_env_errors(groups.env_errors, f"step {step}", run.log)
@@ -60,7 +72,7 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     experience = score(cfg, models.policy, models.reference, groups, advantages, clock)
     with clock("update"):
         metrics = update(
-            cfg, models.engine, experience, run.generator, models.critic_engine, step=step
+            cfg, models.engine, experience, run.generator, models.critic_engine, step, run.hooks
         )
     with clock("sync"):
         run.backend.sync(models.policy.lm)

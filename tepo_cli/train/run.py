@@ -26,8 +26,9 @@ from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import Reference
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend
-from tepo_cli.runtime import checkpoint, collective_timeout, faults, finish
+from tepo_cli.runtime import checkpoint, collective_timeout, finish
 from tepo_cli.runtime.distributed import Topology
+from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.runtime.metrics import RunLog
 from tepo_cli.runtime.resume import log_lengths
 from tepo_cli.runtime.rng_and_streams import capture_rng
@@ -75,6 +76,7 @@ class Run:
     log: RunLog | None  # rank 0 only
     trackers: Trackers = field(default_factory=Trackers)  # logger=[...]; empty off rank 0
     signals: StopSignals = field(default_factory=StopSignals)
+    hooks: RunHooks = field(default_factory=RunHooks)  # faults (TEPO_FAULT) in the kill tests
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -88,8 +90,8 @@ class Run:
         """The steps left to take (all of them, or those after the resumed checkpoint's)."""
         collective_timeout.begin("training step")
         for step in range(self.state.step + 1, self.cfg.trainer.max_steps + 1):
-            faults.enter_step(step)
-            faults.maybe_hang(lambda: self.signals.signum)
+            self.hooks.enter_step(step)
+            self.hooks.hold(lambda: self.signals.signum)
             yield step
 
     def evaluate(self, when: str) -> None:
@@ -160,6 +162,7 @@ class Run:
                 self.topo,
                 self.cfg.trainer.keep_checkpoints,
                 models.critic_engine,
+                self.hooks,
             )
         if signum:
             raise StopRequested(signum, _stopped(signum, step, saved, self.run_dir))

@@ -27,8 +27,8 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompts import render_prompt
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
-from tepo_cli.runtime import faults
 from tepo_cli.runtime.clock import StepClock
+from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.train.grading import Graded, grade
 from tepo_cli.train.multi_turn import EpisodeRollout, sample_episodes
 
@@ -61,6 +61,7 @@ def rollout_and_grade(
     refill: Iterator[Problem] | None = None,
     seed: int | None = None,
     clock: StepClock | None = None,
+    hooks: RunHooks = NO_HOOKS,
 ) -> Groups:
     """Sample and grade this rank's groups, refilling dropped ones under dynamic sampling. `seed`
     seeds engines with per-request seeds (`rollout_seed`); hf draws from torch's generator."""
@@ -76,11 +77,11 @@ def rollout_and_grade(
             with clock("rollout"):
                 round_seed = None if seed is None else seed + sampled * cfg.rollout.n
                 rollout, episodes = _sample(
-                    cfg, backend, tokenizer, batch_problems, round_seed, reward
+                    cfg, backend, tokenizer, batch_problems, round_seed, reward, hooks
                 )
                 _add_sums(env_sums, episodes)
                 errors += episodes.errors if episodes is not None else []
-            faults.maybe_kill("rollout")
+            hooks.reached("rollout")
             with clock("reward"):
                 graded = grade(cfg, rollout, batch_problems, reward, episodes and episodes.results)
             sampled += len(batch_problems)
@@ -159,6 +160,7 @@ def _sample(
     problems: list[Problem],
     seed: int | None,
     reward: Reward,
+    hooks: RunHooks,
 ) -> tuple[Rollout, EpisodeRollout | None]:
     """The round's rollout; with a multi-turn environment also its episodes, already graded by
     their environments."""
@@ -166,7 +168,7 @@ def _sample(
     if not cfg.env.multi_turn:
         prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
         return backend.generate(prompts, sampling), None
-    episodes = sample_episodes(cfg, backend, tokenizer, problems, reward, sampling)
+    episodes = sample_episodes(cfg, backend, tokenizer, problems, reward, sampling, hooks)
     return episodes.rollout, episodes
 
 

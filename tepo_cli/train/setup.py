@@ -38,6 +38,7 @@ from tepo_cli.runtime import checkpoint
 from tepo_cli.runtime.critic_files import build_critic
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.engine import build_engine, deepspeed_config
+from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.runtime.host_memory import set_up_host_memory
 from tepo_cli.runtime.metrics import RunLog
 from tepo_cli.runtime.mtp_files import mtp_unsupported_message
@@ -53,7 +54,7 @@ from tepo_cli.train.run import Models, Run
 from tepo_cli.train.update import accumulation_steps
 
 
-def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
+def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) -> Run:
     """A run ready for its first (or next) step, on this rank."""
     seed_everything(cfg.seed + topo.rank)
     # rollout.engine.sleep=true where it cannot be: refused before any model loads
@@ -88,7 +89,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     if model.mtp is not None and resume_from is None:
         warmup_stream = task.train_stream(warmup_stream_seed(cfg.seed))
         emit = log.warmup if log is not None else (lambda record: None)
-        summary.update(warm_up(cfg, model, tokenizer, warmup_stream, emit))
+        summary.update(warm_up(cfg, model, tokenizer, warmup_stream, emit, hooks))
     accumulation = accumulation_steps(cfg)
     engine = build_engine(model, cfg, accumulation, topo.world_size)
     critic_engine = (
@@ -112,6 +113,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Run:
     run = Run(
         cfg, run_dir, topo, tokenizer, task, reward, models, backend, prompts, generator, state, log
     )
+    run.hooks = hooks  # built by train/job.py: the kill tests' TEPO_FAULT points, or none
     run.trackers = start_trackers(cfg, run_dir, topo, state)
     return run
 

@@ -28,8 +28,8 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.prompt_pass import MinibatchPrompts, reads_prompt_pass, through_engine
-from tepo_cli.runtime import faults
 from tepo_cli.runtime.guards import skipped_optimizer_steps
+from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.train.cov_selection import selection_seed, step_selection
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
@@ -111,6 +111,7 @@ def update(
     generator: torch.Generator,
     critic_engine: Any = None,
     step: int = 0,
+    hooks: RunHooks = NO_HOOKS,
 ) -> dict[str, float]:
     """μ epochs × minibatches of the objective (and, with advantage=gae, of the critic's loss:
     its own engine, stepped at the same accumulation boundaries). Returns the step's metrics,
@@ -129,7 +130,7 @@ def update(
         for index, minibatch in enumerate(order.chunk(cfg.trainer.minibatches)):
             seed = selection_seed(cfg.seed, step, epoch, index)
             _optimizer_step(
-                cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0, seed
+                cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0, seed, hooks
             )
     result = tally.metrics(experience)
     result["skipped_optimizer_steps"] = skipped_optimizer_steps(engine) - skipped_before
@@ -144,7 +145,8 @@ def _optimizer_step(
     minibatch: torch.Tensor,
     tally: _Tally,
     first_epoch: bool,
-    seed: int = 0,
+    seed: int,
+    hooks: RunHooks,
 ) -> None:
     """One minibatch: its micro-batches' forward and backward, then the optimizer step that
     DeepSpeed takes at the accumulation boundary (the critic's engine alongside). KL-Cov and
@@ -188,7 +190,16 @@ def _optimizer_step(
         engine.set_gradient_accumulation_boundary(boundary)
         with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
             metrics = _forward_backward(
-                cfg, engine, experience, prompts, index, *counts, tally.seconds, mismatch, selected
+                cfg,
+                engine,
+                experience,
+                prompts,
+                index,
+                *counts,
+                tally.seconds,
+                hooks,
+                mismatch,
+                selected,
             )
         if critic_engine is not None:
             critic_engine.set_gradient_accumulation_boundary(boundary)
@@ -200,7 +211,7 @@ def _optimizer_step(
         for key, value in metrics.items():
             weight = entropy_share if key == "entropy" else share
             tally.sums[key] += value if key in ADDITIVE else value * weight
-        faults.maybe_kill("update")
+        hooks.reached("update")
         began = time.perf_counter()
         if boundary and engine.zero_optimization_stage() == 0:
             own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
@@ -298,6 +309,7 @@ def _forward_backward(
     num_seqs: float,
     world: int,
     seconds: dict[str, float],
+    hooks: RunHooks,
     tally: MismatchTally | None = None,
     selected: torch.Tensor | None = None,
 ) -> dict[str, float]:
@@ -319,8 +331,7 @@ def _forward_backward(
     loss, metrics = micro_batch_objective(
         cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
     )
-    if faults.armed("nan_loss"):
-        loss = loss * float("nan")
+    loss = hooks.loss(loss)
     loss = prompts.carry_grads(index, loss)
     forward_done = time.perf_counter()
     seconds["forward_seconds"] += forward_done - began
