@@ -294,23 +294,6 @@ def test_the_base_of_the_algo_presets_is_not_an_objective():
         load_objectives([], "???")  # conf/algo/_base.yaml's name
 
 
-def test_deepspeeds_shared_memory_buffers_of_a_finished_launch_are_removed(tmp_path):
-    """DeepSpeed never unlinks its CPU all-reduce buffers; the relaunching parent removes those of
-    its own port (every rank), and nobody else's."""
-    from tepo_cli.runtime.shm_buffers import remove_shm_buffers
-
-    uid = os.getuid()
-    ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4242_{r}" for r in (0, 1)]
-    others = [
-        tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_42421_0",
-        tmp_path / f"deepspeed_allreduce_buffer_{uid + 1}_127.0.0.1_4242_0",
-    ]
-    for path in ours + others:
-        path.write_bytes(b"x")
-    assert remove_shm_buffers(4242, tmp_path) == ours
-    assert sorted(tmp_path.iterdir()) == sorted(others)
-
-
 @pytest.mark.parametrize(
     ("overrides", "correct", "incorrect"),
     [

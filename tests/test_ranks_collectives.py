@@ -40,8 +40,8 @@ def score(completion, problem):
 """
 
 
-def tepo(args: list[str], cwd: Path, fault: str = "") -> subprocess.Popen:
-    env = dict(os.environ, TEPO_FAULT=fault)
+def tepo(args: list[str], cwd: Path, fault: str = "", **env_vars: str) -> subprocess.Popen:
+    env = dict(os.environ, TEPO_FAULT=fault, **env_vars)
     return subprocess.Popen(
         [sys.executable, "-m", "tepo_cli", "train", *args],
         cwd=cwd,
@@ -172,6 +172,37 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
     summary = json.loads((run_dir / "summary.json").read_text())
     full, held = summary["policy_parameters"], summary["policy_parameters_on_rank"]
     assert full / 2 <= held < full / 2 + 2 * 64  # loaded partitioned: at most a row of padding
+    assert not buffers(output) and not leftovers(run_dir)
+
+
+@pytest.mark.slow
+def test_a_stale_build_lock_of_deepspeeds_shm_op_does_not_stop_a_two_rank_run(tmp_path):
+    """Every rank used to JIT-compile DeepSpeed's shared-memory op under torch's build lock file at
+    every start; a rank killed while it held the file (CI's kill tests did) left it, and every later
+    multi-rank start waited for it forever, printing nothing. tepo never builds the op now: a stale
+    lock is no obstacle, nothing is compiled and no /dev/shm buffer is made."""
+    extensions = tmp_path / "torch_extensions"
+    lock = extensions / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    run_dir = tmp_path / "run"
+    args = [
+        "model=tiny",
+        "trainer.nproc=2",
+        "trainer.max_steps=1",
+        "trainer.progress=false",
+        "trainer.eval_before=false",
+        "trainer.eval_after=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    process = tepo(args, cwd=tmp_path, TORCH_EXTENSIONS_DIR=str(extensions))
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output[-3000:]
+    assert "step 1:" in output, output[-3000:]
+    assert [path.name for path in lock.parent.iterdir()] == ["lock"]  # nothing built
     assert not buffers(output) and not leftovers(run_dir)
 
 

@@ -56,6 +56,7 @@ SMOKE_TESTS = {
         "tests/test_gpu_check.py::test_the_script_runs_checks_on_cpu_ranks_and_writes_its_table"
     ),
     "sweeps.sh": "tests/test_sweeps.py::test_joblib_sweep_and_report",
+    "protocol_run.sh": "tests/test_scripts.py::test_protocol_run_lists_a_pinned_protocol_s_runs",
     "word_math_claims.sh": (
         "tests/test_word_math_claims.py::test_smoke_publishes_records_reports_and_skips_finished_runs"
     ),
@@ -339,3 +340,48 @@ def test_a_benchmark_without_its_prepared_data_stops_at_once(
     assert "\n" not in message and f"{tmp_path / 'cache'}/{missing}" in message, message
     assert prepare in message and result.stdout == ""
     assert list(tmp_path.iterdir()) == []  # no run, results or cache directory made
+
+
+def test_protocol_run_lists_a_pinned_protocol_s_runs(tmp_path):
+    """The runner pins a worktree at the protocol's commit, gives it a light environment, and
+    hands over to `tepo protocol run` there (`--list`: the runs, nothing trained); a missing
+    protocol file is refused before anything is made."""
+    refused = subprocess.run(
+        ["bash", "scripts/protocol_run.sh", str(tmp_path / "none.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "must be a protocol.yaml file" in refused.stderr
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("scripts/protocol_run.sh needs the checkout's .venv (make install)")
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    text = (ROOT / "docs/results/precision/parity/protocol.yaml").read_text()
+    protocol = tmp_path / "smoke" / "protocol.yaml"
+    protocol.parent.mkdir()
+    protocol.write_text(
+        re.sub(r"(?m)^commit: .*$", f"commit: {head}", text).replace(
+            "name: bf16_parity", "name: smoke"
+        )
+    )
+    worktree = tmp_path / "code"
+    env = {**os.environ, "WORKTREE": str(worktree), "RUNS": str(tmp_path / "runs")}
+    try:
+        listed = subprocess.run(
+            ["bash", "scripts/protocol_run.sh", str(protocol), "--list"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    lines = [line for line in listed.stdout.splitlines() if "_seed" in line]  # past git's own
+    assert [line.split(":")[0] for line in lines] == [
+        f"{arm}_seed{seed}" for seed in (0, 1, 2) for arm in ("float32", "bf16")
+    ]
+    assert lines[1].endswith("model.dtype=bfloat16 seed=0")

@@ -13,7 +13,6 @@ Processes and devices
     collective_timeout   every collective bounded in time, and the rank that never came named
     device_choice    `trainer.device`: decided once at start-up
     deepspeed_env    `tepo deepspeed-env` for multi-node launches
-    shm_buffers      DeepSpeed's /dev/shm buffers, removed when stale
     host_memory      freed buffers back to the operating system
 Engines and numbers
     engine           the DeepSpeed engine: parameters, optimizer, learning-rate schedule

@@ -25,7 +25,6 @@ import torch
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.run_dir import NO_HYDRA_OUTPUTS
 from tepo_cli.runtime.device_choice import choose_device
-from tepo_cli.runtime.shm_buffers import remove_shm_buffers, remove_stale_shm_buffers
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 _SET_BY_US: dict[str, str] = {}  # rendezvous variables this job set (a single process)
@@ -181,17 +180,13 @@ def relaunch(
     )
     if job_cores is not None:
         kept.append(f"trainer.num_threads={max(1, job_cores // nproc)}")
-    remove_stale_shm_buffers()  # of earlier launches killed outright (SIGKILL, a lost node)
     port = free_port()
     command = launcher_command(
         launcher, nproc, port, kept, run_dir, device_type, os.environ.get(VISIBLE_DEVICES)
     )
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
-    try:
-        return run_forwarding_signals(command, env)
-    finally:
-        remove_shm_buffers(port)
+    return run_forwarding_signals(command, env)
 
 
 def run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
@@ -204,7 +199,7 @@ def run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
     this process, each rank follows this process's PID, DeepSpeed's `launch` ends with its ranks).
 
     Without this a SIGTERM killed this process alone: the deepspeed runner and its ranks went on
-    (a rank hung in a collective forever), and DeepSpeed's /dev/shm buffers were never removed."""
+    (a rank hung in a collective forever)."""
     from tepo_cli.runtime.lifetime import PARENT_ENV, die_with_parent
 
     env = {**env, PARENT_ENV: str(os.getpid())}

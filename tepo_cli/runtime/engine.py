@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import torch
@@ -86,8 +85,6 @@ def build_engine(
 
     deepspeed = import_deepspeed()
 
-    if next(model.parameters()).device.type == "cpu":  # on topo.device: trainer.device's choice
-        _skip_cpu_shm_op()
     trainer = cfg.trainer
     dtype = next(model.parameters()).dtype
     optimizer = FiniteAdamW(
@@ -141,21 +138,6 @@ def _lr_lambda(cfg: TrainConfig):
         return 1.0
 
     return factor
-
-
-def _skip_cpu_shm_op() -> None:
-    """Do not JIT-compile DeepSpeed's CPU shared-memory all-reduce op.
-
-    It serves only `inference_all_reduce` (never used in training); building it needs a C++
-    compiler and tens of seconds on first use. Training collectives go through torch.distributed (gloo) either way.
-    """
-    import importlib
-
-    module = sys.modules.get("deepspeed.comm.torch") or importlib.import_module(
-        "deepspeed.comm.torch"
-    )
-    if hasattr(module, "build_shm_op"):
-        module.build_shm_op = lambda: None
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

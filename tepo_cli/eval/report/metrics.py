@@ -58,6 +58,7 @@ def final_accuracy(run: Run, params: Params) -> float | None:
 
 
 _FIRST, _LAST = (1, 10), (91, 100)  # the decisive experiment's windows (audit §4.1)
+_EVERY_STEP = (1, 10**9)  # a window without bounds: every step
 
 
 def entropy_change(run: Run, params: Params) -> float | None:
@@ -79,13 +80,13 @@ def entropy_relative_change(run: Run, params: Params) -> float | None:
 def entropy_mean(run: Run, params: Params) -> float | None:
     """Mean token entropy over `window` [first, last] (default: every step): the level, where
     entropy_change is the fall (e.g. a final entropy, paired by seed, for an equal-learning check)."""
-    return _window(run, "entropy", params.get("window", (1, 10**9)))
+    return _window(run, "entropy", params.get("window", _EVERY_STEP))
 
 
 def train_accuracy_mean(run: Run, params: Params) -> float | None:
     """Mean training `accuracy` (share of correct sampled answers) over `window` [first, last]
     (default: every step). Every step draws fresh problems, so it is a dense learning curve."""
-    window = params.get("window", (1, 10**9))
+    window = params.get("window", _EVERY_STEP)
     return _window(run, "accuracy", window)
 
 
