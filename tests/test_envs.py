@@ -339,7 +339,7 @@ def test_the_hf_sampler_takes_ids_and_the_episode_keeps_exactly_what_it_sampled(
     import torch
 
     from tepo_cli.rollout import hf
-    from tepo_cli.rollout.base import Sampling
+    from tepo_cli.rollout.backend import Sampling
 
     # Every even token id ends a turn: the tiny random model's turns end after a few tokens, so
     # its episodes run over several turns.

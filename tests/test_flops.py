@@ -121,7 +121,7 @@ def test_mtp_modules_count_their_layer_projection_and_head_per_depth(tiny_model)
     """MPO's modules (models/mtp.py): per depth, one decoder layer, the 2H → H projection and an
     LM head run every position again; the factor is 6 trained, 4 frozen with the gradient to the
     backbone, 2 with nothing flowing back."""
-    from tepo_cli.algos.config import MtpConfig
+    from tepo_cli.algos.algo_config import MtpConfig
     from tepo_cli.config.schema import KernelConfig
     from tepo_cli.models.policy import Policy
     from tepo_cli.train.flops import needed_flops, policy_shape

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, Qwen2Config, Qwen2ForCausalLM
 
-from tepo_cli.algos.config import MtpConfig
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.mtp import MtpStack, mtp_support_problem

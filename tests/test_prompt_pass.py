@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_shared_prompts import _batch, assert_same_gradient
 
-from tepo_cli.algos.config import MtpConfig
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic

@@ -14,7 +14,7 @@ from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
-from tepo_cli.rollout.base import Rollout
+from tepo_cli.rollout.backend import Rollout
 from tepo_cli.runtime.distributed import setup_topology, teardown
 from tepo_cli.runtime.engine import build_engine
 from tepo_cli.train.flops import model_shape, update_work

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tepo_cli.core.rollout import Rollout, left_padded_positions
+from tepo_cli.core.rollout_record import Rollout, left_padded_positions
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.envs.base import Environment, EnvSettings
+from tepo_cli.envs.environment_contract import Environment, EnvSettings
 from tepo_cli.envs.observations import ObservationFormat
 
 # Why an episode ended: the environment's None, a limit, or a failure of the environment.

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from tepo_cli.algos.config import MtpConfig
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig, LoraConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels.truncated import Truncation

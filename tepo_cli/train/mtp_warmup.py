@@ -22,9 +22,9 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.records import Problem
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.data.prompts import render_prompt
+from tepo_cli.data.prompt_templates import render_prompt
 from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
 from tepo_cli.models.policy import Policy

@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import ENDS, Episode, episode_fields
 from tepo_cli.envs.problem_episodes import env_settings, problem_episodes, turn_sampler
 from tepo_cli.rewards import Reward

@@ -64,7 +64,7 @@ class _Tally:
     others (fractions, means) weighted by each micro-batch's share of the minibatch's valid
     tokens on this rank. `prompt_pass_tokens`: the tokens of this rank's prompt pass (0 without
     one), per optimizer step. `update_flops` and `trained_tokens`: the needed work of the rows
-    this rank ran, over the whole update (train/flops.py; records.py sums them over ranks)."""
+    this rank ran, over the whole update (train/flops.py; step_records.py sums them over ranks)."""
 
     shape: ModelShape
 
