@@ -90,7 +90,7 @@ def _add_scores(
     need_selection = not need_old and cfg.algo.covariance_selection
     if not need_old and not need_selection and reference is None:
         return
-    batch, width = experience.batch, experience.batch.response_mask.shape[1]
+    batch, width = experience.batch, experience.batch.completion_mask.shape[1]
     parts: dict[str, list[torch.Tensor]] = {
         "logp": [],
         "entropy": [],

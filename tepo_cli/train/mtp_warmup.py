@@ -79,7 +79,7 @@ def warm_up(
             mtp_logp, depth_hidden = policy.mtp_logprobs(
                 batch, hidden, WARMUP_TEMPERATURE, backbone_grad=False
             )
-            mask = batch.response_mask
+            mask = batch.completion_mask
             loss = mtp_prediction_loss(mtp_logp, mask, settings.alpha_decay)
             if step == 0 or step == size.steps or step % settings.log_every == 0:
                 record = {"mtp_warmup_step": step, "mtp_warmup_loss": float(loss.detach())}
@@ -178,7 +178,7 @@ def _depth_metrics(
     """Per depth n: mean NLL of its targets and top-1 agreement with the backbone's own
     teacher-forced prediction of the same token (the backbone at position t + n − 1)."""
     assert policy.mtp is not None
-    mask = batch.response_mask
+    mask = batch.completion_mask
     start = batch.prompt_width - 1
     response = hidden[:, start:]
     width = mask.shape[1]

@@ -359,7 +359,7 @@ def _critic_backward(
     (§0.1); `prompts`: the critic's own prompt pass of the minibatch."""
     rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
-    width = part.response_mask.shape[1]
+    width = part.completion_mask.shape[1]
     values = critic_engine(part, prompts=prompts.read(index))
     per_token, clipped = value_loss(
         values,
