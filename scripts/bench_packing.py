@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from tepo_cli.config.schema import KernelConfig, ModelConfig
-    from tepo_cli.core.rollout import left_padded_positions
+    from tepo_cli.core.rollout_record import left_padded_positions
     from tepo_cli.core.sequences import SequenceBatch
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.models.policy import Policy

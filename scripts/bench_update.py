@@ -251,7 +251,7 @@ def _rollout(answers: list[int], prompts: list[int], vocab: int) -> Any:
     """Left-padded prompts (each repeated for its answers), right-padded answers, random ids."""
     import torch
 
-    from tepo_cli.core.rollout import Rollout
+    from tepo_cli.core.rollout_record import Rollout
 
     generator = torch.Generator(device="cpu").manual_seed(0)
     n = len(answers) // len(prompts)

@@ -28,8 +28,8 @@ from tepo_cli.benchmarks import load_problems
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.data.prepare import prepare
 from tepo_cli.rewards.code import CodeProblem, grade_many
-from tepo_cli.rewards.gsm8k import MODES, grade_gsm8k
-from tepo_cli.rewards.math import clear_cache, extract_answer, grade_math, is_symbolic
+from tepo_cli.rewards.gsm8k_grader import MODES, grade_gsm8k
+from tepo_cli.rewards.math_grader import clear_cache, extract_answer, grade_math, is_symbolic
 
 
 def _report(label: str, passed: int, total: int, seconds: float) -> None:

@@ -61,8 +61,8 @@ _NO_JOB_FLAGS = (
 
 
 def _jobs() -> dict[str, tuple[str, Callable[..., object]]]:
-    from tepo_cli.eval.job import eval_job
-    from tepo_cli.train.job import train_job
+    from tepo_cli.eval.eval_job import eval_job
+    from tepo_cli.train.train_job import train_job
 
     return {"train": ("train", train_job), "eval": ("eval", eval_job)}
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, overrides = args[0], args[1:]
     if command == "protocol":  # its own flags (--dry-run included): before _take_flags
-        from tepo_cli.protocol.run import main as protocol_main
+        from tepo_cli.protocol.protocol_runner import main as protocol_main
 
         sys.exit(protocol_main(overrides))
     overrides, dry_run = _take_flags(overrides)

@@ -11,8 +11,8 @@ from tepo_cli.benchmarks import build_reward
 from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
-from tepo_cli.data.arith import ArithTask
-from tepo_cli.rewards.arith import extract_final_number, is_correct
+from tepo_cli.data.arith_problems import ArithTask
+from tepo_cli.rewards.arith_grader import extract_final_number, is_correct
 
 
 @pytest.mark.parametrize(

@@ -272,7 +272,7 @@ def test_a_step_without_an_update_counts_no_update_work():
         prompt_width = 1
         input_ids = torch.tensor([[5, 1], [5, 2]])
         attention_mask = torch.ones(2, 2, dtype=torch.long)
-        response_mask = torch.tensor([[True], [True]])
+        completion_mask = torch.tensor([[True], [True]])
 
     cfg = OmegaConf.create({"rollout": {"max_new_tokens": 8}, "model": {"packing": True}})
     experience = type("Experience", (), {"batch": Batch()})()

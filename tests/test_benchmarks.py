@@ -12,7 +12,7 @@ from tepo_cli.benchmarks import benchmarks, get_benchmark, load_problems
 from tepo_cli.benchmarks.mbpp import MBPP_TEMPLATE, mbpp_entry_point
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
-from tepo_cli.data.records import DataError, check_split_for_training
+from tepo_cli.data.benchmark_records import DataError, check_split_for_training
 from tepo_cli.rewards.code import CodeProblem, grade_many
 
 

@@ -239,7 +239,7 @@ def test_bf16_critic_computes_values_in_float32_over_float32_masters(compose_con
     """advantage=gae on a bf16 model: the value head is float32 and computes V in float32 (a bf16
     product would round V to 8 bits); in the critic's bf16 engine its master weights and
     moments are float32."""
-    from tepo_cli.core.rollout import Rollout
+    from tepo_cli.core.rollout_record import Rollout
     from tepo_cli.core.sequences import SequenceBatch
     from tepo_cli.models.critic import Critic
 

@@ -331,7 +331,7 @@ def test_a_runs_config_yaml_validates_again_as_written(compose_config, overrides
     from omegaconf import OmegaConf
 
     config = load_train_config(compose_config("train", overrides))
-    written = OmegaConf.to_yaml(config.model_dump(mode="json"))  # as train/job.py writes it
+    written = OmegaConf.to_yaml(config.model_dump(mode="json"))  # as train/train_job.py writes it
     again = load_train_config(yaml.safe_load(written))
     assert again.model_dump(mode="json") == config.model_dump(mode="json")
     assert again == config

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tepo_cli.train import cpu_peak
-from tepo_cli.train.records import _throughput
+from tepo_cli.train.step_records import _throughput
 
 PRODUCT = 2.0 * 1024**3
 

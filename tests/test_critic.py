@@ -27,9 +27,10 @@ def test_values_at_the_policys_positions_zero_on_padding(tiny_model, tiny_tokeni
     batch = _batch(model, tiny_tokenizer)
     critic = Critic.from_policy(model, share_prompts=False)
     values = critic(batch)
-    assert values.shape == batch.response_mask.shape and values.dtype == torch.float32
+    assert values.shape == batch.completion_mask.shape and values.dtype == torch.float32
     assert (
-        torch.all(values[~batch.response_mask] == 0) and values[batch.response_mask].abs().sum() > 0
+        torch.all(values[~batch.completion_mask] == 0)
+        and values[batch.completion_mask].abs().sum() > 0
     )
     hidden = model.model(
         input_ids=batch.input_ids,
@@ -38,7 +39,7 @@ def test_values_at_the_policys_positions_zero_on_padding(tiny_model, tiny_tokeni
     ).last_hidden_state  # the state at column P - 1 + t emits completion token t
     start = batch.prompt_width - 1
     expected = critic.value_head(hidden[:, start : start + values.shape[1]]).squeeze(-1).float()
-    torch.testing.assert_close(values, torch.where(batch.response_mask, expected, 0.0))
+    torch.testing.assert_close(values, torch.where(batch.completion_mask, expected, 0.0))
     shared = Critic.from_policy(model, share_prompts=True)
     shared.load_state_dict(critic.state_dict())
     torch.testing.assert_close(shared(batch), values, rtol=0, atol=1e-6)

@@ -23,7 +23,7 @@ from markers import needs_vllm
 import tepo_cli
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.device_check import FACTORIES, DeviceCheck, Violation
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 
 PARITY = "def score(completion, problem):\n    return len(completion) % 2\n"
 
@@ -162,7 +162,7 @@ def test_training_names_every_device(compose_config, tmp_path, overrides):
 
 def test_eval_names_every_device(compose_config, tmp_path):
     from tepo_cli.config.validate import load_eval_config
-    from tepo_cli.eval.job import run_eval
+    from tepo_cli.eval.eval_job import run_eval
 
     overrides = ["model=tiny", "benchmark=arith", "eval.limit=2", "eval.n=2", "eval.greedy=false"]
     overrides += ["eval.max_new_tokens=4"]

@@ -16,7 +16,7 @@ from tepo_cli.core.user_code import import_user_code
 from tepo_cli.runtime.metrics import RunLog
 from tepo_cli.train.env_errors import report_env_errors
 from tepo_cli.train.env_start import environment_line
-from tepo_cli.train.records import _episode_metrics
+from tepo_cli.train.step_records import _episode_metrics
 
 
 def test_max_turns_left_out_is_one_for_single_and_three_for_any_other_environment():
@@ -111,9 +111,9 @@ def test_a_plugin_file_imports_the_module_beside_it(tmp_path, monkeypatch):
 @pytest.mark.parametrize("samples_per_step", [2, 0])
 def test_samples_carry_the_episode_and_show_a_failed_one(compose_config, samples_per_step):
     from tepo_cli.config.validate import load_train_config
-    from tepo_cli.core.rollout import Rollout
+    from tepo_cli.core.rollout_record import Rollout
     from tepo_cli.train.experience import Experience
-    from tepo_cli.train.records import step_samples
+    from tepo_cli.train.step_records import step_samples
 
     cfg = load_train_config(
         compose_config(

@@ -164,7 +164,7 @@ def test_episode_tokens_are_the_sampled_ids_and_the_observations_in_between(tiny
     first, second = episodes
     observation, _ = ObservationFormat(tiny_tokenizer).ids("```output\n42\n```", 128)
     assert first.ids == sampler.turns[0][0] + observation + sampler.turns[0][1]
-    assert first.from_model == [True] * len(sampler.turns[0][0]) + [False] * len(observation) + [
+    assert first.model_mask == [True] * len(sampler.turns[0][0]) + [False] * len(observation) + [
         True
     ] * len(sampler.turns[0][1])
     # The second turn was sampled from exactly the prompt, the first turn and the observation.
@@ -339,7 +339,7 @@ def test_the_hf_sampler_takes_ids_and_the_episode_keeps_exactly_what_it_sampled(
     import torch
 
     from tepo_cli.rollout import hf
-    from tepo_cli.rollout.base import Sampling
+    from tepo_cli.rollout.backend import Sampling
 
     # Every even token id ends a turn: the tiny random model's turns end after a few tokens, so
     # its episodes run over several turns.
@@ -380,7 +380,7 @@ def test_the_hf_sampler_takes_ids_and_the_episode_keeps_exactly_what_it_sampled(
                 rebuilt += observation
                 mine += [False] * len(observation)
             context = list(prompt) + rebuilt
-        assert episode.ids == rebuilt and episode.from_model == mine
+        assert episode.ids == rebuilt and episode.model_mask == mine
 
 
 def test_python_tool_stops_a_turn_at_its_first_closed_block_and_closes_the_message(
@@ -393,7 +393,7 @@ def test_python_tool_stops_a_turn_at_its_first_closed_block_and_closes_the_messa
     envs = [environment("python_tool")(Problem("a", "2+3", "5"), grader, SETTINGS)]
     (episode,) = run_episodes(sampler, tiny_tokenizer, [[0]], envs, SETTINGS)
     sampled = sampler.turns[0][0]
-    kept = episode.from_model.index(False)  # the model's first turn, as kept
+    kept = episode.model_mask.index(False)  # the model's first turn, as kept
     assert episode.ids[:kept] == sampled[:kept] and kept < len(sampled)
     assert tiny_tokenizer.decode(episode.ids[:kept]).rstrip() == code
     eos = tiny_tokenizer.eos_token_id

@@ -1,4 +1,4 @@
-"""`tepo eval env=...` (eval/episodes.py): every sample an episode run by its environment, as in
+"""`tepo eval env=...` (eval/episode_samples.py): every sample an episode run by its environment, as in
 training, graded by it; its records say how it went and the summary adds up the episodes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core.records import Problem
 from tepo_cli.envs.episodes import SampledTurn
-from tepo_cli.eval.episodes import episode_records, episode_summary
+from tepo_cli.eval.episode_samples import episode_records, episode_summary
 from tepo_cli.rewards import make_reward
 from tepo_cli.rollout import Sampling
 

@@ -11,7 +11,7 @@ from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 from tepo_cli.data.tasks import DatasetTask
-from tepo_cli.eval.job import _completed_records, refuse_training_sampling_keys
+from tepo_cli.eval.eval_job import _completed_records, refuse_training_sampling_keys
 from tepo_cli.eval.summary import summarize
 
 

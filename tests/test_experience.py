@@ -12,12 +12,12 @@ from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import RewardResult
-from tepo_cli.core.rollout import Rollout
-from tepo_cli.data.arith import ArithTask
+from tepo_cli.core.rollout_record import Rollout
+from tepo_cli.data.arith_problems import ArithTask
 from tepo_cli.models.policy import Policy
 from tepo_cli.rewards import Reward, one_by_one
 from tepo_cli.rollout.hf import HfBackend
-from tepo_cli.train.advantage import estimate
+from tepo_cli.train.advantage_stage import estimate
 from tepo_cli.train.experience import score
 from tepo_cli.train.grading import grade
 from tepo_cli.train.sampling import rollout_and_grade

@@ -29,7 +29,7 @@ def batch() -> SequenceBatch:
         input_ids=torch.cat([prompts, answers], dim=1),
         attention_mask=torch.cat([prompt_mask, answer_mask.long()], dim=1),
         position_ids=torch.zeros(3, 7, dtype=torch.long),
-        response_mask=answer_mask,
+        completion_mask=answer_mask,
         prompt_width=4,
     )
 
@@ -70,7 +70,7 @@ def test_the_benchmarks_count_another_trainers_step_with_the_same_formula():
     inputs = {
         "prompt_ids": rows.input_ids[:, :4],
         "prompt_mask": rows.attention_mask[:, :4],
-        "completion_mask": rows.response_mask.long(),
+        "completion_mask": rows.completion_mask.long(),
     }
     clock.record_inputs({k: v[:2] for k, v in inputs.items()})  # two micro-batches of one step:
     clock.record_inputs({k: v[2:] for k, v in inputs.items()})  # the shared prompt counts once
@@ -121,7 +121,7 @@ def test_mtp_modules_count_their_layer_projection_and_head_per_depth(tiny_model)
     """MPO's modules (models/mtp.py): per depth, one decoder layer, the 2H → H projection and an
     LM head run every position again; the factor is 6 trained, 4 frozen with the gradient to the
     backbone, 2 with nothing flowing back."""
-    from tepo_cli.algos.config import MtpConfig
+    from tepo_cli.algos.algo_config import MtpConfig
     from tepo_cli.config.schema import KernelConfig
     from tepo_cli.models.policy import Policy
     from tepo_cli.train.flops import needed_flops, policy_shape

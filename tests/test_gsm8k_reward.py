@@ -9,7 +9,7 @@ from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.eval.summary import summarize
 from tepo_cli.rewards import make_reward
-from tepo_cli.rewards.gsm8k import (
+from tepo_cli.rewards.gsm8k_grader import (
     exact_match_form,
     extract,
     grade_gsm8k,

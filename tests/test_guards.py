@@ -10,7 +10,7 @@ import torch
 
 from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
 from tepo_cli.runtime.distributed import setup_topology, teardown

@@ -86,8 +86,8 @@ def test_the_import_walk_sees_the_packages_and_late_imports() -> None:
     graph = import_graph()
     assert {"train", "rollout", "eval", "data", "rewards", "algos"} <= set(graph)
     assert "core" in graph["train"] and "core" in graph["algos"]
-    # train/job.py imports the rollout package inside train_job (late, to start fast): an edge
-    assert any(w.startswith("tepo_cli/train/job.py:") for w in graph["train"]["rollout"])
+    # train/train_job.py imports the rollout package inside train_job (late, to start fast): an edge
+    assert any(w.startswith("tepo_cli/train/train_job.py:") for w in graph["train"]["rollout"])
 
 
 def test_no_package_imports_another_that_imports_it_back() -> None:
@@ -158,8 +158,8 @@ def module_import_graph() -> dict[str, set[str]]:
 def test_the_module_walk_sees_module_level_imports_only() -> None:
     graph = module_import_graph()
     assert "tepo_cli.train.update" in graph["tepo_cli.train.recipe"]
-    # job.py imports the rollout back-ends inside train_job: not a module-level edge
-    assert not any(m.startswith("tepo_cli.rollout") for m in graph["tepo_cli.train.job"])
+    # train_job.py imports the rollout back-ends inside train_job: not a module-level edge
+    assert not any(m.startswith("tepo_cli.rollout") for m in graph["tepo_cli.train.train_job"])
 
 
 def test_no_module_level_import_circle() -> None:
@@ -222,3 +222,35 @@ def test_the_code_cites_only_files_in_the_repository() -> None:
             f"{path.relative_to(root)} cites {c}" for c in sorted(cited) if not (root / c).exists()
         ]
     assert missing == [], "\n".join(missing)
+
+
+def shared_file_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Name -> the modules and packages that have it, for each name two or more share: a module's
+    file name (`__init__.py` and `__main__.py` aside: a package's own files, whose name says
+    nothing), or a module named as a package is (`core/rollout.py` beside `rollout/`)."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(paths):
+        if path.name in ("__init__.py", "__main__.py"):
+            if path.name == "__init__.py" and path.parent != PACKAGE:
+                where[path.parent.name].append(path.parent.relative_to(PACKAGE.parent).as_posix())
+        else:
+            where[path.stem].append(path.relative_to(PACKAGE.parent).as_posix())
+    return {name: found for name, found in where.items() if len(found) > 1}
+
+
+def test_the_name_check_finds_a_shared_file_name() -> None:
+    made = [PACKAGE / "a" / "records.py", PACKAGE / "b" / "records.py", PACKAGE / "b" / "x.py"]
+    made += [PACKAGE / "a" / "__init__.py", PACKAGE / "b" / "__init__.py", PACKAGE / "__init__.py"]
+    made += [PACKAGE / "b" / "a.py", PACKAGE / "b" / "__main__.py", PACKAGE / "__main__.py"]
+    assert shared_file_names(made) == {
+        "records": ["tepo_cli/a/records.py", "tepo_cli/b/records.py"],
+        "a": ["tepo_cli/a", "tepo_cli/b/a.py"],
+    }
+    assert shared_file_names(made[2:]) == {"a": ["tepo_cli/a", "tepo_cli/b/a.py"]}
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """A file name says which module it is: `records.py` in three packages made every mention of
+    "records.py" (in docs, reviews, tracebacks) ambiguous."""
+    shared = shared_file_names(list(PACKAGE.rglob("*.py")))
+    assert shared == {}, "\n".join(f"{name}: {', '.join(found)}" for name, found in shared.items())

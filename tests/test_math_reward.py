@@ -9,7 +9,7 @@ import pytest
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.records import Problem, RewardResult
 from tepo_cli.rewards import make_reward
-from tepo_cli.rewards.math import (
+from tepo_cli.rewards.math_grader import (
     answers_equivalent,
     extract_answer,
     grade_math,

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.prompt_pass import MinibatchPrompts
 from tepo_cli.runtime.critic_files import build_critic
@@ -24,7 +24,7 @@ from tepo_cli.runtime.distributed import setup_topology, teardown
 from tepo_cli.runtime.engine import build_engine
 from tepo_cli.train import experience as exp
 from tepo_cli.train import update as update_module
-from tepo_cli.train.advantage import critic_targets
+from tepo_cli.train.advantage_stage import critic_targets
 from tepo_cli.train.micro_batches import assign, micro_batch_cost, micro_batches, plan
 from tepo_cli.train.setup import build_policy
 from tepo_cli.train.update import accumulation_steps, update

@@ -15,7 +15,7 @@ from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
 from tepo_cli.runtime.distributed import setup_topology, teardown
@@ -225,8 +225,8 @@ def _experience(cfg, engine, rollout_logp_shift: float | None, shifted_row: int 
     if rollout_logp_shift is not None:
         with torch.no_grad():
             logp = engine.module(batch, cfg.rollout.temperature).logp
-        logp = torch.where(batch.response_mask, logp, 0.0)
-        logp[shifted_row] += rollout_logp_shift * batch.response_mask[shifted_row]
+        logp = torch.where(batch.completion_mask, logp, 0.0)
+        logp[shifted_row] += rollout_logp_shift * batch.completion_mask[shifted_row]
         rollout.logprobs = logp
     advantages = group_advantages(rewards, 4)
     return exp.Experience([], rollout, batch, rewards, rewards.bool(), advantages)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, Qwen2Config, Qwen2ForCausalLM
 
-from tepo_cli.algos.config import MtpConfig
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.mtp import MtpStack, mtp_support_problem
@@ -38,7 +38,7 @@ def naive_mtp_logprobs(policy: Policy, batch: SequenceBatch, temperature: float)
     lm, stack = policy.lm, policy.mtp
     backbone = lm.base_model
     ids, attention, positions = batch.input_ids, batch.attention_mask, batch.position_ids
-    prompt_width, mask = batch.prompt_width, batch.response_mask
+    prompt_width, mask = batch.prompt_width, batch.completion_mask
     width = mask.shape[1]
     hidden = backbone(
         input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False
@@ -101,7 +101,7 @@ def test_kernel_path_equals_naive_full_logits_with_gradients(
     got_grads = _grads(policy, got)
     expected = naive_mtp_logprobs(policy, batch, 0.7)
     expected_grads = _grads(policy, expected)
-    present = mtp_present(batch.response_mask, 3)
+    present = mtp_present(batch.completion_mask, 3)
     assert present[..., 2].any() and not present.all()  # every depth scored, some slots empty
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     assert torch.all(got[~present] == 0)
@@ -164,7 +164,7 @@ def test_a_qwen2_model_carries_mtp_modules_and_gpt2_is_refused(tiny_tokenizer):
     batch = _batch(qwen, tiny_tokenizer)
     policy = Policy(qwen, KERNEL, mtp_depths=2)
     mtp_logp = policy(batch, 1.0, with_mtp=True).mtp_logp
-    present = mtp_present(batch.response_mask, 2)
+    present = mtp_present(batch.completion_mask, 2)
     assert torch.all(mtp_logp[present] < 0) and torch.all(mtp_logp[~present] == 0)
     problem = mtp_support_problem(GPT2Config().model_type)
     assert "architecture is 'gpt2'" in problem and "llama, mistral, qwen2, qwen3" in problem

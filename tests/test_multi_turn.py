@@ -12,7 +12,7 @@ from test_units import masks_from_rows, unit_groups
 from tepo_cli.algos import policy_loss
 from tepo_cli.algos.ratio import unit_log_ratio
 from tepo_cli.config.schema import KernelConfig
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch, turn_index
 from tepo_cli.kernels.units import unit_view
 from tepo_cli.models.policy import Policy

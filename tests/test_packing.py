@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_shared_prompts import _batch, assert_same_gradient
 
-from tepo_cli.algos.config import MtpConfig
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels.lean_layers import SAVED_OUTPUTS, make_lean
@@ -39,7 +39,7 @@ def test_packed_equals_padded_in_values_and_gradients(tiny_model, tiny_tokenizer
     tiny_model.double()
     batch = _batch(tiny_model, tiny_tokenizer, n=3)
     assert batch.attention_mask[:, : batch.prompt_width].eq(0).any(), "prompts must be padded"
-    assert not batch.response_mask.all(), "answers must be ragged"
+    assert not batch.completion_mask.all(), "answers must be ragged"
     kernel = KernelConfig(backend="torch")
     mtp = MtpConfig()
     depths = 3 if with_mtp else 0
@@ -92,7 +92,7 @@ def test_layout_holds_each_prompt_once_and_only_real_tokens(tiny_model, tiny_tok
     first, _ = distinct_prompts(batch.input_ids[:, :prompt_width], prompts)
     assert len(first) == 3 < len(batch)
     distinct_tokens = int(prompts[first].sum())
-    real_answers = int(batch.response_mask.sum())
+    real_answers = int(batch.completion_mask.sum())
     assert layout.length == distinct_tokens + real_answers
     flat = batch.input_ids.reshape(-1)
     mask = batch.attention_mask.reshape(-1)
@@ -169,7 +169,7 @@ def test_packed_lean_layers_keep_recipes_and_equal_the_padded(tiny_model, tiny_t
     # down_proj's (intermediate), and the segments' keys and values (2 x kv_width; an answer's
     # prompt keys once more per answer, which only adds).
     per_token = 6 * config.hidden_size + config.intermediate_size + 2 * kv_width
-    answer_tokens = int(batch.response_mask.sum())
+    answer_tokens = int(batch.completion_mask.sum())
     assert recomputed > answer_tokens * config.num_hidden_layers * per_token * 8
     head = config.hidden_size // config.num_attention_heads
     # [L, hidden] as torch's linear keeps its input, [1, L, hidden] as DeepSpeed's (which a ZeRO-3
@@ -262,7 +262,7 @@ def test_packed_on_cuda_goes_through_flash_varlen_and_agrees_with_the_padded(
         results.append((scores.logp.float().detach(), grads))
     assert calls, "the packed pass did not reach FlashAttention's varlen kernel"
     (padded_logp, padded_grads), (packed_logp, packed_grads) = results
-    mask = batch.response_mask
+    mask = batch.completion_mask
     torch.testing.assert_close(packed_logp[mask], padded_logp[mask], rtol=0, atol=0.1)
     for name, grad in packed_grads.items():
         error = float((grad - padded_grads[name]).norm() / padded_grads[name].norm().clamp(1e-12))

@@ -110,7 +110,7 @@ def test_train_settles_auto_says_it_and_records_it(tmp_path, forced, dtype):
 
 
 def test_a_run_that_recorded_auto_resumes_as_the_dtype_auto_meant_then():
-    from tepo_cli.train.job import _auto_as_it_was
+    from tepo_cli.train.train_job import _auto_as_it_was
 
     previous = {"model": {"dtype": "auto", "name": "m"}, "seed": 1}
     assert _auto_as_it_was(previous, "cpu")["model"] == {"dtype": "float32", "name": "m"}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_shared_prompts import _batch, assert_same_gradient
 
-from tepo_cli.algos.config import MtpConfig
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
@@ -42,14 +42,14 @@ def _objective(scores, width: int, rows: list[int]) -> torch.Tensor:
 def _whole(policy: Policy, batch: SequenceBatch, with_mtp: bool):
     policy.zero_grad(set_to_none=True)
     scores = policy(batch, 0.7, with_entropy=True, with_mtp=with_mtp)
-    width = batch.response_mask.shape[1]
+    width = batch.completion_mask.shape[1]
     _objective(scores, width, list(range(9))).backward()
     return _results(policy, [scores], width, list(range(9)))
 
 
 def _split(policy: Policy, batch: SequenceBatch, with_mtp: bool, checkpoint: bool):
     policy.zero_grad(set_to_none=True)
-    width = batch.response_mask.shape[1]
+    width = batch.completion_mask.shape[1]
     every = torch.arange(len(batch))
     split = [torch.tensor(rows) for rows in SPLIT]
     with checkpointed(policy, checkpoint):
@@ -117,7 +117,7 @@ def test_a_micro_batch_without_answer_tokens_runs_its_prompts_instead(tiny_model
     tiny_model.double()
     batch = _batch(tiny_model, tiny_tokenizer, n=3)
     width = batch.prompt_width
-    batch.response_mask[3] = False
+    batch.completion_mask[3] = False
     batch.attention_mask[3, width:] = 0
     policy = Policy(tiny_model, KernelConfig(backend="torch"), packing=True).double()
     expected_values, expected_grads = _whole(policy, batch, False)
@@ -155,7 +155,7 @@ def test_critic_micro_batches_reading_a_prompt_pass_equal_one_packed_pass(
     tiny_model.double()
     batch = _batch(tiny_model, tiny_tokenizer, n=3)
     critic = Critic.from_policy(tiny_model, packing=True).double()
-    width = batch.response_mask.shape[1]
+    width = batch.completion_mask.shape[1]
     weights = _weights(torch.zeros(9, width, dtype=torch.float64), 1.0)
     values = critic(batch)
     (values * weights).sum().backward()

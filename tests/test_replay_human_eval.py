@@ -20,7 +20,7 @@ from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 from tepo_cli.data.prepare import prepare, problem_with
-from tepo_cli.eval.job import run_eval
+from tepo_cli.eval.eval_job import run_eval
 from tepo_cli.eval.offline import after_prompt, replay_completions
 
 PROMPT = 'def add(a, b):\n    """Add."""\n'

@@ -16,8 +16,8 @@ import pytest
 from tepo_cli.eval.report.censored import Time, logrank, logrank_z, time_to_level
 from tepo_cli.eval.report.distributions import t_cdf, t_ppf, t_sf
 from tepo_cli.eval.report.inference import adjust, interval_level, paired, welch
-from tepo_cli.eval.report.metrics import RUN_METRICS
 from tepo_cli.eval.report.per_problem import per_problem_paired
+from tepo_cli.eval.report.protocol_metrics import RUN_METRICS
 from tepo_cli.eval.report.runs import Run
 
 

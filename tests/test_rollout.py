@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tepo_cli.rollout import Sampling
-from tepo_cli.rollout.base import completion_mask
+from tepo_cli.rollout.backend import completion_mask
 from tepo_cli.rollout.hf import generate
 
 
@@ -52,7 +52,7 @@ def test_greedy_generation_is_deterministic(tiny_model, tiny_tokenizer):
 
 
 def test_take_and_concat_repad_prompts_left_and_completions_right():
-    from tepo_cli.core.rollout import Rollout
+    from tepo_cli.core.rollout_record import Rollout
 
     short = Rollout(
         prompt_ids=torch.tensor([[7, 8]]),

@@ -34,18 +34,18 @@ def test_policy_logprobs_match_the_models_full_logits(tiny_model, batch, tempera
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
     ).logits.double()
-    width = batch.response_mask.shape[1]
+    width = batch.completion_mask.shape[1]
     scores = torch.log_softmax(logits[:, batch.prompt_width - 1 : -1] / temperature, dim=-1)
     expected = scores.gather(-1, batch.completion_ids[..., None])[..., 0][:, :width]
     expected_entropy = -(scores.exp() * scores).sum(-1)[:, :width]
-    valid = batch.response_mask
+    valid = batch.completion_mask
     torch.testing.assert_close(logp[valid], expected[valid], rtol=0, atol=1e-9)
     torch.testing.assert_close(entropy[valid], expected_entropy[valid], rtol=0, atol=1e-9)
     assert torch.equal(logp[~valid], torch.zeros_like(logp[~valid]))
 
 
 def test_padding_tokens_do_not_change_values_or_gradients(tiny_model, batch):
-    masked = ~batch.response_mask
+    masked = ~batch.completion_mask
     assert masked.any(), "the fixture must contain padded completion positions"
 
     def grads(sequences: SequenceBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -62,7 +62,7 @@ def test_padding_tokens_do_not_change_values_or_gradients(tiny_model, batch):
         scrambled_ids,
         batch.attention_mask,
         batch.position_ids,
-        batch.response_mask,
+        batch.completion_mask,
         batch.prompt_width,
     )
     scrambled_logp, scrambled_grads = grads(scrambled)
@@ -73,8 +73,8 @@ def test_padding_tokens_do_not_change_values_or_gradients(tiny_model, batch):
 def test_select_trims_to_the_longest_completion(batch):
     rows = torch.tensor([0, 3])
     part = batch.select(rows)
-    lengths = batch.response_mask[rows].sum(dim=1)
-    assert part.response_mask.shape[1] == int(lengths.max())
+    lengths = batch.completion_mask[rows].sum(dim=1)
+    assert part.completion_mask.shape[1] == int(lengths.max())
     assert torch.equal(
         part.input_ids, batch.input_ids[rows, : batch.prompt_width + int(lengths.max())]
     )

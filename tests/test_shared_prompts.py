@@ -152,7 +152,7 @@ def test_shared_prompt_gradients_are_bit_identical_run_after_run(
     index_select add in a fixed order."""
     if all_cores < 2:
         pytest.skip("the atomic path needs more than one thread")
-    from tepo_cli.algos.config import MtpConfig
+    from tepo_cli.algos.algo_config import MtpConfig
 
     prompts = [
         ("Please compute this sum step by step and then reply: " * 4) + str(i) for i in (1, 2, 3)

@@ -37,7 +37,7 @@ from tepo_cli.trackers import (
     trackers,
     wandb_tracker,
 )
-from tepo_cli.trackers.base import run_name
+from tepo_cli.trackers.tracker import run_name
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ from tracker_readers import (
 )
 
 from tepo_cli.trackers import HELD_OUT_ACCURACY, numeric
-from tepo_cli.trackers.base import run_name
+from tepo_cli.trackers.tracker import run_name
 
 pytestmark = pytest.mark.slow
 

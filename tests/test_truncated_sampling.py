@@ -181,7 +181,7 @@ def test_an_on_policy_ratio_is_exactly_one_on_the_hf_samplers_own_logprobs(
         input_ids=out.sequences,
         attention_mask=torch.ones_like(out.sequences),
         position_ids=torch.arange(out.sequences.shape[1])[None],
-        response_mask=torch.ones_like(completion, dtype=torch.bool),
+        completion_mask=torch.ones_like(completion, dtype=torch.bool),
         prompt_width=prompt.input_ids.shape[1],
     )
     kernel = KernelConfig(backend="torch")

@@ -16,7 +16,7 @@ import torch
 
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.core.errors import RunError
-from tepo_cli.rollout.base import Sampling
+from tepo_cli.rollout.backend import Sampling
 
 if os.environ.get("TEPO_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="rollout=vllm needs `make install-vllm`")

@@ -163,7 +163,7 @@ def test_eval_with_vllm_samples_pass_at_k_and_resumes(compose_config, tmp_path):
     seeded samples; a second run over the same directory has nothing left to do and starts no
     engine (greedy agreement with hf: tests/test_vllm_backend.py)."""
     from tepo_cli.config.validate import load_eval_config
-    from tepo_cli.eval.job import run_eval
+    from tepo_cli.eval.eval_job import run_eval
 
     overrides = ["model=tiny", "benchmark=arith", "eval.limit=6", "rollout=vllm", "eval.n=4"]
     overrides += ["eval.greedy=false", "rollout.engine.kv_cache_gib=1"]

@@ -15,10 +15,10 @@ from tepo_cli.benchmarks import build_task, get_benchmark
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.data.word_math import WordMathTask
+from tepo_cli.data.word_math_problems import WordMathTask
 from tepo_cli.data.word_problems import draw_problem
-from tepo_cli.eval.job import run_eval
-from tepo_cli.rewards.word_math import is_correct
+from tepo_cli.eval.eval_job import run_eval
+from tepo_cli.rewards.word_math_grader import is_correct
 
 
 def word_math(**keys: object) -> BenchmarkConfig:
@@ -179,7 +179,7 @@ def test_too_small_a_space_is_a_config_error(monkeypatch: pytest.MonkeyPatch):
         drawn = real_draw(rng, settings)
         return drawn.__class__(1, (("add", 1),), f"Story {rng.randrange(150)}?", drawn.solution)
 
-    monkeypatch.setattr("tepo_cli.data.word_math.draw_problem", few_stories)
+    monkeypatch.setattr("tepo_cli.data.word_math_problems.draw_problem", few_stories)
     with pytest.raises(ConfigError) as caught:
         WordMathTask(word_math(eval_size=100))
     message = str(caught.value)

@@ -1,4 +1,4 @@
-"""The word_math grader (tepo_cli/rewards/word_math.py): its extraction rules, and its verdicts on
+"""The word_math grader (tepo_cli/rewards/word_math_grader.py): its extraction rules, and its verdicts on
 real completions of the embedded model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from test_word_math import word_math
 from tepo_cli.benchmarks import build_reward
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.rewards.word_math import extract_answer
+from tepo_cli.rewards.word_math_grader import extract_answer
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
-from tepo_cli.rollout.base import Rollout
+from tepo_cli.rollout.backend import Rollout
 from tepo_cli.runtime.distributed import setup_topology, teardown
 from tepo_cli.runtime.engine import build_engine
 from tepo_cli.train.flops import model_shape, update_work
@@ -107,7 +107,7 @@ def test_the_gradient_is_the_same_with_and_without_the_skip(make_engine):
     assert skipped["update_flops"] == update_work(shape, batch, torch.arange(4))[0]
     assert full["update_flops"] == update_work(shape, batch, torch.arange(ROWS))[0]
     assert skipped["trained_tokens"] == 4 * 4 + (7 + 3 + 5 + 6)  # distinct prompts + answers
-    assert full["trained_tokens"] == 8 * 4 + int(batch.response_mask.sum())
+    assert full["trained_tokens"] == 8 * 4 + int(batch.completion_mask.sum())
 
 
 def test_a_step_with_no_advantage_anywhere_takes_no_optimizer_step(make_engine):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tepo_cli.trackers.base import run_name
+from tepo_cli.trackers.tracker import run_name
 
 Series = dict[str, list[tuple[int, float]]]
 TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")

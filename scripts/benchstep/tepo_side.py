@@ -102,7 +102,7 @@ def update_shapes(
 
     batch = experience.batch
     width = batch.prompt_width
-    answers = [int(n) for n in batch.response_mask.sum(dim=1).tolist()]
+    answers = [int(n) for n in batch.completion_mask.sum(dim=1).tolist()]
     prompt_ids, prompt_mask = batch.input_ids[:, :width], batch.attention_mask[:, :width]
     first, owner = distinct_prompts(prompt_ids, prompt_mask)
     prompt_lengths = [int(n) for n in prompt_mask[first].sum(dim=1).tolist()]

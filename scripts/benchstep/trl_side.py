@@ -176,7 +176,7 @@ def prompt_rows(config: Any, steps: int) -> list[dict[str, Any]]:
 
 def check_same_tokens(trainer: Any, config: Any, rows: list[dict[str, Any]]) -> None:
     """TRL's prompt ids must equal tepo's (render_prompt, then no added special tokens)."""
-    from tepo_cli.data.prompts import render_prompt
+    from tepo_cli.data.prompt_templates import render_prompt
 
     tokenizer = trainer.processing_class
     sample = rows[: 2 * config.trainer.prompts_per_step]

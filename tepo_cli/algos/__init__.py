@@ -2,7 +2,7 @@
 
 `policy_loss` is the public entry point; `register_policy_loss` adds an objective.
 
-The names below are loaded on first access (PEP 562), so that `tepo_cli.algos.config` (the typed
+The names below are loaded on first access (PEP 562), so that `tepo_cli.algos.algo_config` (the typed
 config the CLI validates at start-up) can be imported without importing torch. Any access also
 registers the shipped objectives first, so a user's plugin never races them for a name.
 """
@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "AlgoConfig": "tepo_cli.algos.config",
+    "AlgoConfig": "tepo_cli.algos.algo_config",
     "PolicyBatch": "tepo_cli.algos.batch",
     "get_policy_loss": "tepo_cli.algos.registry",
     "estimate_advantages": "tepo_cli.algos.advantage",
@@ -56,9 +56,9 @@ if TYPE_CHECKING:
         group_advantages,
         rloo_advantages,
     )
+    from tepo_cli.algos.algo_config import AlgoConfig
     from tepo_cli.algos.api import policy_loss
     from tepo_cli.algos.batch import PolicyBatch, checked_batch
-    from tepo_cli.algos.config import AlgoConfig
     from tepo_cli.algos.filtering import informative_groups
     from tepo_cli.algos.overlong import overlong_penalty, resolve_overlong_lengths
     from tepo_cli.algos.presets import load_preset, preset_names, resolve_algo

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from tepo_cli.algos.aggregate import Count
-from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.algos.algo_config import AlgoConfig
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from tepo_cli.algos.aggregate import aggregate
+from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.algos.batch import PolicyBatch
-from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.algos.covariance import (
     CovSelection,
     random_in_window,

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 
 from tepo_cli.algos.aggregate import aggregate
+from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.algos.batch import PolicyBatch
 from tepo_cli.algos.clip import ClipFlags, clipped_surrogate
-from tepo_cli.algos.config import AlgoConfig
 from tepo_cli.algos.kl import kl_estimate
 from tepo_cli.algos.ratio import RATIO_KNOBS, route_ratio, unit_log_ratio, unit_ratio
 from tepo_cli.algos.registry import register_policy_loss

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.algos.algo_config import AlgoConfig
 
 AlgoSpec = str | Mapping[str, Any] | DictConfig | AlgoConfig
 

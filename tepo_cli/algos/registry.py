@@ -7,8 +7,8 @@ from typing import TypeVar
 
 from torch import Tensor
 
+from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.algos.batch import PolicyBatch
-from tepo_cli.algos.config import AlgoConfig
 
 PolicyLossFn = Callable[[PolicyBatch, AlgoConfig], tuple[Tensor, dict[str, float]]]
 F = TypeVar("F", bound=PolicyLossFn)

@@ -18,8 +18,8 @@ from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
 from tepo_cli.core.discovery import Registry
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
+from tepo_cli.data.benchmark_records import Record, load_records
 from tepo_cli.data.prepare import prepared_splits
-from tepo_cli.data.records import Record, load_records
 from tepo_cli.data.tasks import DatasetTask, Task
 from tepo_cli.rewards import Reward, get_grader, make_reward
 
@@ -77,7 +77,7 @@ def load_problems(
     hub_id: str | None = None,
     limit: int | None = None,
 ) -> list[Problem]:
-    """The problems of a dataset benchmark's `split` (data/records.py says where from)."""
+    """The problems of a dataset benchmark's `split` (data/benchmark_records.py says where from)."""
     benchmark = get_benchmark(name)
     if benchmark.to_problem is None:
         raise ConfigError(f"benchmark={name} is generated, not read from records")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from tepo_cli.benchmarks import Benchmark
 from tepo_cli.core.records import Problem
-from tepo_cli.data.records import DataError, Record, required_field
-from tepo_cli.rewards.gsm8k import reference_answer
+from tepo_cli.data.benchmark_records import DataError, Record, required_field
+from tepo_cli.rewards.gsm8k_grader import reference_answer
 
 
 def to_problem(record: Record, index: int, default_id: str) -> Problem:

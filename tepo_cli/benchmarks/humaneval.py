@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tepo_cli.benchmarks import Benchmark
 from tepo_cli.core.records import Problem
-from tepo_cli.data.records import Record, required_field
+from tepo_cli.data.benchmark_records import Record, required_field
 from tepo_cli.rewards.code import CodeProblem
 
 

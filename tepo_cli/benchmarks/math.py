@@ -9,8 +9,8 @@ from functools import partial
 from tepo_cli.benchmarks import Benchmark
 from tepo_cli.benchmarks.gsm8k import worked_solution
 from tepo_cli.core.records import Problem
-from tepo_cli.data.records import DataError, Record, required_field
-from tepo_cli.rewards.math import last_boxed
+from tepo_cli.data.benchmark_records import DataError, Record, required_field
+from tepo_cli.rewards.math_grader import last_boxed
 
 
 def to_problem(name: str, record: Record, index: int, default_id: str) -> Problem:

@@ -7,7 +7,7 @@ import re
 
 from tepo_cli.benchmarks import Benchmark
 from tepo_cli.core.records import Problem
-from tepo_cli.data.records import DataError, Record, required_field
+from tepo_cli.data.benchmark_records import DataError, Record, required_field
 
 # The MBPP paper's wording, showing one test (it fixes the function's name and signature).
 MBPP_TEMPLATE = "{text}\nYour code should pass this test:\n{test}"

@@ -37,7 +37,7 @@ class BenchmarkConfig(Strict):
     # arith (generated)
     operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+"], min_length=1)
     digits: int = Field(default=1, ge=1, le=6)
-    # word_math (generated); data/word_math.py checks how the values fit together
+    # word_math (generated); data/word_math_problems.py checks how the values fit together
     steps: list[StepCount] = Field(default_factory=lambda: [1, 2, 3, 4], min_length=1)
     step_weights: list[Annotated[float, Field(ge=0.0)]] = Field(
         default_factory=lambda: [0.4, 0.3, 0.2, 0.1], min_length=1

@@ -2,7 +2,7 @@
 
 Every key of every config group, with its type, default and allowed values from the typed schema
 (schema.py, benchmark_schema.py, rollout_schema.py, env_schema.py, eval_schema.py,
-algos/config.py) and its meaning from the YAML
+algos/algo_config.py) and its meaning from the YAML
 comment beside it in conf/ (docs/design.md: each group's YAML documents its knobs). The docs build runs
 `write` (mkdocs.yml names this module as a hook: `on_pre_build`); tests/test_docs_site.py fails
 when a key has no comment or the committed page differs from what this module renders.
@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.config.added_keys import preset_keys
 from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.config.eval_schema import EvalConfig, EvalOptions

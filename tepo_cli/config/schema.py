@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.config.benchmark_schema import BenchmarkConfig
 from tepo_cli.config.env_schema import EnvConfig

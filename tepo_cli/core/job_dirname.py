@@ -29,5 +29,5 @@ def job_dirname(override_dirname: str) -> str:
 
 if not OmegaConf.has_resolver(RESOLVER):
     # at import: Hydra's launchers (joblib, submitit) resolve the sub-directory in the job's own
-    # process, which imports the job function's module (train/job.py, eval/job.py) and this one
+    # process, which imports the job function's module (train/train_job.py, eval/eval_job.py) and this one
     OmegaConf.register_new_resolver(RESOLVER, job_dirname)

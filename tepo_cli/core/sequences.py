@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tepo_cli.core.rollout import Rollout, left_padded_positions
+from tepo_cli.core.rollout_record import Rollout, left_padded_positions
 
 
 @dataclass
@@ -14,11 +14,12 @@ class SequenceBatch:
     input_ids: torch.Tensor  # [N, P + T]
     attention_mask: torch.Tensor  # [N, P + T]
     position_ids: torch.Tensor  # [N, P + T]
-    response_mask: torch.Tensor  # [N, T] bool: completion tokens in the context
+    completion_mask: torch.Tensor  # [N, T] bool: completion tokens in the context
     prompt_width: int  # P: completions start at this column
     # [N, T] bool, multi-turn only: the model's own tokens, which the objective trains on (the
-    # observations between turns are context only). None: every completion token.
-    loss_mask: torch.Tensor | None = None
+    # observations between turns are context only). None: every completion token. Its path from
+    # the episode to the loss: `Rollout.trained_mask` (core/rollout_record.py).
+    model_mask: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(cls, rollout: Rollout) -> SequenceBatch:
@@ -41,16 +42,16 @@ class SequenceBatch:
     def trained_mask(self) -> torch.Tensor:
         """[N, T] bool: the completion tokens the objective, the KL, the entropy and the
         advantages act on — the model's own."""
-        return self.response_mask if self.loss_mask is None else self.loss_mask
+        return self.completion_mask if self.model_mask is None else self.model_mask
 
     @property
     def turns(self) -> torch.Tensor | None:
         """[N, T] int64 turn index of each trained token (a new turn after every hole in the
         loss mask), so that no block or window of tokens spans an observation; None for
         single-turn rows."""
-        if self.loss_mask is None:
+        if self.model_mask is None:
             return None
-        return turn_index(self.loss_mask)
+        return turn_index(self.model_mask)
 
     @property
     def completion_ids(self) -> torch.Tensor:
@@ -61,18 +62,20 @@ class SequenceBatch:
 
     def select(self, rows: torch.Tensor) -> SequenceBatch:
         """Rows of the batch, cut to the longest completion among them (less work)."""
-        response_mask = self.response_mask[rows]
+        completion_mask = self.completion_mask[rows]
         width = (
-            int(response_mask.any(dim=0).nonzero().max().item()) + 1 if response_mask.any() else 1
+            int(completion_mask.any(dim=0).nonzero().max().item()) + 1
+            if completion_mask.any()
+            else 1
         )
         stop = self.prompt_width + width
         return SequenceBatch(
             self.input_ids[rows, :stop],
             self.attention_mask[rows, :stop],
             self.position_ids[rows, :stop],
-            response_mask[:, :width],
+            completion_mask[:, :width],
             self.prompt_width,
-            None if self.loss_mask is None else self.loss_mask[rows, :width],
+            None if self.model_mask is None else self.model_mask[rows, :width],
         )
 
 

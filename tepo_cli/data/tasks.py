@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.records import Problem
+from tepo_cli.data.benchmark_records import check_split_for_training, records_origin
 from tepo_cli.data.derived_splits import DERIVED
 from tepo_cli.data.prepare import prepared_file, prepared_splits
-from tepo_cli.data.records import check_split_for_training, records_origin
 
 # (split, limit) -> the split's first `limit` problems (all of them with None)
 Loader = Callable[[str, int | None], list[Problem]]

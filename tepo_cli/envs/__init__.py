@@ -1,4 +1,4 @@
-"""Environments for multi-turn rollouts: the contract (`base.py`), one module per built-in
+"""Environments for multi-turn rollouts: the contract (`environment_contract.py`), one module per built-in
 environment, and the registry that finds them.
 
 Every module of this package that defines `ENVIRONMENT` (an `Environment` subclass) is one;
@@ -13,7 +13,7 @@ from types import ModuleType
 from tepo_cli.core.discovery import Registry
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.envs.base import Environment, EnvSettings, contract_problem
+from tepo_cli.envs.environment_contract import Environment, EnvSettings, contract_problem
 
 # What a plugin environment imports (docs/guides/environments.md, "The contract"): the base
 # class, its registration, and the types its hooks receive and return.

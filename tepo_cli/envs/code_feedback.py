@@ -15,7 +15,7 @@ import doctest
 import secrets
 
 from tepo_cli.core.records import Problem
-from tepo_cli.envs.base import Environment
+from tepo_cli.envs.environment_contract import Environment
 from tepo_cli.rewards.code import extract_code
 from tepo_cli.rewards.sandbox import SandboxConfig, SandboxLimits, run_program
 

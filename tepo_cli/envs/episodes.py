@@ -24,7 +24,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.envs.base import Environment, EnvSettings
+from tepo_cli.envs.environment_contract import Environment, EnvSettings
 from tepo_cli.envs.observations import ObservationFormat
 
 # Why an episode ended: the environment's None, a limit, or a failure of the environment.
@@ -61,7 +61,7 @@ class Episode:
     prompt_ids: list[int]
     environment: Environment
     ids: list[int] = field(default_factory=list)
-    from_model: list[bool] = field(default_factory=list)
+    model_mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)
     end: str | None = None
@@ -83,9 +83,9 @@ class Episode:
     def context(self) -> list[int]:
         return self.prompt_ids + self.ids
 
-    def add(self, ids: list[int], from_model: bool, logprobs: list[float] | None = None) -> None:
+    def add(self, ids: list[int], by_model: bool, logprobs: list[float] | None = None) -> None:
         self.ids += ids
-        self.from_model += [from_model] * len(ids)
+        self.model_mask += [by_model] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
     def fail(self, failure: str, error: str) -> None:
@@ -245,7 +245,7 @@ def _take_turns(
             episode.unclosed = True  # its message still needs its end-of-message token
         logprobs = None if turn.logprobs is None else turn.logprobs[: len(ids)]
         episode.engine_logprobs &= logprobs is not None
-        episode.add(ids, from_model=True, logprobs=logprobs)
+        episode.add(ids, by_model=True, logprobs=logprobs)
         episode.turns.append(tokenizer.decode(ids, skip_special_tokens=True))
         if failure is not None:  # the turn is kept as sampled; the episode ends here
             episode.fail(failure[0], _line(episode, "turn_end", failure[1]))
@@ -298,7 +298,7 @@ def _observe(
     if len(episode.ids) + len(ids) >= settings.max_episode_tokens:
         episode.end = "episode-tokens"
         return
-    episode.add(ids, from_model=False)
+    episode.add(ids, by_model=False)
     episode.observation_tokens += len(ids)
     episode.observations_cut += int(cut)
 

@@ -1,6 +1,6 @@
 """Episodes for a list of problems: each problem's benchmark prompt with the environment's
 instructions after the question, n episodes per problem, each with an environment of its own —
-what `tepo train` (train/multi_turn.py) and `tepo eval env=...` (eval/episodes.py) both run."""
+what `tepo train` (train/multi_turn.py) and `tepo eval env=...` (eval/episode_samples.py) both run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.data.prompts import render_prompt
+from tepo_cli.data.prompt_templates import render_prompt
 from tepo_cli.envs import Environment, EnvSettings, environment
 from tepo_cli.envs.episodes import (
     Episode,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from tepo_cli.envs.base import Environment
+from tepo_cli.envs.environment_contract import Environment
 from tepo_cli.rewards.sandbox import SandboxConfig, SandboxLimits, run_program
 
 _BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.S | re.I)

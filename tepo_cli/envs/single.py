@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tepo_cli.envs.base import Environment
+from tepo_cli.envs.environment_contract import Environment
 
 
 class Single(Environment):

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import BenchmarkConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.data.prompts import render_prompt
+from tepo_cli.data.prompt_templates import render_prompt
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
 

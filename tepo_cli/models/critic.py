@@ -133,7 +133,7 @@ class Critic(nn.Module):
             prompts=prompts,
         )
         values = self.value_head(hidden).squeeze(-1).float()
-        return torch.where(batch.response_mask, values, 0.0)
+        return torch.where(batch.completion_mask, values, 0.0)
 
     def save(self, target: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The decoder with save_pretrained and the head beside it (`state_dict`: this module's,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from tepo_cli.algos.config import MtpConfig
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig, LoraConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels.truncated import Truncation
@@ -161,7 +161,7 @@ class Policy(nn.Module):
             packing=self.packing,
             prompts=prompts,
         )
-        valid = batch.response_mask
+        valid = batch.completion_mask
         width = valid.shape[1]
         response_hidden = hidden[:, batch.prompt_width - 1 :] if with_mtp else hidden
         targets = batch.completion_ids[:, :width][valid]
@@ -210,7 +210,7 @@ class Policy(nn.Module):
             prompts=prompts,
             embedded=embedded,
         )
-        valid = batch.response_mask
+        valid = batch.completion_mask
         width = valid.shape[1]
         completion = batch.completion_ids[:, :width]
         columns = []

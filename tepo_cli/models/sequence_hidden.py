@@ -79,7 +79,7 @@ def _per_row_hidden(
             position_ids=batch.position_ids,
             use_cache=False,
         ).last_hidden_state
-    width = batch.response_mask.shape[1]
+    width = batch.completion_mask.shape[1]
     start = 0 if full else batch.prompt_width - 1
     return hidden[:, start : batch.prompt_width - 1 + width]
 
@@ -117,7 +117,7 @@ def _packed_hidden(
 def _shared_prompt_hidden(
     model: PreTrainedModel, batch: SequenceBatch, embedded: torch.Tensor, full: bool
 ) -> torch.Tensor:
-    prompt_width, width = batch.prompt_width, batch.response_mask.shape[1]
+    prompt_width, width = batch.prompt_width, batch.completion_mask.shape[1]
     first, owner = distinct_prompts(
         batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]
     )

@@ -1,5 +1,5 @@
 """Rollout back-ends by name. `rollout.backend` (conf/rollout/<name>.yaml) picks one; train and
-eval call only the `RolloutBackend` interface (rollout/base.py).
+eval call only the `RolloutBackend` interface (rollout/backend.py).
 
 A back-end is one module in this package (or a plugin file that calls `register_backend`) plus
 its YAML in conf/rollout/: the module names itself (`NAME`, the value of `rollout.backend`), says
@@ -20,8 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.core.discovery import ModuleRegistry
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.core.rollout import Rollout
-from tepo_cli.rollout.base import OnPolicyDevice, RolloutBackend, Sampling
+from tepo_cli.core.rollout_record import Rollout
+from tepo_cli.rollout.backend import OnPolicyDevice, RolloutBackend, Sampling
 
 __all__ = [
     "Rollout",

@@ -10,10 +10,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.core import collective
-from tepo_cli.core.rollout import Rollout, left_padded_positions, pad_right
+from tepo_cli.core.rollout_record import Rollout, left_padded_positions, pad_right
 from tepo_cli.envs.episodes import SampledTurn
 from tepo_cli.models.shared_prompts import prefill
-from tepo_cli.rollout.base import Sampling, completion_mask, eos_ids
+from tepo_cli.rollout.backend import Sampling, completion_mask, eos_ids
 
 NAME = "hf"  # rollout.backend (conf/rollout/hf.yaml)
 REQUIRES = None  # transformers is tepo's own requirement

@@ -39,9 +39,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import EngineConfig, RolloutConfig
 from tepo_cli.core.errors import RunError
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import SampledTurn
-from tepo_cli.rollout.base import Sampling, eos_ids
+from tepo_cli.rollout.backend import Sampling, eos_ids
 from tepo_cli.rollout.cpu_sleep import release_kv_cache, release_weights
 from tepo_cli.rollout.vllm_model import engine_length, policy_weights, write_model_config
 from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import SampledTurn
-from tepo_cli.rollout.base import Sampling
+from tepo_cli.rollout.backend import Sampling
 
 
 def outputs_rollout(

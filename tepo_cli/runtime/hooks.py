@@ -1,6 +1,6 @@
 """The run's hooks: what a training run tells the outside at its named points.
 
-Built once per run (`train/job.py`) and passed down the recipe, so a point deep in the step
+Built once per run (`train/train_job.py`) and passed down the recipe, so a point deep in the step
 needs neither a global nor a step argument: the loop says which step runs (`enter_step`), the
 points ask the object. This base does nothing, a normal run; `runtime/faults.py`'s
 `FaultInjection` (TEPO_FAULT) is the one other implementation, for the tests that prove nothing

@@ -33,7 +33,7 @@ class TrainerState:
 class RankState:
     """One rank's random state and refill-stream position."""
 
-    rng: dict[str, Any] = field(default_factory=dict)  # resumable.capture_rng
+    rng: dict[str, Any] = field(default_factory=dict)  # rng_and_streams.capture_rng
     refill_drawn: int = 0
 
     def to_dict(self) -> dict[str, Any]:

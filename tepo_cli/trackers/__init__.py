@@ -5,7 +5,7 @@ and each held-out accuracy, and writes under the run directory by default.
 A tracker is one module in this package (or a plugin file that calls `register_tracker`): it
 names itself (`NAME`, the value in `logger`), says which package it needs (`REQUIRES`, an
 optional extra of tepo with the same name as the tracker), and has a `build()` that returns a
-`Tracker` (trackers/base.py). Nothing else lists the trackers.
+`Tracker` (trackers/tracker.py). Nothing else lists the trackers.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 from tepo_cli.core.discovery import ModuleRegistry
 from tepo_cli.core.errors import ConfigError, RunError
-from tepo_cli.trackers.base import HELD_OUT_ACCURACY, Outcome, Tracker, numeric
 from tepo_cli.trackers.group import Trackers
 from tepo_cli.trackers.params import hyperparameters
+from tepo_cli.trackers.tracker import HELD_OUT_ACCURACY, Outcome, Tracker, numeric
 
 __all__ = [
     "HELD_OUT_ACCURACY",

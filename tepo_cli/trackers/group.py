@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from tepo_cli.core.errors import StopRequested
-from tepo_cli.trackers.base import HELD_OUT_ACCURACY, Outcome, Tracker, numeric
+from tepo_cli.trackers.tracker import HELD_OUT_ACCURACY, Outcome, Tracker, numeric
 
 
 class Trackers:

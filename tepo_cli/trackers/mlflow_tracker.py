@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tepo_cli.trackers.base import Outcome, read_id, run_name, save_id
+from tepo_cli.trackers.tracker import Outcome, read_id, run_name, save_id
 
 NAME = "mlflow"
 REQUIRES = "mlflow"

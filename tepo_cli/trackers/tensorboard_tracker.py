@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tepo_cli.trackers.base import HELD_OUT_ACCURACY, Outcome
+from tepo_cli.trackers.tracker import HELD_OUT_ACCURACY, Outcome
 
 NAME = "tensorboard"
 REQUIRES = "tensorboard"

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tepo_cli.trackers.base import Outcome, run_name
+from tepo_cli.trackers.tracker import Outcome, run_name
 
 NAME = "trackio"
 REQUIRES = "trackio"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tepo_cli.trackers.base import Outcome, read_id, run_name, save_id
+from tepo_cli.trackers.tracker import Outcome, read_id, run_name, save_id
 
 NAME = "wandb"
 REQUIRES = "wandb"

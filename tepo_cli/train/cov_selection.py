@@ -23,7 +23,7 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from tepo_cli.algos.config import AlgoConfig
+from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.algos.covariance import (
     CovSelection,
     random_in_window,

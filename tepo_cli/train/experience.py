@@ -13,13 +13,13 @@ import torch
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.prompt_pass import MinibatchPrompts
 from tepo_cli.models.reference import Reference
 from tepo_cli.runtime.clock import StepClock
-from tepo_cli.train.advantage import Advantages
+from tepo_cli.train.advantage_stage import Advantages
 from tepo_cli.train.micro_batches import micro_batches_for
 from tepo_cli.train.sampling import Groups
 
@@ -90,7 +90,7 @@ def _add_scores(
     need_selection = not need_old and cfg.algo.covariance_selection
     if not need_old and not need_selection and reference is None:
         return
-    batch, width = experience.batch, experience.batch.response_mask.shape[1]
+    batch, width = experience.batch, experience.batch.completion_mask.shape[1]
     parts: dict[str, list[torch.Tensor]] = {
         "logp": [],
         "entropy": [],

@@ -106,7 +106,7 @@ def update_work(shape: ModelShape, batch: SequenceBatch, rows: torch.Tensor) -> 
     ids, mask = batch.input_ids[rows, :width].cpu(), batch.attention_mask[rows].cpu()
     prompt_mask = mask[:, :width]
     prompts = prompt_mask.sum(dim=1).double()
-    answers = batch.response_mask[rows].sum(dim=1).double().cpu()
+    answers = batch.completion_mask[rows].sum(dim=1).double().cpu()
     first, _ = distinct_prompts(ids, prompt_mask)
     return needed_flops(shape, prompts[first], answers, prompts)
 

@@ -14,7 +14,7 @@ import torch
 from tepo_cli.algos import overlong_penalty, resolve_overlong_lengths
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.rewards import Reward
 
 

@@ -31,18 +31,18 @@ def micro_batch_objective(
     """The loss of the micro-batch `part` (these `rows` of the step) from the policy's `scores`,
     normalised by the minibatch's global token and sequence counts, and its metrics. `selected`
     [N, T]: KL-Cov / Clip-Cov's pick over the step's rows (train/cov_selection.py)."""
-    width = part.response_mask.shape[1]
-    mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
+    width = part.completion_mask.shape[1]
+    trained_mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
     old = _old_scores(experience, rows, width, scores)
     advantages = experience.advantages  # [N], or [N, T] from a critic
     advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
-    weights = _mismatch_weights(cfg, experience, rows, old.logp, mask, tally)
+    weights = _mismatch_weights(cfg, experience, rows, old.logp, trained_mask, tally)
     loss, metrics = policy_loss(
         cfg.algo,
         scores.logp,
         old.logp,
         advantages,
-        mask,
+        trained_mask,  # PolicyBatch.mask: the loss plugins' name for it
         ref_logp=_rows(experience.ref_logp, rows, width),
         entropy=scores.entropy,
         old_entropy=old.entropy,
@@ -58,7 +58,7 @@ def micro_batch_objective(
     )
     metrics = dict(metrics)
     if scores.mtp_logp is not None:
-        loss = _with_mtp_terms(cfg, loss, scores, mask, num_tokens, metrics)
+        loss = _with_mtp_terms(cfg, loss, scores, trained_mask, num_tokens, metrics)
     return loss, metrics
 
 

@@ -43,7 +43,7 @@ def row_tokens(batch: SequenceBatch, rows: torch.Tensor) -> tuple[list[int], lis
     width = batch.prompt_width
     prompt_ids, prompt_mask = batch.input_ids[rows, :width], batch.attention_mask[rows, :width]
     first, owner = distinct_prompts(prompt_ids, prompt_mask)
-    completion = batch.response_mask[rows].sum(dim=1)
+    completion = batch.completion_mask[rows].sum(dim=1)
     return completion.tolist(), owner.tolist(), prompt_mask[first].sum(dim=1).tolist()
 
 

@@ -22,9 +22,9 @@ from transformers import PreTrainedTokenizerBase
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.records import Problem
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.data.prompts import render_prompt
+from tepo_cli.data.prompt_templates import render_prompt
 from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
 from tepo_cli.models.policy import Policy
@@ -79,7 +79,7 @@ def warm_up(
             mtp_logp, depth_hidden = policy.mtp_logprobs(
                 batch, hidden, WARMUP_TEMPERATURE, backbone_grad=False
             )
-            mask = batch.response_mask
+            mask = batch.completion_mask
             loss = mtp_prediction_loss(mtp_logp, mask, settings.alpha_decay)
             if step == 0 or step == size.steps or step % settings.log_every == 0:
                 record = {"mtp_warmup_step": step, "mtp_warmup_loss": float(loss.detach())}
@@ -178,7 +178,7 @@ def _depth_metrics(
     """Per depth n: mean NLL of its targets and top-1 agreement with the backbone's own
     teacher-forced prediction of the same token (the backbone at position t + n − 1)."""
     assert policy.mtp is not None
-    mask = batch.response_mask
+    mask = batch.completion_mask
     start = batch.prompt_width - 1
     response = hidden[:, start:]
     width = mask.shape[1]

@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem, RewardResult
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import ENDS, Episode, episode_fields
 from tepo_cli.envs.problem_episodes import env_settings, problem_episodes, turn_sampler
 from tepo_cli.rewards import Reward
@@ -79,7 +79,7 @@ def episodes_rollout(
     prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long, device="cpu")
     ids = torch.full((rows, width), pad_id, dtype=torch.long, device="cpu")
     present = torch.zeros((rows, width), dtype=torch.bool, device="cpu")
-    model = torch.zeros((rows, width), dtype=torch.bool, device="cpu")
+    model_mask = torch.zeros((rows, width), dtype=torch.bool, device="cpu")
     logprobs = torch.zeros((rows, width), dtype=torch.float32, device="cpu")
     for row, episode in enumerate(episodes):
         length, start = len(episode.ids), prompt_width - len(episode.prompt_ids)
@@ -87,7 +87,7 @@ def episodes_rollout(
         prompt_mask[row, start:] = 1
         ids[row, :length] = torch.tensor(episode.ids, dtype=torch.long, device="cpu")
         present[row, :length] = True
-        model[row, :length] = torch.tensor(episode.from_model, dtype=torch.bool, device="cpu")
+        model_mask[row, :length] = torch.tensor(episode.model_mask, dtype=torch.bool, device="cpu")
         logprobs[row, :length] = torch.tensor(episode.logprobs, dtype=torch.float32, device="cpu")
     texts = tokenizer.batch_decode([e.ids for e in episodes], skip_special_tokens=True)
     truncated = torch.tensor([e.truncated for e in episodes], device="cpu")
@@ -100,7 +100,7 @@ def episodes_rollout(
         texts,
         truncated,
         logprobs if engine_logprobs else None,
-        model,
+        model_mask,
     )
 
 

@@ -1,9 +1,9 @@
 """The training recipe: a run, and one step of it, top-down.
 
 A step is docs/design.md's flow, each line a call into the module named after its stage: draw prompts
-(train/prompts.py) → rollout and reward (train/sampling.py) → advantage (train/advantage.py) →
+(train/prompt_streams.py) → rollout and reward (train/sampling.py) → advantage (train/advantage_stage.py) →
 score (train/experience.py) → update (train/update.py) → sync (the rollout back-end) → log
-(train/records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's plumbing
+(train/step_records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's plumbing
 (logs, stop signals, evaluations, the bad-step guard, checkpoints, the final save) behind
 `Run`'s methods in train/run.py.
 """
@@ -18,13 +18,13 @@ from tepo_cli.core.host_allocator import release_free_memory
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.hooks import RunHooks
-from tepo_cli.train.advantage import estimate
+from tepo_cli.train.advantage_stage import estimate
 from tepo_cli.train.env_errors import report_env_errors
 from tepo_cli.train.experience import score
-from tepo_cli.train.records import step_record, step_samples
 from tepo_cli.train.run import Run
 from tepo_cli.train.sampling import rollout_and_grade, rollout_seed
 from tepo_cli.train.setup import setup_run
+from tepo_cli.train.step_records import step_record, step_samples
 from tepo_cli.train.update import update
 
 

@@ -36,7 +36,7 @@ from tepo_cli.runtime.state import RankState, TrainerState
 from tepo_cli.runtime.stop import StopSignals
 from tepo_cli.trackers import Trackers
 from tepo_cli.train.held_out import held_out_accuracy
-from tepo_cli.train.prompts import Prompts
+from tepo_cli.train.prompt_streams import Prompts
 
 
 @dataclass

@@ -22,9 +22,9 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import Problem
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.data.prompts import render_prompt
+from tepo_cli.data.prompt_templates import render_prompt
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.runtime.clock import StepClock

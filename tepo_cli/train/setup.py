@@ -49,7 +49,7 @@ from tepo_cli.trackers import Trackers, open_trackers
 from tepo_cli.train.env_start import environment_line
 from tepo_cli.train.held_out import held_out_problems
 from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
-from tepo_cli.train.prompts import open_prompts
+from tepo_cli.train.prompt_streams import open_prompts
 from tepo_cli.train.run import Models, Run
 from tepo_cli.train.update import accumulation_steps
 
@@ -113,7 +113,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     run = Run(
         cfg, run_dir, topo, tokenizer, task, reward, models, backend, prompts, generator, state, log
     )
-    run.hooks = hooks  # built by train/job.py: the kill tests' TEPO_FAULT points, or none
+    run.hooks = hooks  # built by train/train_job.py: the kill tests' TEPO_FAULT points, or none
     run.trackers = start_trackers(cfg, run_dir, topo, state)
     return run
 

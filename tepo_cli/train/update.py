@@ -64,7 +64,7 @@ class _Tally:
     others (fractions, means) weighted by each micro-batch's share of the minibatch's valid
     tokens on this rank. `prompt_pass_tokens`: the tokens of this rank's prompt pass (0 without
     one), per optimizer step. `update_flops` and `trained_tokens`: the needed work of the rows
-    this rank ran, over the whole update (train/flops.py; records.py sums them over ranks)."""
+    this rank ran, over the whole update (train/flops.py; step_records.py sums them over ranks)."""
 
     shape: ModelShape
 
@@ -359,7 +359,7 @@ def _critic_backward(
     (§0.1); `prompts`: the critic's own prompt pass of the minibatch."""
     rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
-    width = part.response_mask.shape[1]
+    width = part.completion_mask.shape[1]
     values = critic_engine(part, prompts=prompts.read(index))
     per_token, clipped = value_loss(
         values,

@@ -32,7 +32,8 @@ from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.censored import Time, logrank, time_to_level
 from tepo_cli.eval.report.dynamics import held_out_curve
 from tepo_cli.eval.report.inference import DIRECTIONS, Inference, adjust, paired, welch
-from tepo_cli.eval.report.metrics import (
+from tepo_cli.eval.report.per_problem import per_problem_paired
+from tepo_cli.eval.report.protocol_metrics import (
     PER_PROBLEM,
     RUN_METRICS,
     STEPS_TO_LEVEL,
@@ -40,7 +41,6 @@ from tepo_cli.eval.report.metrics import (
     metric_names,
     param_problem,
 )
-from tepo_cli.eval.report.per_problem import per_problem_paired
 from tepo_cli.eval.report.runs import Run
 
 SUPPORTED = "supported"

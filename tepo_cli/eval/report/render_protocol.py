@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tepo_cli.eval.report.metrics import STEPS_TO_LEVEL
+from tepo_cli.eval.report.protocol_metrics import STEPS_TO_LEVEL
 from tepo_cli.eval.report.protocol_report import ClaimResult, ProtocolReport
 from tepo_cli.eval.report.render import markdown_table, rich_table
 

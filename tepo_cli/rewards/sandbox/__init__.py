@@ -8,7 +8,7 @@ ever sees a :class:`SandboxResult`.
 
 Layers (each documented in its module):
 
-- ``config``      limits and the isolation policy, with why each limit exists;
+- ``sandbox_config`` limits and the isolation policy, with why each limit exists;
 - ``isolation``   the strong level (bubblewrap namespaces) and the fallback, and the probe that
                   picks one;
 - ``identity``    a fresh unprivileged uid per run when the parent is root;
@@ -22,7 +22,7 @@ Layers (each documented in its module):
 - ``runner``      one run end to end; ``pool`` many runs on a thread pool.
 
 Not covered (residual risks): no seccomp filter (the kernel's system-call surface is reachable
-from inside the namespaces); memory is bounded per process, not per run (see ``config``); inode
+from inside the namespaces); memory is bounded per process, not per run (see ``sandbox_config``); inode
 exhaustion of the scratch tmpfs is bounded only by the wall-clock limit; the fallback's audit
 guard is a tripwire, not a boundary (see ``isolation``).
 
@@ -35,12 +35,12 @@ Usage::
 
 from __future__ import annotations
 
-from tepo_cli.rewards.sandbox.config import SandboxConfig, SandboxLimits
-from tepo_cli.rewards.sandbox.errors import SandboxUnavailableError
 from tepo_cli.rewards.sandbox.isolation import FALLBACK, STRONG, clear_probe_cache
 from tepo_cli.rewards.sandbox.pool import Program, run_many
 from tepo_cli.rewards.sandbox.result import REASONS, SandboxResult
 from tepo_cli.rewards.sandbox.runner import run_program
+from tepo_cli.rewards.sandbox.sandbox_config import SandboxConfig, SandboxLimits
+from tepo_cli.rewards.sandbox.unavailable import SandboxUnavailableError
 
 __all__ = [
     "FALLBACK",

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tepo_cli.rewards.sandbox.errors import SandboxUnavailableError
+from tepo_cli.rewards.sandbox.unavailable import SandboxUnavailableError
 
 _FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 

@@ -50,7 +50,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from tepo_cli.rewards.sandbox.errors import SandboxUnavailableError
+from tepo_cli.rewards.sandbox.unavailable import SandboxUnavailableError
 
 STRONG = "strong"
 FALLBACK = "fallback"

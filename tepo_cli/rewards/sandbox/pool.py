@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tepo_cli.rewards.sandbox.config import SandboxConfig
 from tepo_cli.rewards.sandbox.result import SandboxResult
 from tepo_cli.rewards.sandbox.runner import run_program
+from tepo_cli.rewards.sandbox.sandbox_config import SandboxConfig
 
 
 @dataclass(frozen=True)

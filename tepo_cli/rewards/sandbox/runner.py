@@ -37,7 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tepo_cli.rewards.sandbox.cleanup import remove_owned, remove_tree
-from tepo_cli.rewards.sandbox.config import SandboxConfig, SandboxLimits
 from tepo_cli.rewards.sandbox.environment import interpreter_argv, sandbox_env
 from tepo_cli.rewards.sandbox.identity import Identity, resolve_python, run_identity
 from tepo_cli.rewards.sandbox.isolation import (
@@ -50,6 +49,7 @@ from tepo_cli.rewards.sandbox.isolation import (
 )
 from tepo_cli.rewards.sandbox.reaper import kill_uid, signal_children
 from tepo_cli.rewards.sandbox.result import SandboxResult, classify
+from tepo_cli.rewards.sandbox.sandbox_config import SandboxConfig, SandboxLimits
 from tepo_cli.rewards.sandbox.streams import PumpOutcome, pump
 
 _log = logging.getLogger(__name__)

@@ -57,7 +57,7 @@ def critic_targets(
     """V_old in micro-batches, the sequence reward on each last token, GAE (γ, λ), returns, and
     the advantages whitened over every valid token of the step, on all ranks (docs §0.1)."""
     settings = cfg.advantage
-    width = batch.response_mask.shape[1]
+    width = batch.completion_mask.shape[1]
     all_rows = torch.arange(len(batch), device="cpu")
     plan = micro_batches_for(cfg, batch, all_rows, critic)
     prompts = MinibatchPrompts.run(critic.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass)

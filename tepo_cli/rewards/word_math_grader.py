@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from tepo_cli.rewards.arith import extract_final_number, graded, numeric_grader
+from tepo_cli.rewards.arith_grader import extract_final_number, graded, numeric_grader
 
 _NUMBER = r"[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-−]?\d+(?:\.\d+)?"
 _ANSWER = re.compile(

@@ -152,7 +152,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         **({"replay": replay_note} if replay_note else {}),
     }
     if config.env.multi_turn:
-        from tepo_cli.eval.episodes import episode_summary
+        from tepo_cli.eval.episode_samples import episode_summary
 
         env = {"name": config.env.name, "max_turns": config.env.max_turns}
         summary["env"] = {**env, **episode_summary(records)}
@@ -184,7 +184,7 @@ def _model_records(
     backend = build_backend(rollout, model, tokenizer, config.model.share_prompts, device)
     with contextlib.closing(backend):
         if config.env.multi_turn:
-            from tepo_cli.eval.episodes import episode_records
+            from tepo_cli.eval.episode_samples import episode_records
 
             yield from episode_records(config, backend, tokenizer, todo, reward, sampling)
         else:

@@ -1,6 +1,6 @@
 """What every rollout back-end shares: the `Sampling` it is asked for, the `RolloutBackend`
 interface train and eval call, and the EOS helpers. The `Rollout` record it returns lives in
-core/rollout.py (every stage reads it)."""
+core/rollout_record.py (every stage reads it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tepo_cli.core.rollout import Rollout
+from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import SampledTurn
 
 

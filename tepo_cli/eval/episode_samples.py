@@ -56,7 +56,7 @@ def _record(problem: Problem, sample: int, episode: Episode, text: str) -> dict[
         "extracted": None if result is None else result.extracted,
         "reward": 0.0 if result is None else result.reward,
         "passed": False if result is None else result.correct,
-        "length": sum(episode.from_model),
+        "length": sum(episode.model_mask),
         "truncated": episode.truncated,
         **episode_fields(episode),
     }

@@ -27,7 +27,7 @@ class Rollout:
     logprobs: torch.Tensor | None = None
     # [N, T] bool, multi-turn episodes only: the model's own tokens among `completion_mask`'s
     # (the environment's observations between turns are in the context, not trained on). None:
-    # every completion token is the model's.
+    # every completion token is the model's. See `trained_mask` for its whole path.
     model_mask: torch.Tensor | None = None
 
     @property
@@ -36,7 +36,18 @@ class Rollout:
 
     @property
     def trained_mask(self) -> torch.Tensor:
-        """The completion tokens the objective acts on: the model's own."""
+        """[N, T] bool: the completion tokens the objective acts on, the model's own.
+
+        The observation mask has two names on its way to the loss. `model_mask`, the "the model
+        wrote this token" flag: built token by token in envs/episodes.py (`Episode.add`, one
+        flag per id, `Episode.model_mask`), laid out as rows in train/multi_turn.py
+        (`episodes_rollout` -> `Rollout.model_mask`), carried by `SequenceBatch.from_rollout`
+        (core/sequences.py, `SequenceBatch.model_mask`). `trained_mask`, the loss's mask: this
+        property (and `SequenceBatch.trained_mask`), `completion_mask` where there is no
+        `model_mask`; read by the advantages (train/advantage_stage.py), the token counts and
+        the zero-advantage skip (train/update.py), the step's records, and passed to the
+        objective in train/micro_batch_objective.py, where it ends as `PolicyBatch.mask` (the
+        loss plugins' API, algos/batch.py)."""
         return self.completion_mask if self.model_mask is None else self.model_mask
 
     def to(self, device: torch.device | str) -> Rollout:
