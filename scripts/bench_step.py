@@ -46,20 +46,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchstep import report
-from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
-from benchstep.long_job import LongSettings, run_long
-from benchstep.options import CPU_DEFAULTS, check_device, parse_args
-from benchstep.procs import (
+from benchlib.report import gb, s, trl_version, version, versions
+from benchlib.runner import (
     CUDA_MEMORY_ENV,
     ChildResult,
     exit_on_sigterm,
     log_tail,
     python_module,
+    read_jsonl,
     run_child,
     thread_env,
 )
-from benchstep.versions import trl_version, versions, vllm_version
+from benchstep import report
+from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
+from benchstep.long_job import LongSettings, run_long
+from benchstep.options import CPU_DEFAULTS, check_device, parse_args
 
 from tepo_cli.data.required import require_prepared
 
@@ -144,12 +145,6 @@ def run_trl(job: Job, out: Path, round_index: int, python: str) -> tuple[ChildRe
     return run_child(command, out / "trl" / f"round{round_index}.log", env), run_dir
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def collect_run(side: str, result: ChildResult, run_dir: Path) -> dict[str, Any]:
     if side == "tepo":
         metrics = read_jsonl(run_dir / "metrics.jsonl")
@@ -188,8 +183,8 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
             runs[side].append(run)
             median = report.summarize([run])["median_s"]
             print(
-                f"  {len(run['steps'])} steps, median {report._s(median)} s/step (steps 2–), "
-                f"peak RSS {report._gb(run['peak_rss_bytes'])}, wall {result.wall_seconds:.0f} s",
+                f"  {len(run['steps'])} steps, median {s(median)} s/step (steps 2–), "
+                f"peak RSS {gb(run['peak_rss_bytes'])}, wall {result.wall_seconds:.0f} s",
                 flush=True,
             )
     return runs
@@ -231,7 +226,7 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
         host_allocator=args.host_allocator,
     )
     print(f"model: {job.model}\nresults: {out}", flush=True)
-    return run_long(job, settings, out, child_env(job), {**versions(trl), "vllm": vllm_version()})
+    return run_long(job, settings, out, child_env(job), {**versions(trl), "vllm": version("vllm")})
 
 
 def main(argv: list[str] | None = None) -> int:

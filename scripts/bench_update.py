@@ -157,8 +157,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     start_with_host_allocator("train", overrides)  # as `tepo train` starts: the same allocator
 
     import torch
+    from benchlib.report import cpu_model
     from benchstep.matmul import matmul_gflops
-    from benchstep.versions import cpu_model
     from hydra import compose, initialize_config_module
 
     from tepo_cli.algos.advantage import group_advantages

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib.runner import log_tail, python_module, run_child, thread_env
 from benchstep.job import Job, resolve_model
-from benchstep.procs import log_tail, python_module, run_child, thread_env
 
 from tepo_cli.data.required import require_prepared
 

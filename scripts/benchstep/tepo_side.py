@@ -184,7 +184,8 @@ def install(probe: Probe) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    from benchstep.procs import record_cuda_memory_at_exit
+    from benchlib.runner import record_cuda_memory_at_exit
+
     from tepo_cli.cli import main as tepo_main
     from tepo_cli.cli import start_with_host_allocator
 

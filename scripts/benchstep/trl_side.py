@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from benchlib.runner import record_cuda_memory_at_exit
 from transformers import TrainerCallback
 
 from benchstep.job import Job, load_tepo_config, train_problems
-from benchstep.procs import record_cuda_memory_at_exit
 from benchstep.update_shapes import padded_shapes
 
 

@@ -1,4 +1,6 @@
-"""Each trainer runs in a child process of its own: its exit code, wall time and peak RSS."""
+"""One runner for the benchmarks: each measured thing in a child process of its own (its exit
+code, wall time and peak RSS), a callable timed best-of-N after a warm-up, a child's JSON result,
+a run directory's step records. One copy, so every benchmark measures the same way."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -196,3 +200,53 @@ def exit_on_sigterm() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def best_seconds(
+    function: Callable[[], object],
+    repeats: int,
+    warmup: int = 0,
+    sync: Callable[[], object] | None = None,
+) -> float:
+    """The fastest of `repeats` timed calls after `warmup` untimed ones: the best call is the one
+    least disturbed by the rest of a shared machine. `sync` (torch.cuda.synchronize) waits for a
+    device's queued work on both sides of each timed call."""
+    for _ in range(warmup):
+        function()
+    best = float("inf")
+    for _ in range(repeats):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        function()
+        if sync:
+            sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def child_json(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a measuring child (its own peak RSS, its own allocator) and read the JSON line it
+    printed last; a failed child stops the benchmark with its output."""
+    child = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
+    if child.returncode != 0 or not lines:
+        sys.exit(
+            f"{Path(command[1]).name}: {' '.join(command[2:])} failed (exit {child.returncode}):"
+            f"\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1])
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's records; none when the run wrote none."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def step_records(run_dir: Path) -> list[dict[str, Any]]:
+    """A tepo run's per-step records (metrics.jsonl rows with a step), in order."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "step" in r]
