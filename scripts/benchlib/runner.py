@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SCRIPTS = Path(__file__).resolve().parents[1]
+
 
 @dataclass(frozen=True)
 class ChildResult:
@@ -23,9 +26,12 @@ class ChildResult:
     wall_seconds: float
     peak_rss_bytes: int  # ru_maxrss of that child (Linux reports KiB)
     log: Path
+    cpu_seconds: float = 0.0  # the child's user + system time (what it took from the machine)
 
 
-def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) -> ChildResult:
+def run_child(
+    command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> ChildResult:
     """Run `command` with stdout and stderr in `log`; measure it with wait4 (that child only)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -33,7 +39,11 @@ def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) 
         handle.write("$ " + " ".join(command) + "\n")
         handle.flush()
         process = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
         try:
             _, status, usage = os.wait4(process.pid, 0)
@@ -47,6 +57,7 @@ def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) 
         wall_seconds=time.perf_counter() - start,
         peak_rss_bytes=usage.ru_maxrss * 1024,
         log=log,
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
     )
 
 
@@ -55,13 +66,22 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text[-lines:])
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """The same CPU thread count for every child (torch reads these at start-up)."""
-    value = str(threads)
-    return {"OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value, "TOKENIZERS_PARALLELISM": "false"}
-
-
 CUDA_MEMORY_ENV = "BENCH_CUDA_MEMORY"
+
+
+def child_env(threads: int, device: str, cuda_memory: Path | None = None) -> dict[str, str]:
+    """A measured child's environment: scripts/ importable (its benchstep side modules), the same
+    CPU thread count for every child (torch reads these at start-up), no GPU on a CPU job, and on
+    a GPU where to write its peak CUDA memory (record_cuda_memory_at_exit)."""
+    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    value = str(threads)
+    env = {"PYTHONPATH": path, "OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif cuda_memory is not None:
+        env[CUDA_MEMORY_ENV] = str(cuda_memory)
+    return env
 
 
 def record_cuda_memory_at_exit() -> None:
@@ -250,3 +270,29 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def step_records(run_dir: Path) -> list[dict[str, Any]]:
     """A tepo run's per-step records (metrics.jsonl rows with a step), in order."""
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "step" in r]
+
+
+class CallTimes:
+    """Seconds spent in wrapped calls, summed per key until the step's record takes them: how a
+    trainer's own functions are timed from outside it (tepo's update, TRL's trainer methods)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+
+    def add(self, key: str, seconds: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + seconds
+
+    def timed(self, function: Callable[..., Any], key: str) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.add(key, time.perf_counter() - start)
+                self.ended(key)
+
+        return timed
+
+    def ended(self, key: str) -> None:
+        """Called as each timed call returns (a subclass keeps when a step's part ended)."""

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchlib.measure import matmul_gflops
 from benchlib.runner import WatchedResult, log_tail, python_module, read_jsonl, run_watched
 
 from benchstep import long_report
 from benchstep.job import Job, compose_overrides
-from benchstep.matmul import matmul_gflops
 
 TEPO_SIDES = {"tepo-hf": "hf", "tepo-vllm": "vllm"}
 SIDES = ("tepo-hf", "tepo-vllm", "trl")
