@@ -27,9 +27,11 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from benchlib.report import table
+from benchlib.runner import best_seconds
 
 CPU_CASES = ["smollm2", "qwen2.5-0.5b"]
 # --smoke: one tiny case through every step of a real run (numbers meaningless).
@@ -116,9 +118,7 @@ def run_worker(spec: dict) -> dict:
     dtype = getattr(torch, case.dtype)
     cuda = device.type == "cuda"
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if cuda else None
 
     def make(n: int, h: int, v: int):
         gen = torch.Generator().manual_seed(0)
@@ -133,7 +133,8 @@ def run_worker(spec: dict) -> dict:
     del tiny
     hidden, weight, targets = make(case.n, case.h, case.v)
     step = _make_step(backend, hidden, weight, targets)
-    sync()
+    if sync:
+        sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -143,7 +144,8 @@ def run_worker(spec: dict) -> dict:
             _status_kb("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         )
     step().backward()  # the measured (first) forward + backward
-    sync()
+    if sync:
+        sync()
     if cuda:
         peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
     else:
@@ -152,24 +154,13 @@ def run_worker(spec: dict) -> dict:
         )
         peak_mb = (peak_kb - (base_kb or 0)) / 1024
 
-    def fwd() -> None:
-        step()
-
     def fwd_bwd() -> None:
         hidden.grad = weight.grad = None
         step().backward()
 
-    out = {"peak_mb": peak_mb}
-    for key, fn in (("fwd_ms", fwd), ("fwdbwd_ms", fwd_bwd)):
-        times = []
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append((time.perf_counter() - t0) * 1e3)
-        out[key] = min(times)
-    return out
+    timed = {"fwd_ms": step, "fwdbwd_ms": fwd_bwd}
+    best = {key: 1e3 * best_seconds(fn, repeats, sync=sync) for key, fn in timed.items()}
+    return {"peak_mb": peak_mb, **best}
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -283,9 +274,7 @@ def print_table(rows: list[list[str]], title: str) -> None:
 
 
 def markdown(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return table(HEADER, rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from benchlib.report import median
+from benchlib.runner import log_tail, run_child, step_records
 
 LORA = ["model.lora.r=8"]
 
@@ -51,29 +52,24 @@ def train(out: Path, name: str, overrides: list[str]) -> dict[str, Any]:
     """One `tepo train` in a child process; its summary and per-step records."""
     run_dir = out / name
     command = [sys.executable, "-m", "tepo_cli", "train", *overrides, "trainer.progress=false"]
-    began = time.perf_counter()
-    result = subprocess.run(
-        [*command, f"hydra.run.dir={run_dir}"], capture_output=True, text=True, check=False
-    )
+    result = run_child([*command, f"hydra.run.dir={run_dir}"], out / f"{name}.log")
     if result.returncode != 0:
-        sys.exit(f"{name} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "step" in r]
+        sys.exit(f"{name} failed ({result.returncode}):\n{log_tail(result.log)}")
+    steps = step_records(run_dir)
+    timed = steps[1:] or steps  # the first step warms up
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "name": name,
         "overrides": overrides,
-        "wall_seconds": time.perf_counter() - began,
+        "wall_seconds": result.wall_seconds,
         "trainable_parameters": summary["trainable_parameters"],
         "policy_parameters": summary["policy_parameters"],
         "eval_before": summary.get("eval_before"),
         "eval_after": summary.get("eval_after"),
-        "median_step_seconds": statistics.median(r["step_seconds"] for r in steps[1:] or steps),
-        "median_sync_seconds": statistics.median(r["sync_seconds"] for r in steps[1:] or steps),
-        "median_rollout_seconds": statistics.median(
-            r["rollout_seconds"] for r in steps[1:] or steps
-        ),
-        "median_update_seconds": statistics.median(r["update_seconds"] for r in steps[1:] or steps),
+        **{
+            f"median_{key}": median(r[key] for r in timed)
+            for key in ("step_seconds", "sync_seconds", "rollout_seconds", "update_seconds")
+        },
         "peak_rss_mb": max(r["peak_rss_mb"] for r in steps),
     }
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
-import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
+
+from benchlib.measure import op_line, profiled_shares
+from benchlib.report import table
+from benchlib.runner import best_seconds, child_json
 
 # layout -> (model.packing, model.gradient_checkpointing)
 LAYOUTS = {
@@ -58,11 +59,8 @@ def main() -> None:
     if args.layout:
         print(json.dumps(_run(args)))
         return
-    results = {}
-    for layout in LAYOUTS:
-        command = [sys.executable, __file__, *sys.argv[1:], "--layout", layout]
-        child = subprocess.run(command, check=True, capture_output=True, text=True)
-        results[layout] = json.loads(child.stdout.strip().splitlines()[-1])
+    command = [sys.executable, __file__, *sys.argv[1:], "--layout"]
+    results = {layout: child_json([*command, layout]) for layout in LAYOUTS}
     _report(results)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
 
@@ -105,34 +103,22 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
         args.prompt_tokens,
     )
     policy = Policy(model, KernelConfig(), packing=packing)
-    seconds = []
-    for _ in range(args.repeats):
-        began = time.perf_counter()
+
+    def step() -> None:
         scores = policy(batch, 1.0, with_entropy=True)
         (scores.logp.sum() + scores.entropy.sum()).backward()
-        seconds.append(time.perf_counter() - began)
         policy.zero_grad(set_to_none=True)
-    shares = _profile(policy, batch) if args.profile else {}
+
+    seconds = best_seconds(step, args.repeats)
+    shares = profiled_shares(step) if args.profile else {}
     return {
         **shares,
-        "fwd_bwd_seconds": min(seconds),
+        "fwd_bwd_seconds": seconds,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "rows": rows,
         "real_answer_tokens": int(lengths.sum()),
         "padded_answer_slots": rows * width,
     }
-
-
-def _profile(policy: Any, batch: Any) -> dict[str, float]:
-    """Shares of one forward+backward's operator self time: matmul, attention, other."""
-    from benchstep.op_shares import op_shares
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        scores = policy(batch, 1.0, with_entropy=True)
-        (scores.logp.sum() + scores.entropy.sum()).backward()
-    policy.zero_grad(set_to_none=True)
-    return op_shares(prof)
 
 
 def _report(results: dict[str, dict[str, float]]) -> None:
@@ -141,20 +127,14 @@ def _report(results: dict[str, dict[str, float]]) -> None:
         f"{padded['rows']} answers, {padded['real_answer_tokens']} real answer tokens in "
         f"{padded['padded_answer_slots']} padded slots"
     )
-    print("| layout | fwd+bwd s | peak RSS GB |")
-    print("|---|---|---|")
-    for layout in LAYOUTS:
-        run = results[layout]
-        print(f"| {layout} | {run['fwd_bwd_seconds']:.2f} | {run['peak_rss_gb']:.2f} |")
-    for layout in LAYOUTS:
-        run = results[layout]
+    cells = [
+        (n, f"{r['fwd_bwd_seconds']:.2f}", f"{r['peak_rss_gb']:.2f}") for n, r in results.items()
+    ]
+    print(table(["layout", "fwd+bwd s", "peak RSS GB"], cells))
+    for layout, run in results.items():
         if "matmul_share" in run:
-            print(
-                f"{layout}: time in matmuls {run['matmul_share']:.0%}, attention "
-                f"{run['attention_share']:.0%}, other {run['other_share']:.0%}"
-            )
-    for layout in list(LAYOUTS)[1:]:
-        run = results[layout]
+            print(f"{layout}: {op_line(run)}")
+    for layout, run in list(results.items())[1:]:
         speedup = padded["fwd_bwd_seconds"] / run["fwd_bwd_seconds"]
         memory = run["peak_rss_gb"] / padded["peak_rss_gb"]
         print(f"{layout}: {speedup:.2f}x the padded speed, {memory:.2f}x its peak RSS")

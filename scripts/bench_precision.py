@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib.report import median, table
+from benchlib.runner import run_child, step_records
+
 REPO = Path(__file__).resolve().parent.parent
 DTYPES = ("float32", "bfloat16")
 SPLIT = ("step_seconds", "rollout_seconds", "score_seconds", "update_seconds")
@@ -86,31 +89,21 @@ def busy_cores() -> float:
 
 def run_one(args: argparse.Namespace, dtype: str, run_dir: Path, log: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "tepo_cli", "train", *job_overrides(args, dtype, run_dir)]
-    start, busy = time.monotonic(), busy_cores()
-    with log.open("w") as out:
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        usage = os.wait4(child.pid, 0)[2]
-    wall = time.monotonic() - start
-    own = usage.ru_utime + usage.ru_stime
-    others = max(0.0, (busy_cores() - busy - own) / wall)
-    records = []
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        lines = metrics.read_text().splitlines()
-        records = [r for r in map(json.loads, filter(None, lines)) if "step" in r]
-    status = child.returncode if child.returncode is not None else 0
+    busy = busy_cores()
+    child = run_child(command, log, cwd=REPO)
+    others = max(0.0, (busy_cores() - busy - child.cpu_seconds) / child.wall_seconds)
     return {
         "dtype": dtype,
-        "exit": status,
-        "wall_s": wall,
+        "exit": child.returncode,
+        "wall_s": child.wall_seconds,
         "others_cores": others,
-        "steps": records,
+        "steps": step_records(run_dir),
     }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per precision: medians over the pooled steps 2..N of every round."""
-    table: dict[str, dict[str, float]] = {}
+    found: dict[str, dict[str, float]] = {}
     for dtype in DTYPES:
         steps = [s for run in runs if run["dtype"] == dtype for s in run["steps"][1:]]
         if not steps:
@@ -124,30 +117,26 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         ]
         row["rollout_tokens_per_s"] = statistics.median(rollout) if rollout else float("nan")
         for key in QUALITY:
-            values = [s[key] for s in steps if key in s]
-            row[key] = statistics.median(values) if values else float("nan")
+            value = median(s.get(key) for s in steps)
+            row[key] = float("nan") if value is None else value
         row["steps"] = len(steps)
         row["others_cores"] = max(run["others_cores"] for run in runs if run["dtype"] == dtype)
-        table[dtype] = row
-    return table
+        found[dtype] = row
+    return found
 
 
-def render(table: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+def render(summary: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
     cols = [*SPLIT, "rollout_tokens_per_s", *QUALITY, "steps", "others_cores"]
     lines = [
         f"word_math step seconds by precision: {args.steps} steps a run (the first left out), "
         f"{args.rounds} round(s){' (smoke: numbers meaningless)' if args.smoke else ''}",
-        "",
-        "| | " + " | ".join(cols) + " |",
-        "|---|" + "---|" * len(cols),
     ]
-    for dtype, row in table.items():
-        lines.append(f"| {dtype} | " + " | ".join(_fmt(row[c]) for c in cols) + " |")
-    if len(table) == 2:
-        f32, b16 = table["float32"], table["bfloat16"]
+    rows = [[dtype, *(_fmt(row[c]) for c in cols)] for dtype, row in summary.items()]
+    if len(summary) == 2:
+        f32, b16 = summary["float32"], summary["bfloat16"]
         ratios = [_fmt(b16[c] / f32[c]) if f32[c] else "" for c in cols[:5]]
-        lines.append("| bf16 / float32 | " + " | ".join(ratios) + " |" + " |" * (len(cols) - 5))
-    return "\n".join(lines) + "\n"
+        rows.append(["bf16 / float32", *ratios, *[""] * (len(cols) - 5)])
+    return "\n".join([*lines, "", table(["", *cols], rows)]) + "\n"
 
 
 def _fmt(value: float) -> str:
@@ -177,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 1
-    table = summarize(runs)
-    text = render(table, args)
+    summary = summarize(runs)
+    text = render(summary, args)
     (out / "results.md").write_text(text)
-    (out / "results.json").write_text(json.dumps({"summary": table, "runs": runs}, indent=1))
+    (out / "results.json").write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
     print(text)
     return 0
 

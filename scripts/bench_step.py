@@ -43,27 +43,26 @@ import json
 import os
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from benchlib.report import gb, s, trl_version, version, versions
+from benchlib.runner import (
+    ChildResult,
+    child_env,
+    exit_on_sigterm,
+    log_tail,
+    python_module,
+    read_jsonl,
+    run_child,
+)
 from benchstep import report
 from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
 from benchstep.long_job import LongSettings, run_long
 from benchstep.options import CPU_DEFAULTS, check_device, parse_args
-from benchstep.procs import (
-    CUDA_MEMORY_ENV,
-    ChildResult,
-    exit_on_sigterm,
-    log_tail,
-    python_module,
-    run_child,
-    thread_env,
-)
-from benchstep.versions import trl_version, versions, vllm_version
 
 from tepo_cli.data.required import require_prepared
-
-SCRIPTS = Path(__file__).resolve().parent
 
 
 def make_job(args: argparse.Namespace, out: Path) -> Job:
@@ -74,24 +73,14 @@ def make_job(args: argparse.Namespace, out: Path) -> Job:
         model = save_tiny_model(out / "tiny_model")
     else:
         model = resolve_model(args.model)
+    # every Job field is the option of the same name, but for these (derived, or the default)
+    derived = {"model", "threads", "trl_micro_batch", "skip_zero_advantage", "operations"}
+    options = {f.name: getattr(args, f.name) for f in fields(Job) if f.name not in derived}
     return Job(
+        **options,
         model=model,
-        steps=args.steps,
-        seed=args.seed,
-        prompts_per_step=args.prompts_per_step,
-        generations=args.generations,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        lr=args.lr,
-        grad_clip=args.grad_clip,
-        digits=args.digits,
-        eval_size=args.eval_size,
-        device=args.device,
-        dtype=args.dtype,
         threads=threads,
-        gradient_checkpointing=args.gradient_checkpointing,
         trl_micro_batch=args.trl_micro_batch or 0,
-        trl_gradient_checkpointing=args.trl_gradient_checkpointing,
         skip_zero_advantage=getattr(args, "skip_zero_advantage", None) is not False,
     )
 
@@ -107,47 +96,19 @@ def check_task(config: Any) -> None:
         sys.exit(f"bench_step: {error}")
 
 
-def child_env(job: Job, cuda_memory: Path | None = None) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
-    env = {"PYTHONPATH": path, **thread_env(job.threads)}
-    if job.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    elif cuda_memory is not None:
-        env[CUDA_MEMORY_ENV] = str(cuda_memory)
-    return env
-
-
-def run_tepo(job: Job, out: Path, round_index: int) -> tuple[ChildResult, Path]:
-    run_dir = out / "tepo" / f"round{round_index}"
-    probes = out / "tepo" / f"round{round_index}.probes.jsonl"
-    command = python_module(
-        sys.executable,
-        "benchstep.tepo_side",
-        str(probes),
-        *job.tepo_overrides(),
-        f"hydra.run.dir={run_dir}",
-    )
-    env = child_env(job, out / "tepo" / f"round{round_index}.cuda.json")
-    return run_child(command, out / "tepo" / f"round{round_index}.log", env), run_dir
-
-
-def run_trl(job: Job, out: Path, round_index: int, python: str) -> tuple[ChildResult, Path]:
-    run_dir = out / "trl" / f"round{round_index}"
-    command = python_module(
-        python,
-        "benchstep.trl_side",
-        str(out / "job.json"),
-        str(out / "tepo_config.json"),
-        str(run_dir),
-    )
-    env = child_env(job, out / "trl" / f"round{round_index}.cuda.json")
-    return run_child(command, out / "trl" / f"round{round_index}.log", env), run_dir
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def run_side(side: str, job: Job, out: Path, round_index: int, python: str) -> ChildResult:
+    """One trainer's round in its own process: tepo_side (tepo train with probes) or trl_side."""
+    run_dir = out / side / f"round{round_index}"
+    if side == "tepo":
+        args = [str(run_dir.with_suffix(".probes.jsonl")), *job.tepo_overrides()]
+        command = python_module(
+            sys.executable, "benchstep.tepo_side", *args, f"hydra.run.dir={run_dir}"
+        )
+    else:
+        args = [str(out / "job.json"), str(out / "tepo_config.json"), str(run_dir)]
+        command = python_module(python, "benchstep.trl_side", *args)
+    env = child_env(job.threads, job.device, run_dir.with_suffix(".cuda.json"))
+    return run_child(command, run_dir.with_suffix(".log"), env)
 
 
 def collect_run(side: str, result: ChildResult, run_dir: Path) -> dict[str, Any]:
@@ -175,10 +136,8 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
     for round_index in range(args.rounds):
         for side in args.sides:
             print(f"[round {round_index + 1}/{args.rounds}] {side}: training …", flush=True)
-            if side == "tepo":
-                result, run_dir = run_tepo(job, out, round_index)
-            else:
-                result, run_dir = run_trl(job, out, round_index, args.trl_python)
+            result = run_side(side, job, out, round_index, args.trl_python)
+            run_dir = out / side / f"round{round_index}"
             if result.returncode != 0:
                 sys.exit(
                     f"bench_step: {side} failed (exit {result.returncode}); {result.log}:\n"
@@ -188,8 +147,8 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
             runs[side].append(run)
             median = report.summarize([run])["median_s"]
             print(
-                f"  {len(run['steps'])} steps, median {report._s(median)} s/step (steps 2–), "
-                f"peak RSS {report._gb(run['peak_rss_bytes'])}, wall {result.wall_seconds:.0f} s",
+                f"  {len(run['steps'])} steps, median {s(median)} s/step (steps 2–), "
+                f"peak RSS {gb(run['peak_rss_bytes'])}, wall {result.wall_seconds:.0f} s",
                 flush=True,
             )
     return runs
@@ -210,7 +169,7 @@ def evaluate_all(job: Job, runs: dict[str, list[dict[str, Any]]], out: Path) -> 
         str(out / "eval.json"),
         *(f"{name}={path}" for name, path in models.items()),
     )
-    result = run_child(command, out / "eval.log", child_env(job))
+    result = run_child(command, out / "eval.log", child_env(job.threads, job.device))
     if result.returncode != 0:
         sys.exit(f"bench_step: evaluation failed; {result.log}:\n" + log_tail(result.log))
     scores = json.loads((out / "eval.json").read_text())
@@ -231,7 +190,13 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
         host_allocator=args.host_allocator,
     )
     print(f"model: {job.model}\nresults: {out}", flush=True)
-    return run_long(job, settings, out, child_env(job), {**versions(trl), "vllm": vllm_version()})
+    return run_long(
+        job,
+        settings,
+        out,
+        child_env(job.threads, job.device),
+        {**versions(trl), "vllm": version("vllm")},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

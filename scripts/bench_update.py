@@ -22,23 +22,25 @@ Per variant: the update's seconds (best of `--repeats`, each after one warm-up u
 forward/backward/optimizer split, the micro-batches it ran, peak RSS, and the rate on real answer
 tokens, 6 x parameters x answer tokens / update seconds, beside an fp32 `torch.mm` of the model's
 MLP shape timed in the same process before and after the updates, the better of the two (the long
-job's reference, benchstep/matmul.py), and the update's MFU as every step record gives it
+job's reference, benchlib/measure.py), and the update's MFU as every step record gives it
 (tepo_cli/train/flops.py: each distinct prompt once, attention included) against that rate. `--profile`
 runs one more update under torch.profiler and splits its operators' own CPU time into matmuls,
-attention and the rest, naming the largest of the rest (benchstep/op_shares.py).
+attention and the rest, naming the largest of the rest (benchlib/measure.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib.measure import op_line
+from benchlib.report import table
+from benchlib.runner import child_json
 
 # variant -> tepo config overrides on top of the job's
 VARIANTS = {
@@ -114,11 +116,7 @@ def main() -> None:
     for _ in range(max(1, args.rounds)):  # alternated: a slow spell of the machine hits both
         for name in names:
             command = [sys.executable, __file__, *sys.argv[1:], "--variant", name]
-            env = {**os.environ, **VARIANT_ENV.get(name, {})}
-            child = subprocess.run(command, capture_output=True, text=True, env=env)
-            if child.returncode != 0:
-                sys.exit(f"bench_update: variant {name} failed:\n{child.stdout}\n{child.stderr}")
-            run = json.loads(child.stdout.strip().splitlines()[-1])
+            run = child_json(command, VARIANT_ENV.get(name))
             if name not in results or run["update_seconds"] < results[name]["update_seconds"]:
                 results[name] = run
     _report(results)
@@ -157,8 +155,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     start_with_host_allocator("train", overrides)  # as `tepo train` starts: the same allocator
 
     import torch
-    from benchstep.matmul import matmul_gflops
-    from benchstep.versions import cpu_model
+    from benchlib.measure import matmul_gflops, profiled_shares
+    from benchlib.report import cpu_model
     from hydra import compose, initialize_config_module
 
     from tepo_cli.algos.advantage import group_advantages
@@ -205,7 +203,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             runs.append((time.perf_counter() - began, metrics))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # before the profiler's
         shares = (
-            _profile(lambda: update(cfg, engine, experience, generator)) if args.profile else {}
+            profiled_shares(lambda: update(cfg, engine, experience, generator), top=8)
+            if args.profile
+            else {}
         )
     finally:
         teardown()
@@ -236,15 +236,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "host_allocator": allocator,
         **shares,
     }
-
-
-def _profile(step: Any) -> dict[str, Any]:
-    from benchstep.op_shares import op_shares
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    return op_shares(prof, top=8)
 
 
 def _rollout(answers: list[int], prompts: list[int], vocab: int) -> Any:
@@ -293,27 +284,26 @@ def _report(results: dict[str, dict[str, Any]]) -> None:
         f"{first.get('cpu', 'an unnamed CPU')}; peak RSS of each variant's process (load, "
         "warm-up and timed updates)\n"
     )
-    print(
-        "| variant | allocator | update s (forward / backward / optimizer) | micro-batches "
-        "| peak RSS GB | GFLOP/s on answer tokens | / matmul rate | update MFU |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, run in results.items():
-        print(
-            f"| {name} | {run['host_allocator']} | {run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
-            f"{run['backward_seconds']:.2f} / {run['optimizer_seconds']:.2f}) | "
-            f"{run['micro_batches']} | {run['peak_rss_gb']:.2f} | {run['update_gflops']:.1f} | "
-            f"{run['of_matmul_rate']:.2f} (of {run['matmul_gflops']:.1f}) | "
-            f"{run['update_mfu']:.2f} |"
+    header = ["variant", "allocator", "update s (forward / backward / optimizer)", "micro-batches"]
+    header += ["peak RSS GB", "GFLOP/s on answer tokens", "/ matmul rate", "update MFU"]
+    rows = [
+        (
+            name,
+            run["host_allocator"],
+            f"{run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
+            f"{run['backward_seconds']:.2f} / {run['optimizer_seconds']:.2f})",
+            run["micro_batches"],
+            f"{run['peak_rss_gb']:.2f}",
+            f"{run['update_gflops']:.1f}",
+            f"{run['of_matmul_rate']:.2f} (of {run['matmul_gflops']:.1f})",
+            f"{run['update_mfu']:.2f}",
         )
-    print()
+        for name, run in results.items()
+    ]
+    print(table(header, rows) + "\n")
     for name, run in results.items():
         if "matmul_share" in run:
-            top = ", ".join(f"{op} {share:.1%}" for op, share in run["top_other"])
-            print(
-                f"- {name}: time in matmuls {run['matmul_share']:.0%}, attention "
-                f"{run['attention_share']:.0%}, other {run['other_share']:.0%} ({top})"
-            )
+            print(f"- {name}: {op_line(run)}")
     names = list(results)
     for name in names[1:]:
         ratio = results[names[0]]["update_seconds"] / results[name]["update_seconds"]

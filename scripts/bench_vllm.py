@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib.report import median, table
+from benchlib.runner import child_env, log_tail, python_module, run_child, step_records
 from benchstep.job import Job, resolve_model
-from benchstep.procs import log_tail, python_module, run_child, thread_env
 
 from tepo_cli.data.required import require_prepared
 
-SCRIPTS = Path(__file__).resolve().parent
 BACKENDS = ("hf", "vllm")
 
 
@@ -64,14 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--backends takes hf, vllm or hf,vllm")
     args.threads = args.threads or len(os.sched_getaffinity(0))
     return args
-
-
-def child_env(threads: int, device: str) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
-    env = {"PYTHONPATH": path, **thread_env(threads)}
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
 
 
 def run(command: list[str], log: Path, args: argparse.Namespace) -> Any:
@@ -160,22 +152,16 @@ def step_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
             f"hydra.run.dir={run_dir}",
         )
         result = run(command, out / f"step_{backend}.log", args)
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-        steps = [m for m in metrics if "step_seconds" in m][1:]  # step 1 warms caches up
-
-        def median(key: str, rows: list[dict[str, Any]] = steps) -> float | None:
-            values = [m[key] for m in rows if m.get(key) is not None]
-            return statistics.median(values) if values else None
-
+        steps = [m for m in step_records(run_dir) if "step_seconds" in m][1:]  # 1 warms up
         rows.append(
             {
                 "backend": backend,
                 "steps": len(steps) + 1,
-                "median_step_seconds": median("step_seconds"),
-                "rollout_seconds": median("rollout_seconds"),
-                "sync_seconds": median("sync_seconds"),
-                "update_seconds": median("update_seconds"),
-                "scoring_seconds": median("score_seconds"),
+                "median_step_seconds": median(m.get("step_seconds") for m in steps),
+                "rollout_seconds": median(m.get("rollout_seconds") for m in steps),
+                "sync_seconds": median(m.get("sync_seconds") for m in steps),
+                "update_seconds": median(m.get("update_seconds") for m in steps),
+                "scoring_seconds": median(m.get("score_seconds") for m in steps),
                 "mismatch_abs_max": max((m.get("mismatch_abs_max", 0.0) for m in steps), default=0),
                 "final_reward_mean": statistics.mean(m["reward_mean"] for m in steps[-10:]),
                 "wall_seconds": result.wall_seconds,
@@ -186,12 +172,8 @@ def step_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(k, row[k]) for k in keys) + " |")
-    return "\n".join(lines)
+def results_table(rows: list[dict[str, Any]]) -> str:
+    return table(list(rows[0]), ([_cell(k, v) for k, v in row.items()] for row in rows))
 
 
 def ratios(rows: list[dict[str, Any]], key: str, group: str | None) -> list[str]:
@@ -226,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         rows = step_runs(args, out)
         notes = ratios(rows, "median_step_seconds", None) + ratios(rows, "rollout_seconds", None)
-    text = f"{table(rows)}\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    text = f"{results_table(rows)}\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     print(text)
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, default=str))

@@ -19,10 +19,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchlib.report import table
+from benchlib.runner import read_jsonl
+
 OBJECTIVES = ("grpo", "dapo", "gspo", "tepo", "mpo", "mpo_exact", "mpo_disjoint")
 # --smoke: the multirun and the table on two objectives (each objective's training has its own
 # tests), the tiny model, one step, a 10-problem evaluation.
 SMOKE_OBJECTIVES = "grpo,gspo"
+HEADER = [
+    "objective",
+    "held-out accuracy before → after",
+    "reward, last 5 steps",
+    "median s/step",
+    "dropped groups",
+]
 SMOKE_OVERRIDES = ["model=tiny", "trainer.max_steps=1", "benchmark.eval_size=10"]
 
 
@@ -64,19 +74,17 @@ def main() -> int:
 
 
 def comparison_table(root: Path, objectives: list[str]) -> str:
-    rows = [
-        "| objective | held-out accuracy before → after | reward, last 5 steps | median s/step | dropped groups |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for name in objectives:
         run = root / name
         summary_file = run / "summary.json"
         if not summary_file.is_file():
-            rows.append(f"| {name} | failed or unfinished (see {run}) | | | |")
+            rows.append([name, f"failed or unfinished (see {run})", "", "", ""])
             continue
         summary = json.loads(summary_file.read_text())
-        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        metrics = [m for m in records if "reward_mean" in m]  # steps, not MPO's MTP warm-up rows
+        metrics = [
+            m for m in read_jsonl(run / "metrics.jsonl") if "reward_mean" in m
+        ]  # steps, not MPO's MTP warm-up rows
         last = metrics[-5:]
         reward = statistics.mean(m["reward_mean"] for m in last)
         dropped = statistics.mean(m.get("dropped_group_frac", 0.0) for m in metrics)
@@ -86,11 +94,9 @@ def comparison_table(root: Path, objectives: list[str]) -> str:
             if before is not None and after is not None
             else "-"
         )
-        rows.append(
-            f"| {name} | {accuracy} | {reward:.2f} | {summary['median_step_seconds']:.1f} | "
-            f"{dropped:.0%} |"
-        )
-    return "\n".join(rows)
+        step = summary["median_step_seconds"]
+        rows.append([name, accuracy, f"{reward:.2f}", f"{step:.1f}", f"{dropped:.0%}"])
+    return table(HEADER, rows)
 
 
 if __name__ == "__main__":

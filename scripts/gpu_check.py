@@ -26,7 +26,6 @@ import importlib.util
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -34,7 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/gpucheck, however this is run
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, gpucheck, however this is run
+from benchlib.report import median
+from benchlib.runner import step_records
 from gpucheck.table import Outcome, markdown, render
 
 
@@ -175,14 +176,6 @@ def command_line(check: Check, run_dir: Path, runs: dict[str, Path], tepo: list[
     return args
 
 
-def step_records(metrics: Path) -> list[dict[str, Any]]:
-    """The training steps' records of a run's metrics.jsonl (not the MTP warm-up's)."""
-    if not metrics.exists():
-        return []
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [r for r in records if "step" in r and "loss" in r]
-
-
 def judge(check: Check, returncode: int, records: list[dict[str, Any]], steps: int) -> str:
     """Why the check failed ("" when it passed)."""
     if returncode != 0:
@@ -215,11 +208,6 @@ def speed_modes(run_dir: Path) -> dict[str, Any]:
     return {**modes, **summary.get("rollout_engine", {})}
 
 
-def _median(records: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(r[key]) for r in records if key in r]
-    return statistics.median(values) if values else None
-
-
 def run_check(
     check: Check, out: Path, runs: dict[str, Path], tepo: list[str], steps: int, timeout: float
 ) -> Outcome:
@@ -245,7 +233,7 @@ def run_check(
         returncode = -1
     outcome.seconds = time.monotonic() - started
     where = runs.get(check.after, run_dir) if check.command == "train" else run_dir
-    records = step_records(where / "metrics.jsonl")
+    records = [r for r in step_records(where) if "loss" in r]  # not MTP warm-up rows
     if check.name == "resume":
         records = records[-1:]  # the step the resumed run took
     outcome.steps = len(records)
@@ -261,9 +249,9 @@ def run_check(
         if check.command == "train":
             outcome.extra.update(speed_modes(where))
             outcome.why = " ".join(name for name, on in outcome.extra.items() if on is True)
-    outcome.step_s = _median(records, "step_seconds")
-    outcome.rollout_s = _median(records, "rollout_seconds")
-    outcome.update_s = _median(records, "update_seconds")
+    outcome.step_s = median(r.get("step_seconds") for r in records)
+    outcome.rollout_s = median(r.get("rollout_seconds") for r in records)
+    outcome.update_s = median(r.get("update_seconds") for r in records)
     outcome.peak_rss_mb = max(
         (r["peak_rss_mb"] for r in records if "peak_rss_mb" in r), default=None
     )

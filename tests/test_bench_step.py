@@ -281,7 +281,7 @@ def test_a_step_without_an_update_counts_no_update_work():
 
 
 def test_a_side_over_the_memory_limit_is_killed_and_reported(tmp_path):
-    from benchstep.procs import run_watched
+    from benchlib.runner import run_watched
 
     grow = "import time\nblocks = []\nwhile True:\n    blocks.append(bytearray(50_000_000))\n"
     result = run_watched([sys.executable, "-c", grow], tmp_path / "log", None, 400_000_000, 0.05)
@@ -318,7 +318,7 @@ def test_sigterm_to_the_benchmark_ends_the_watched_side(tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "from pathlib import Path\n"
-        "from benchstep.procs import exit_on_sigterm, run_watched\n"
+        "from benchlib.runner import exit_on_sigterm, run_watched\n"
         "exit_on_sigterm()\n"
         "run_watched([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); "
         "time.sleep(60)'], Path(sys.argv[2]), None, 10**10)\n"

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchlib.measure import matmul_gflops
+from benchlib.runner import WatchedResult, log_tail, python_module, read_jsonl, run_watched
+
 from benchstep import long_report
 from benchstep.job import Job, compose_overrides
-from benchstep.matmul import matmul_gflops
-from benchstep.procs import WatchedResult, log_tail, python_module, run_watched
 
 TEPO_SIDES = {"tepo-hf": "hf", "tepo-vllm": "vllm"}
 SIDES = ("tepo-hf", "tepo-vllm", "trl")
@@ -88,8 +89,8 @@ def run_side(
             f"hydra.run.dir={run_dir}",
         )
         result = run_watched(command, out / f"{side}.log", env, settings.memory_limit_bytes)
-        metrics = _read_jsonl(run_dir / "metrics.jsonl")
-        steps = long_report.tepo_steps(metrics, _read_jsonl(probes))
+        metrics = read_jsonl(run_dir / "metrics.jsonl")
+        steps = long_report.tepo_steps(metrics, read_jsonl(probes))
         summary = run_dir / "summary.json"  # the allocator that served the run
         allocator = (
             json.loads(summary.read_text()).get("host_allocator") if summary.exists() else None
@@ -117,7 +118,7 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
         result = run_watched(
             command, out / f"trl-{mode}.log", side_env, settings.memory_limit_bytes
         )
-        steps = long_report.trl_steps(_read_jsonl(run_dir / "timings.jsonl"))
+        steps = long_report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
         failed_early = result.returncode != 0 and not result.oom and not steps
         if mode == "vllm" and settings.trl_generation == "auto":
             if failed_early:
@@ -166,12 +167,6 @@ def _last_error(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "error" in line]
     return (errors or lines or ["no output"])[-1][:300]
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def model_mlp(model_dir: str) -> tuple[int, int]:

@@ -9,9 +9,10 @@ the probe (the rows each micro-batch ran, the rollout's lengths).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from typing import Any
+
+from benchlib import report as fmt
 
 from benchstep.update_shapes import UpdateShapes, length_stats, update_gflops
 
@@ -90,7 +91,7 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
     update_seconds = sum(s["update"] for s in timed if s["shapes"] and s["update"] is not None)
     params = next((s["params"] for s in steps if s["params"]), None)
     gflops = update_gflops(params, answer_tokens, update_seconds) if params else None
-    median = _median(s["total"] for s in timed)
+    median = fmt.median(s["total"] for s in timed)
     # A step whose every advantage was 0 runs no update (tepo: trainer.skip_zero_advantage): its
     # update seconds are not an update's, so the update's median is over the steps that ran one.
     updated = [s for s in timed if not s["shapes"] or s["shapes"]["slots"] > 0]
@@ -108,9 +109,9 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
         "median_s": median,
         "steps_per_s": 1.0 / median if median else None,
         "parts_median_s": {
-            "generation": _median(s["generation"] for s in timed),
-            "scoring": _median(s["scoring"] for s in timed),
-            "update": _median(s["update"] for s in updated),
+            "generation": fmt.median(s["generation"] for s in timed),
+            "scoring": fmt.median(s["scoring"] for s in timed),
+            "update": fmt.median(s["update"] for s in updated),
         },
         "updates_skipped": len(timed) - len(updated),
         "lengths": length_stats(lengths, cap) if cap else length_stats(lengths, 10**9),
@@ -133,14 +134,9 @@ def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
 
 def _update_cell(summary: dict[str, Any]) -> str:
     """The update's median seconds, and how many timed steps ran none (no row with a gradient)."""
-    cell = _s(summary["parts_median_s"]["update"])
+    cell = fmt.s(summary["parts_median_s"]["update"])
     skipped = summary.get("updates_skipped", 0)
     return f"{cell} ({skipped} steps without one)" if skipped else cell
-
-
-def _median(values: Any) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
 
 
 def targets(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, str, bool | None]]:
@@ -149,20 +145,22 @@ def targets(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, str, bool | 
     rows = []
     for tepo in (s for s in summaries if s["side"].startswith("tepo")):
         name, rss, share = tepo["side"], tepo["peak_rss_bytes"], tepo["matmul_share"]
-        rows.append((f"{name} peak RSS ≤ 4 GB", _gb(rss), rss <= TARGET_RSS_BYTES))
+        rows.append((f"{name} peak RSS ≤ 4 GB", fmt.gb(rss), rss <= TARGET_RSS_BYTES))
         met = None if share is None else share >= TARGET_MATMUL_SHARE
-        rows.append((f"{name} update ≥ {TARGET_MATMUL_SHARE} of the matmul rate", _f(share), met))
-        speed = _ratio(tepo["steps_per_s"], trl["steps_per_s"]) if trl else None
+        rows.append(
+            (f"{name} update ≥ {TARGET_MATMUL_SHARE} of the matmul rate", fmt.s(share), met)
+        )
+        speed = fmt.ratio(tepo["steps_per_s"], trl["steps_per_s"]) if trl else None
         if trl is not None and trl["status"] == "OOM" and tepo["status"] == "ok":
             rows.append(
                 (f"{name} ≥ {TARGET_SPEEDUP:.0f}× TRL's steps/s", "TRL ran out of memory", None)
             )
         else:
             met = None if speed is None else speed >= TARGET_SPEEDUP
-            rows.append((f"{name} ≥ {TARGET_SPEEDUP:.0f}× TRL's steps/s", _x(speed), met))
-        ratio = _ratio(rss, trl["peak_rss_bytes"]) if trl else None
+            rows.append((f"{name} ≥ {TARGET_SPEEDUP:.0f}× TRL's steps/s", fmt.x(speed), met))
+        ratio = fmt.ratio(rss, trl["peak_rss_bytes"]) if trl else None
         met = None if ratio is None else ratio <= TARGET_RSS_RATIO
-        rows.append((f"{name} peak RSS ≤ {TARGET_RSS_RATIO}× TRL's", _x(ratio), met))
+        rows.append((f"{name} peak RSS ≤ {TARGET_RSS_RATIO}× TRL's", fmt.x(ratio), met))
     return rows
 
 
@@ -198,26 +196,26 @@ def markdown(
         row("status (steps finished)", each(lambda s: f"{s['status']} ({s['steps_done']})")),
         row("generation", each(lambda s: str(s["generation_mode"] or "—"))),
         row("host allocator", each(lambda s: str(s.get("host_allocator") or "—"))),
-        row("median s/step", each(lambda s: _s(s["median_s"]))),
-        row("  generation, s", each(lambda s: _s(s["parts_median_s"]["generation"]))),
-        row("  scoring, s", each(lambda s: _s(s["parts_median_s"]["scoring"]))),
+        row("median s/step", each(lambda s: fmt.s(s["median_s"]))),
+        row("  generation, s", each(lambda s: fmt.s(s["parts_median_s"]["generation"]))),
+        row("  scoring, s", each(lambda s: fmt.s(s["parts_median_s"]["scoring"]))),
         row("  update, s", each(_update_cell)),
-        row("steps/s", each(lambda s: _s(s["steps_per_s"], 4))),
-        row("peak RSS", each(lambda s: _gb(s["peak_rss_bytes"]))),
+        row("steps/s", each(lambda s: fmt.s(s["steps_per_s"], 4))),
+        row("peak RSS", each(lambda s: fmt.gb(s["peak_rss_bytes"]))),
         row("answers", [str(x["count"]) for x in lengths]),
-        row("answer length mean", [_s(x["mean"], 1) for x in lengths]),
+        row("answer length mean", [fmt.s(x["mean"], 1) for x in lengths]),
         row("answer length p50 / p90 / max", [_lengths(x) for x in lengths]),
-        row("truncated share", [_pct(x["truncated"]) for x in lengths]),
-        row("update padding share", each(lambda s: _pct(s["padding_share"]))),
+        row("truncated share", [fmt.pct(x["truncated"]) for x in lengths]),
+        row("update padding share", each(lambda s: fmt.pct(s["padding_share"]))),
         row(
             "update token slots / real", each(lambda s: f"{s['token_slots']} / {s['real_tokens']}")
         ),
-        row("update GFLOP/s on answer tokens", each(lambda s: _s(s["update_gflops"], 1))),
+        row("update GFLOP/s on answer tokens", each(lambda s: fmt.s(s["update_gflops"], 1))),
         row(
             f"… / matmul rate ({float(matmul['gflops']):.1f} GFLOP/s)",
-            each(lambda s: _s(s["matmul_share"])),
+            each(lambda s: fmt.s(s["matmul_share"])),
         ),
-        row("update MFU (as in each step record)", each(lambda s: _s(s.get("update_mfu")))),
+        row("update MFU (as in each step record)", each(lambda s: fmt.s(s.get("update_mfu")))),
         "",
     ]
     trl = next((s for s in summaries if s["side"] == "trl"), None)
@@ -229,9 +227,7 @@ def markdown(
             "",
         ]
     lines += ["Targets (issue 25):", ""]
-    for condition, measured, met in targets(summaries):
-        mark = "not measured" if met is None else ("met" if met else "NOT met")
-        lines.append(f"- {condition}: {measured} — {mark}")
+    lines += fmt.verdicts(targets(summaries))
     lines += [
         "",
         "How measured: s/step is the median over steps 2.. (step 1 when only one finished); "
@@ -248,7 +244,7 @@ def markdown(
         "threads. Peak RSS: the side's process tree, sampled every 0.25 s (and wait4's "
         "ru_maxrss, whichever is larger).",
         "",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        fmt.versions_line(versions),
     ]
     return "\n".join(lines) + "\n"
 
@@ -257,27 +253,3 @@ def _lengths(x: dict[str, Any]) -> str:
     if not x["count"]:
         return "—"
     return f"{x['p50']:.0f} / {x['p90']:.0f} / {x['max']}"
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _s(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def _f(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
-
-
-def _x(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}×"
-
-
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f} %"
-
-
-def _gb(value: int | None) -> str:
-    return "—" if value is None else f"{value / 1e9:.2f} GB"

@@ -8,8 +8,10 @@ A normalised step is {"step", "total", "generation", "scoring", "forward", "back
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from benchlib import report as fmt
 
 PARTS = ("generation", "scoring", "forward", "backward", "fwd_bwd", "optimizer", "other")
 LABELS = {
@@ -130,35 +132,25 @@ def summarize(runs: Sequence[dict[str, Any]], skip: int = 1) -> dict[str, Any]:
         "min_s": min(totals) if totals else None,
         "max_s": max(totals) if totals else None,
         "steps_per_s": 1.0 / median if median else None,
-        "parts_median_s": {part: _median(s[part] for s in timed) for part in PARTS},
+        "parts_median_s": {part: fmt.median(s[part] for s in timed) for part in PARTS},
         "peak_rss_bytes": max((run["peak_rss_bytes"] for run in runs), default=None),
         "peak_rss_bytes_per_round": [run["peak_rss_bytes"] for run in runs],
         "peak_cuda_bytes": max(
             (run["peak_cuda_bytes"] for run in runs if run.get("peak_cuda_bytes")), default=None
         ),
-        "wall_s": _median(run["wall_seconds"] for run in runs),
+        "wall_s": fmt.median(run["wall_seconds"] for run in runs),
         "reward_per_step": _mean_by_step(runs),
-        "accuracy_after": _mean(run.get("accuracy_after") for run in runs),
+        "accuracy_after": fmt.mean(run.get("accuracy_after") for run in runs),
     }
     rewards = [r for r in summary["reward_per_step"] if r is not None]
     summary["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
     return summary
 
 
-def _median(values: Iterable[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
-
-
 def _mean_by_step(runs: Sequence[dict[str, Any]]) -> list[float | None]:
     length = max((len(run["steps"]) for run in runs), default=0)
     return [
-        _mean(run["steps"][i]["reward"] for run in runs if i < len(run["steps"]))
+        fmt.mean(run["steps"][i]["reward"] for run in runs if i < len(run["steps"]))
         for i in range(length)
     ]
 
@@ -166,33 +158,29 @@ def _mean_by_step(runs: Sequence[dict[str, Any]]) -> list[float | None]:
 def ratios(tepo: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
     """tepo/TRL: s/step (median), steps/s (the speed-up), peak RSS, each part; accuracy in points."""
     parts = {
-        part: _ratio(tepo["parts_median_s"][part], trl["parts_median_s"][part]) for part in PARTS
+        part: fmt.ratio(tepo["parts_median_s"][part], trl["parts_median_s"][part]) for part in PARTS
     }
     accuracy = None
     if tepo["accuracy_after"] is not None and trl["accuracy_after"] is not None:
         accuracy = 100.0 * (tepo["accuracy_after"] - trl["accuracy_after"])
     return {
-        "median_s": _ratio(tepo["median_s"], trl["median_s"]),
-        "steps_per_s": _ratio(tepo["steps_per_s"], trl["steps_per_s"]),
-        "peak_rss": _ratio(tepo["peak_rss_bytes"], trl["peak_rss_bytes"]),
+        "median_s": fmt.ratio(tepo["median_s"], trl["median_s"]),
+        "steps_per_s": fmt.ratio(tepo["steps_per_s"], trl["steps_per_s"]),
+        "peak_rss": fmt.ratio(tepo["peak_rss_bytes"], trl["peak_rss_bytes"]),
         "parts": parts,
         "accuracy_points": accuracy,
     }
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """The issue's done-when, each as (condition, measured, met?)."""
     speed, rss, acc = r["steps_per_s"], r["peak_rss"], r["accuracy_points"]
     return [
-        (f"tepo ≥ {TARGET_SPEEDUP:.1f}× TRL steps/s", _x(speed), _ok(speed, TARGET_SPEEDUP, 1)),
-        (f"tepo peak RSS ≤ {TARGET_RSS_RATIO}× TRL's", _x(rss), _ok(rss, TARGET_RSS_RATIO, -1)),
+        (f"tepo ≥ {TARGET_SPEEDUP:.1f}× TRL steps/s", fmt.x(speed), _ok(speed, TARGET_SPEEDUP, 1)),
+        (f"tepo peak RSS ≤ {TARGET_RSS_RATIO}× TRL's", fmt.x(rss), _ok(rss, TARGET_RSS_RATIO, -1)),
         (
             f"accuracy after within {TARGET_ACCURACY_POINTS:.0f} points of TRL's",
-            _pts(acc),
+            fmt.points(acc),
             None if acc is None else abs(acc) <= TARGET_ACCURACY_POINTS,
         ),
     ]
@@ -217,31 +205,31 @@ def markdown(
         "| | tepo | TRL | tepo/TRL |",
         "|---|---|---|---|",
         _row(f"median s/step (steps 2–{n})", tepo["median_s"], trl["median_s"], r["median_s"]),
-        f"| min / max s/step | {_s(tepo['min_s'])} / {_s(tepo['max_s'])} "
-        f"| {_s(trl['min_s'])} / {_s(trl['max_s'])} | |",
+        f"| min / max s/step | {fmt.s(tepo['min_s'])} / {fmt.s(tepo['max_s'])} "
+        f"| {fmt.s(trl['min_s'])} / {fmt.s(trl['max_s'])} | |",
         _row("steps/s", tepo["steps_per_s"], trl["steps_per_s"], r["steps_per_s"], digits=3),
     ]
     for part in PARTS:
         t, u = tepo["parts_median_s"][part], trl["parts_median_s"][part]
         lines.append(_row(f"  {LABELS[part]}, median s", t, u, r["parts"][part]))
     lines += [
-        f"| peak RSS | {_gb(tepo['peak_rss_bytes'])} | {_gb(trl['peak_rss_bytes'])} "
-        f"| {_x(r['peak_rss'])} |",
+        f"| peak RSS | {fmt.gb(tepo['peak_rss_bytes'])} | {fmt.gb(trl['peak_rss_bytes'])} "
+        f"| {fmt.x(r['peak_rss'])} |",
     ]
     if tepo["peak_cuda_bytes"] or trl["peak_cuda_bytes"]:
-        cuda_ratio = _ratio(tepo["peak_cuda_bytes"], trl["peak_cuda_bytes"])
+        cuda_ratio = fmt.ratio(tepo["peak_cuda_bytes"], trl["peak_cuda_bytes"])
         lines.append(
-            f"| peak GPU memory (max allocated) | {_gb(tepo['peak_cuda_bytes'])} "
-            f"| {_gb(trl['peak_cuda_bytes'])} | {_x(cuda_ratio)} |"
+            f"| peak GPU memory (max allocated) | {fmt.gb(tepo['peak_cuda_bytes'])} "
+            f"| {fmt.gb(trl['peak_cuda_bytes'])} | {fmt.x(cuda_ratio)} |"
         )
     lines += [
-        f"| process wall time (load, {n} steps, save) | {_sec(tepo['wall_s'])} "
-        f"| {_sec(trl['wall_s'])} | |",
-        f"| mean reward over steps 1–{n} | {_f(tepo['reward_mean'])} "
-        f"| {_f(trl['reward_mean'])} | |",
+        f"| process wall time (load, {n} steps, save) | {fmt.seconds(tepo['wall_s'])} "
+        f"| {fmt.seconds(trl['wall_s'])} | |",
+        f"| mean reward over steps 1–{n} | {fmt.s(tepo['reward_mean'])} "
+        f"| {fmt.s(trl['reward_mean'])} | |",
         f"| greedy accuracy before → after ({job['eval_size']} held-out) "
-        f"| {_f(accuracy_before)} → {_f(tepo['accuracy_after'])} "
-        f"| {_f(accuracy_before)} → {_f(trl['accuracy_after'])} | {_pts(r['accuracy_points'])} |",
+        f"| {fmt.s(accuracy_before)} → {fmt.s(tepo['accuracy_after'])} "
+        f"| {fmt.s(accuracy_before)} → {fmt.s(trl['accuracy_after'])} | {fmt.points(r['accuracy_points'])} |",
         "",
         "Reward per step (mean over rounds):",
         "",
@@ -251,10 +239,8 @@ def markdown(
         "Targets (issue 8):",
         "",
     ]
-    for condition, measured, met in targets(r):
-        mark = "not measured" if met is None else ("met" if met else "NOT met")
-        lines.append(f"- {condition}: {measured} — {mark}")
-    lines += ["", *MEASURED, "", "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())]
+    lines += fmt.verdicts(targets(r))
+    lines += ["", *MEASURED, "", fmt.versions_line(versions)]
     return "\n".join(lines) + "\n"
 
 
@@ -269,31 +255,7 @@ def _job_line(job: dict[str, Any]) -> str:
 
 
 def _row(label: str, a: float | None, b: float | None, ratio: float | None, digits: int = 2) -> str:
-    return f"| {label} | {_s(a, digits)} | {_s(b, digits)} | {_x(ratio)} |"
-
-
-def _s(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def _sec(value: float | None) -> str:
-    return "—" if value is None else f"{value:.0f} s"
-
-
-def _f(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
-
-
-def _x(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}×"
-
-
-def _pts(value: float | None) -> str:
-    return "—" if value is None else f"{value:+.1f} points"
-
-
-def _gb(value: int | None) -> str:
-    return "—" if value is None else f"{value / 1e9:.2f} GB"
+    return f"| {label} | {fmt.s(a, digits)} | {fmt.s(b, digits)} | {fmt.x(ratio)} |"
 
 
 def _series(values: Sequence[float | None]) -> str:

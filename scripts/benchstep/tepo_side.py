@@ -23,32 +23,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchlib.runner import CallTimes
 
-class Probe:
+
+class Probe(CallTimes):
     """Seconds spent in wrapped calls during the current step's update."""
 
     def __init__(self, sink: Path) -> None:
+        super().__init__()
         self.sink = sink
-        self.sums: dict[str, float] = {}
         self.engine_wrapped = False
         self.policy_engine: Any = None
         self.micro_batches: list[list[int]] = []
         self.prompt_passes: list[list[int]] = []  # the rows of each minibatch that ran one
         self.params: int | None = None
-
-    def add(self, key: str, seconds: float) -> None:
-        self.sums[key] = self.sums.get(key, 0.0) + seconds
-
-    def wrap(self, function: Callable[..., Any], key: str) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.add(key, time.perf_counter() - start)
-
-        return timed
 
     def record_rows(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Keep the row indices of each micro-batch `_forward_backward` is called with."""
@@ -148,7 +136,7 @@ def install(probe: Probe) -> list[str]:
     missing = []
     if hasattr(update_module, "_forward_backward"):
         update_module._forward_backward = probe.record_rows(
-            probe.wrap(update_module._forward_backward, "fwd_bwd_seconds")
+            probe.timed(update_module._forward_backward, "fwd_bwd_seconds")
         )
     else:
         missing.append("tepo_cli.train.update._forward_backward")
@@ -162,8 +150,8 @@ def install(probe: Probe) -> list[str]:
     def timed_update(cfg: Any, engine: Any, *args: Any, **kwargs: Any) -> Any:
         probe.policy_engine = engine
         if not probe.engine_wrapped:
-            engine.backward = probe.wrap(engine.backward, "backward_seconds")
-            engine.step = probe.wrap(engine.step, "engine_step_seconds")
+            engine.backward = probe.timed(engine.backward, "backward_seconds")
+            engine.step = probe.timed(engine.step, "engine_step_seconds")
             probe.engine_wrapped = True
             probe.params = sum(
                 getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()
@@ -184,7 +172,8 @@ def install(probe: Probe) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    from benchstep.procs import record_cuda_memory_at_exit
+    from benchlib.runner import record_cuda_memory_at_exit
+
     from tepo_cli.cli import main as tepo_main
     from tepo_cli.cli import start_with_host_allocator
 

@@ -26,7 +26,6 @@ padded tensors' token slots and real tokens of every compute_loss call (benchste
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -34,19 +33,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from benchlib.runner import CallTimes, record_cuda_memory_at_exit
 from transformers import TrainerCallback
 
 from benchstep.job import Job, load_tepo_config, train_problems
-from benchstep.procs import record_cuda_memory_at_exit
 from benchstep.update_shapes import padded_shapes
 
 
-class StepClock(TrainerCallback):
+class StepClock(CallTimes, TrainerCallback):
     """Collects the wrapped calls' seconds per optimizer step; one JSON line per step."""
 
     def __init__(self, sink: Path) -> None:
+        super().__init__()
         self.sink = sink
-        self.sums: dict[str, float] = {}
         self.begin = 0.0
         self.train_step_end = 0.0
         self.rewards: list[float] = []
@@ -58,24 +57,12 @@ class StepClock(TrainerCallback):
         self.answers: list[tuple[int, int]] = []  # (answer length, its prompt's length)
         self.max_new_tokens: int | None = None
 
-    def add(self, key: str, seconds: float) -> None:
-        self.sums[key] = self.sums.get(key, 0.0) + seconds
-
     def wrap(self, owner: Any, name: str, key: str) -> None:
-        function = getattr(owner, name)
+        setattr(owner, name, self.timed(getattr(owner, name), key))
 
-        @functools.wraps(function)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                end = time.perf_counter()
-                self.add(key, end - start)
-                if key == "training_step_seconds":
-                    self.train_step_end = end
-
-        setattr(owner, name, timed)
+    def ended(self, key: str) -> None:
+        if key == "training_step_seconds":
+            self.train_step_end = time.perf_counter()
 
     def record_inputs(self, inputs: dict[str, Any]) -> None:
         """The padded batch compute_loss trains on: its slots, real tokens and answer lengths."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchlib.report import table
+
 
 @dataclass
 class Outcome:
@@ -62,7 +64,5 @@ def render(outcomes: list[Outcome], header: str) -> None:
 
 
 def markdown(outcomes: list[Outcome], header: str) -> str:
-    lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for o in outcomes:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells(o)) + " |")
-    return "\n".join(lines) + "\n"
+    rows = ([c.replace("|", "/") for c in cells(o)] for o in outcomes)
+    return f"{header}\n\n{table(COLUMNS, rows)}\n"

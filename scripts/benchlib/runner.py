@@ -1,16 +1,23 @@
-"""Each trainer runs in a child process of its own: its exit code, wall time and peak RSS."""
+"""One runner for the benchmarks: each measured thing in a child process of its own (its exit
+code, wall time and peak RSS), a callable timed best-of-N after a warm-up, a child's JSON result,
+a run directory's step records. One copy, so every benchmark measures the same way."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -19,9 +26,12 @@ class ChildResult:
     wall_seconds: float
     peak_rss_bytes: int  # ru_maxrss of that child (Linux reports KiB)
     log: Path
+    cpu_seconds: float = 0.0  # the child's user + system time (what it took from the machine)
 
 
-def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) -> ChildResult:
+def run_child(
+    command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> ChildResult:
     """Run `command` with stdout and stderr in `log`; measure it with wait4 (that child only)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -29,7 +39,11 @@ def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) 
         handle.write("$ " + " ".join(command) + "\n")
         handle.flush()
         process = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
         try:
             _, status, usage = os.wait4(process.pid, 0)
@@ -43,6 +57,7 @@ def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) 
         wall_seconds=time.perf_counter() - start,
         peak_rss_bytes=usage.ru_maxrss * 1024,
         log=log,
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
     )
 
 
@@ -51,13 +66,22 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text[-lines:])
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """The same CPU thread count for every child (torch reads these at start-up)."""
-    value = str(threads)
-    return {"OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value, "TOKENIZERS_PARALLELISM": "false"}
-
-
 CUDA_MEMORY_ENV = "BENCH_CUDA_MEMORY"
+
+
+def child_env(threads: int, device: str, cuda_memory: Path | None = None) -> dict[str, str]:
+    """A measured child's environment: scripts/ importable (its benchstep side modules), the same
+    CPU thread count for every child (torch reads these at start-up), no GPU on a CPU job, and on
+    a GPU where to write its peak CUDA memory (record_cuda_memory_at_exit)."""
+    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    value = str(threads)
+    env = {"PYTHONPATH": path, "OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif cuda_memory is not None:
+        env[CUDA_MEMORY_ENV] = str(cuda_memory)
+    return env
 
 
 def record_cuda_memory_at_exit() -> None:
@@ -196,3 +220,79 @@ def exit_on_sigterm() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def best_seconds(
+    function: Callable[[], object],
+    repeats: int,
+    warmup: int = 0,
+    sync: Callable[[], object] | None = None,
+) -> float:
+    """The fastest of `repeats` timed calls after `warmup` untimed ones: the best call is the one
+    least disturbed by the rest of a shared machine. `sync` (torch.cuda.synchronize) waits for a
+    device's queued work on both sides of each timed call."""
+    for _ in range(warmup):
+        function()
+    best = float("inf")
+    for _ in range(repeats):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        function()
+        if sync:
+            sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def child_json(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a measuring child (its own peak RSS, its own allocator) and read the JSON line it
+    printed last; a failed child stops the benchmark with its output."""
+    child = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
+    if child.returncode != 0 or not lines:
+        sys.exit(
+            f"{Path(command[1]).name}: {' '.join(command[2:])} failed (exit {child.returncode}):"
+            f"\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1])
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's records; none when the run wrote none."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def step_records(run_dir: Path) -> list[dict[str, Any]]:
+    """A tepo run's per-step records (metrics.jsonl rows with a step), in order."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "step" in r]
+
+
+class CallTimes:
+    """Seconds spent in wrapped calls, summed per key until the step's record takes them: how a
+    trainer's own functions are timed from outside it (tepo's update, TRL's trainer methods)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+
+    def add(self, key: str, seconds: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + seconds
+
+    def timed(self, function: Callable[..., Any], key: str) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.add(key, time.perf_counter() - start)
+                self.ended(key)
+
+        return timed
+
+    def ended(self, key: str) -> None:
+        """Called as each timed call returns (a subclass keeps when a step's part ended)."""
