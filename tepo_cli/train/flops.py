@@ -22,6 +22,11 @@ NVIDIA's datasheets (`PEAKS`; an unknown GPU gets no MFU, said once); on the CPU
 matmul peak in the model's dtype, measured over several trials at a fixed shape and cached per
 machine and dtype (train/cpu_peak.py). An update faster than that peak (measured while the
 machine was busier) raises it (`cpu_peak.raise_peak`): MFU is never recorded above 1.
+
+Where the figure is made: this module's functions give each optimizer step's FLOPs, which
+train/update.py adds up as the update runs (`_Tally.count_work`, the rows that step trained);
+train/step_records.py divides them by the update's seconds and the peak (`_throughput`), into the
+record's `update_mfu`.
 """
 
 from __future__ import annotations
