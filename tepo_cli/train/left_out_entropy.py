@@ -43,10 +43,10 @@ def entropy_sum(
     scores (and discards) when another rank has some."""
     if not collective.any_rank(len(rows) > 0):
         return 0.0, 0
-    scored = rows if len(rows) else torch.tensor([fallback], dtype=torch.long)
+    scored = rows if len(rows) else torch.tensor([fallback], dtype=torch.long, device=rows.device)
     plan = micro_batches_for(cfg, batch, scored, policy)
     prompts = MinibatchPrompts.run(policy.prompt_pass, batch, scored, plan.rows, plan.prompt_pass)
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device="cpu")  # sums of .cpu() parts
     for index, part_rows in enumerate(plan.rows):
         part = batch.select(part_rows)
         scores = policy(
