@@ -380,7 +380,7 @@ def test_protocol_run_lists_a_pinned_protocol_s_runs(tmp_path):
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     assert listed.returncode == 0, listed.stderr[-3000:]
-    lines = [line for line in listed.stdout.splitlines() if "_seed" in line]  # past git's own
+    lines = [line for line in listed.stdout.splitlines() if re.match(r"\w+_seed\d+:", line)]
     assert [line.split(":")[0] for line in lines] == [
         f"{arm}_seed{seed}" for seed in (0, 1, 2) for arm in ("float32", "bf16")
     ]
