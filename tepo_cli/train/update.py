@@ -137,6 +137,24 @@ def update(
     return result
 
 
+def _left_out_entropy(
+    cfg: TrainConfig,
+    engine: Any,
+    critic_engine: Any,
+    experience: Experience,
+    everything: torch.Tensor,
+    trained: torch.Tensor | None,
+    num_tokens: float,
+) -> tuple[float, int]:
+    """(Σ entropy, tokens) of the minibatch's rows the zero-advantage skip leaves out of the
+    update (train/left_out_entropy.py); (0.0, 0) where nothing can be skipped (the same on
+    every rank)."""
+    if not (num_tokens > 0 and critic_engine is None and may_skip(cfg)):
+        return 0.0, 0
+    left_out = left_out_rows(everything, trained)
+    return entropy_sum(cfg, engine.module, experience.batch, left_out, int(everything[0]))
+
+
 def _optimizer_step(
     cfg: TrainConfig,
     engine: Any,
@@ -159,12 +177,9 @@ def _optimizer_step(
         selected, pick_metrics = step_selection(cfg.algo, experience, minibatch, seed)
     everything = minibatch
     minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
-    left_sum, left_tokens = 0.0, 0
-    if num_tokens > 0 and critic_engine is None and may_skip(cfg):  # the same on every rank
-        left_out = left_out_rows(everything, minibatch)
-        left_sum, left_tokens = entropy_sum(
-            cfg, engine.module, experience.batch, left_out, int(everything[0])
-        )
+    left_sum, left_tokens = _left_out_entropy(
+        cfg, engine, critic_engine, experience, everything, minibatch, num_tokens
+    )
     if minibatch is None:
         if num_tokens > 0:  # left out whole: its entropy is still logged (train/left_out_entropy)
             tally.sums["entropy"] += left_sum / left_tokens if left_tokens else 0.0
