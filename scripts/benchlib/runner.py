@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 
@@ -29,6 +29,17 @@ class ChildResult:
     cpu_seconds: float = 0.0  # the child's user + system time (what it took from the machine)
 
 
+def _start_logged(
+    command: list[str], handle: IO[str], env: dict[str, str] | None, **popen: Any
+) -> subprocess.Popen:
+    """`command` started with its command line, then its stdout and stderr, in `handle`."""
+    handle.write("$ " + " ".join(command) + "\n")
+    handle.flush()
+    return subprocess.Popen(
+        command, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, **popen
+    )
+
+
 def run_child(
     command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> ChildResult:
@@ -36,15 +47,7 @@ def run_child(
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as handle:
-        handle.write("$ " + " ".join(command) + "\n")
-        handle.flush()
-        process = subprocess.Popen(
-            command,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-        )
+        process = _start_logged(command, handle, env, cwd=cwd)
         try:
             _, status, usage = os.wait4(process.pid, 0)
         except KeyboardInterrupt:
@@ -163,15 +166,7 @@ def run_watched(
     done = threading.Event()
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as handle:
-        handle.write("$ " + " ".join(command) + "\n")
-        handle.flush()
-        process = subprocess.Popen(
-            command,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
+        process = _start_logged(command, handle, env, start_new_session=True)
 
         def watch() -> None:
             while not done.wait(interval_s):
