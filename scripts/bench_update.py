@@ -47,6 +47,11 @@ VARIANTS = {
     "prompts-in-every-micro-batch": ["model.prompt_pass=false"],
     "prompt-pass": [],  # tepo's defaults: trainer.host_allocator=auto (jemalloc where installed)
     "prompt-pass-tcmalloc": ["trainer.host_allocator=tcmalloc"],
+    "prompt-pass-jemalloc": ["trainer.host_allocator=jemalloc"],
+    # mimalloc from its wheel (cmeel-mimalloc): the reusing allocator pip alone installs
+    "prompt-pass-mimalloc": ["trainer.host_allocator=mimalloc"],
+    # mimalloc keeping freed pages 1 s before handing them back (its default: 10 ms; VARIANT_ENV)
+    "prompt-pass-mimalloc-purge-1s": ["trainer.host_allocator=mimalloc"],
     # glibc's malloc with tepo's fixed mmap threshold (trainer.mmap_threshold_kb=512): every
     # freed buffer over 512 KiB goes back to the OS, every new one faults in fresh pages
     "prompt-pass-glibc": ["trainer.host_allocator=glibc"],
@@ -72,6 +77,7 @@ VARIANTS = {
 # variant -> environment of its process (read by glibc at start: it cannot be a config key)
 VARIANT_ENV = {
     "prompt-pass-glibc-huge-pages": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+    "prompt-pass-mimalloc-purge-1s": {"MIMALLOC_PURGE_DELAY": "1000"},
 }
 # The long job's step 1 at 8e581ec (docs/results/bench_step_long): answer lengths, prompt lengths.
 ANSWERS = [512, 111, 512, 512, 17, 78, 512, 214, 25, 111, 243, 512, 108, 405, 147, 398]

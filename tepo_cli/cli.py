@@ -154,7 +154,7 @@ def _take_flags(overrides: list[str]) -> tuple[list[str], bool]:
 
 def start_with_host_allocator(config_name: str, overrides: list[str]) -> None:
     """`trainer.host_allocator`: this process started again, with the same command line, with
-    tcmalloc or jemalloc preloaded (core/host_allocator.py), before anything else runs. Not for
+    tcmalloc, jemalloc or mimalloc preloaded (core/host_allocator.py), before anything else runs. Not for
     `--cfg`, `--help` or `--info`, which run no job. A program that runs `tepo train` in its own
     process through `main(argv)` calls this first (scripts/benchstep/tepo_side.py does)."""
     from tepo_cli.core import host_allocator

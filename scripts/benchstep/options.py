@@ -110,7 +110,7 @@ def _parser(description: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--host-allocator",
-        choices=["auto", "glibc", "jemalloc", "tcmalloc"],
+        choices=["auto", "glibc", "jemalloc", "tcmalloc", "mimalloc"],
         help="long job: tepo's trainer.host_allocator (default: tepo's own, auto)",
     )
     p.add_argument("--steps", type=int, help="optimizer steps per run (default 30; long: 4)")

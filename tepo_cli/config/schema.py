@@ -206,8 +206,8 @@ class TrainerConfig(Strict):
     micro_batch_size: int = Field(default=16, ge=1)
     # Real tokens per micro-batch (train/micro_batches.py); None: micro_batch_size rows each
     micro_batch_tokens: int | None = Field(default=1024, ge=1)
-    # tcmalloc or jemalloc preloaded in place of glibc's malloc (core/host_allocator.py)
-    host_allocator: Literal["auto", "glibc", "jemalloc", "tcmalloc"] = "auto"
+    # tcmalloc, jemalloc or mimalloc preloaded in place of glibc's malloc (core/host_allocator.py)
+    host_allocator: Literal["auto", "glibc", "jemalloc", "tcmalloc", "mimalloc"] = "auto"
     # glibc accepts a threshold up to 32 MiB (half its 64-bit heap size) and ignores a larger one
     mmap_threshold_kb: int | None = Field(default=4096, ge=4, le=32768)
     # None: FULL_FINE_TUNING_LR, or LORA_LR with model.lora (TrainConfig resolves it)

@@ -1,5 +1,5 @@
-"""The process's host memory allocator (`trainer.host_allocator`): tcmalloc or jemalloc in place of
-glibc's malloc, for tensors on the CPU.
+"""The process's host memory allocator (`trainer.host_allocator`): tcmalloc, jemalloc or mimalloc in
+place of glibc's malloc, for tensors on the CPU.
 
 Why. A CPU update allocates and frees many large activation blocks per step. glibc serves a
 block either with its own mmap (over `trainer.mmap_threshold_kb`, runtime/host_memory.py): it then
@@ -15,7 +15,7 @@ the library is installed and not already loaded, starts itself again (`os.execv`
 id, same arguments) with the library preloaded. The environment carries it to every process the
 run starts (the deepspeed launcher and its ranks). A rank started on another node without it does
 the same for itself. `auto` takes jemalloc, else tcmalloc, else stays with glibc and says how to
-install one, on a CPU run; a GPU run keeps glibc (`for_device`). Naming one that is not installed
+install one, on a CPU run; mimalloc, whose wheel pip installs with tepo, when named; a GPU run keeps glibc (`for_device`). Naming one that is not installed
 is refused.
 
 A change outside tepo's own objects: listed in docs/patches.md.
@@ -39,11 +39,22 @@ GLIBC = "glibc"
 LIBRARIES: dict[str, tuple[str, ...]] = {
     "jemalloc": ("jemalloc",),
     "tcmalloc": ("tcmalloc_minimal", "tcmalloc"),
+    "mimalloc": ("mimalloc",),
 }
-PACKAGES = {"tcmalloc": "libtcmalloc-minimal4", "jemalloc": "libjemalloc2"}  # Debian and Ubuntu
+PACKAGES = {  # how to install each: Debian and Ubuntu's packages, mimalloc's wheel
+    "tcmalloc": "apt install libtcmalloc-minimal4",
+    "jemalloc": "apt install libjemalloc2",
+    "mimalloc": "pip install cmeel-mimalloc",
+}
+# library -> (the wheel that ships it, its file inside the wheel's install): found with pip alone,
+# no apt and no ldconfig cache, so a fresh `make train` set-up has a reusing allocator.
+WHEELS = {"mimalloc": ("cmeel-mimalloc", "cmeel.prefix/lib/libmimalloc.so")}
 # jemalloc first: on the long-answer job both make the update faster than glibc's malloc, and
 # jemalloc's peak is below tcmalloc's (docs/guides/performance.md, "The host allocator")
+# mimalloc is not in it yet: its wheel comes with tepo, but it has not been measured against glibc
+# at tepo's 4 MiB mmap threshold on the long job (scripts/bench_update.py's mimalloc variants).
 AUTO_ORDER = ("jemalloc", "tcmalloc")
+AUTO_TEXT = "jemalloc, else tcmalloc, else glibc"
 # Set in the environment of the process started again: a second start would be a loop.
 STARTED_AGAIN = "TEPO_HOST_ALLOCATOR_PRELOADED"
 
@@ -52,7 +63,7 @@ STARTED_AGAIN = "TEPO_HOST_ALLOCATOR_PRELOADED"
 class Allocator:
     """What `trainer.host_allocator` resolved to on this machine."""
 
-    name: str  # glibc, tcmalloc or jemalloc
+    name: str  # glibc, tcmalloc, jemalloc or mimalloc
     library: str | None  # the shared library to preload (None: glibc's own malloc)
     note: str = ""  # for auto without a library: how to get one
 
@@ -61,14 +72,14 @@ CHOICES = ("auto", GLIBC, *LIBRARIES)
 
 
 def resolve(choice: str, find: Callable[[str], str | None] | None = None) -> Allocator:
-    """`choice` (auto, glibc, tcmalloc or jemalloc) on this machine; ConfigError where a named
+    """`choice` (auto, glibc, tcmalloc, jemalloc or mimalloc) on this machine; ConfigError where a named
     allocator is not installed or the platform cannot preload one. `find`: a library name to
     its file (default ctypes.util.find_library, which reads ldconfig's cache)."""
-    find = find or ctypes.util.find_library
+    find = find or find_library
     if choice not in CHOICES:
         raise ConfigError(
             f"trainer.host_allocator={choice}: not an allocator tepo knows; allowed: "
-            f"{', '.join(CHOICES)} (auto: jemalloc, else tcmalloc, else glibc)."
+            f"{', '.join(CHOICES)} (auto: {AUTO_TEXT})."
         )
     if choice == GLIBC:
         return Allocator(GLIBC, None)
@@ -98,14 +109,29 @@ def resolve(choice: str, find: Callable[[str], str | None] | None = None) -> All
         )
     raise ConfigError(
         f"trainer.host_allocator={choice}: its library (lib{LIBRARIES[choice][0]}.so) is not "
-        f"installed on this machine. Install it (Debian, Ubuntu: `apt install "
-        f"{PACKAGES[choice]}`), or use trainer.host_allocator=auto (jemalloc, else tcmalloc, "
-        f"else glibc) or glibc."
+        f"installed on this machine. Install it (`{PACKAGES[choice]}`), or use "
+        f"trainer.host_allocator=auto ({AUTO_TEXT}) or glibc."
     )
 
 
+def find_library(library: str) -> str | None:
+    """The file to preload for `library`: ldconfig's cache (apt's packages), else the wheel that
+    ships it (`WHEELS`) where that wheel is installed in this Python."""
+    found = ctypes.util.find_library(library)
+    if found or library not in WHEELS:
+        return found
+    import importlib.metadata
+
+    wheel, file = WHEELS[library]
+    try:
+        path = Path(importlib.metadata.distribution(wheel).locate_file(file))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return str(path) if path.is_file() else None
+
+
 def loaded(maps: str | None = None) -> str:
-    """The allocator serving this process's malloc: tcmalloc or jemalloc when its library is mapped
+    """The allocator serving this process's malloc: tcmalloc, jemalloc or mimalloc when its library is mapped
     (preloaded, so first in the symbol search), else glibc. `maps`: /proc/self/maps' text
     (default: this process's, read once: a process's malloc never changes after it starts)."""
     if maps is None:
@@ -251,6 +277,9 @@ def release_free_memory() -> bool:
     if name == "jemalloc" and hasattr(process, "mallctl"):
         every_arena = b"arena.4096.purge"  # MALLCTL_ARENAS_ALL = 4096
         return process.mallctl(every_arena, None, None, None, ctypes.c_size_t(0)) == 0
+    if name == "mimalloc" and hasattr(process, "mi_collect"):
+        process.mi_collect(ctypes.c_bool(True))  # force: every thread's free pages, now
+        return True
     if name == GLIBC and hasattr(process, "malloc_trim"):
         process.malloc_trim(ctypes.c_size_t(0))
         return True
