@@ -1,39 +1,13 @@
-"""tepo vs TRL's GRPOTrainer on one concrete job, alternating, each trainer in its own process.
+"""tepo vs TRL's GRPOTrainer on one job, each trainer in its own process (benchstep/).
 
-    pip install -c constraints.txt -e '.[bench]'          # TRL (the `bench` extra), CPU torch kept
-    python scripts/bench_step.py                           # the issue's CPU job, 30 steps, 1 round
-    python scripts/bench_step.py --rounds 2 --out outputs/bench_step/quiet
-    python scripts/bench_step.py --steps 3 --eval-size 20  # smoke run (numbers meaningless)
-    python scripts/bench_step.py --gpu                     # GPU mode (bf16, Qwen2.5-0.5B-Instruct)
-    python scripts/bench_step.py --gpu --model Qwen/Qwen2.5-1.5B-Instruct --max-new-tokens 256
-    python scripts/bench_step.py --job long                # issue 25's long-answer job (below)
-    python scripts/bench_step.py --smoke [--job long]      # CI smoke: model=tiny, 2 steps (long: 1)
+    python scripts/bench_step.py                 # the CPU job (benchstep/job.py), 30 steps
+    python scripts/bench_step.py --rounds 2      # tepo, TRL, tepo, TRL: steps 2-N pooled
+    python scripts/bench_step.py --gpu           # GPU preset (bf16, Qwen2.5-0.5B-Instruct)
+    python scripts/bench_step.py --job long      # long answers (benchstep/long_job.py)
+    python scripts/bench_step.py --smoke [--job long]   # CI: model=tiny, 2 steps (long: 1)
 
-The job (issue 8): SmolLM2-135M-Instruct in float32, 1-digit addition ("What is A+B? Answer with
-just the number."), 2 prompts × 8 generations per step, 16 new tokens, temperature 0.7, lr 1e-5
-constant, β = 0, one update per rollout, grad clip 1.0, 30 steps. Both trainers load the same
-model directory (tepo's converted checkpoint in $TEPO_CACHE), train on the same prompts in the same
-order (tepo's seeded stream; the chat-rendered token ids are checked equal), sample with the same
-settings, grade with tepo's grader and use the same seed value. `--rounds R` runs tepo, TRL, tepo,
-TRL, ... and pools steps 2–N of every round. Afterwards one process scores the base model and
-every trained model with tepo's eval code (greedy, the held-out split). With 1-digit "+" there are
-only 100 distinct problems and tepo holds out at most half, so the default --eval-size is 50.
-
-Output: a Markdown table (printed, and OUT/results.md) with median / min / max s/step, the split
-into generation, scoring, forward, backward and optimizer, peak RSS of each trainer process
-(wait4's ru_maxrss), reward per step, accuracy before → after, and the ratios tepo/TRL;
-OUT/results.json holds every step's numbers. Logs: OUT/<side>/round<r>.log.
-
-`--job long` (issue 25, benchstep/long_job.py): MATH-500's offline train split, SmolLM2-135M-
-Instruct float32, 2 prompts x 8 answers up to 512 tokens, temperature 1.0, GRPO β = 0, 4 steps;
-tepo with rollout=hf and rollout=vllm (its defaults otherwise) beside TRL (its colocated vLLM when
-that runs here, else its generate), each in a process killed at --memory-limit-gb. Reports the
-answer-length distribution, the update's padding share, s/step split, peak RSS and the update's
-GFLOP/s on real answer tokens against an fp32 matmul timed in the same run. No evaluation.
-
-`--smoke`: every code path of the job end to end in seconds, numbers meaningless: tepo's tiny
-random model (`model=tiny`, saved as a model directory both trainers load), 2 steps (long: 1),
-short answers.
+OUT/results.md is the table (s/step and its split, peak RSS, reward, accuracy before → after,
+tepo/TRL), OUT/results.json every step's numbers, OUT/<side>/round<r>.log the logs.
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
     ]
     probe = LONG_PROBE
     run = {"side": "tepo-hf", "status": "OOM", "peak_rss_bytes": 5, "wall_seconds": 1.0}
-    run["steps"] = long_report.tepo_steps(metrics, [probe] * 3)
+    run["steps"] = report.tepo_steps(metrics, [probe] * 3)
     summary = long_report.summarize(run, matmul_gflops=1e-4)
     assert summary["status"] == "OOM" and summary["steps_done"] == 3
     assert summary["timed_steps"] == [2, 3] and summary["median_s"] == pytest.approx(5.0)
@@ -241,7 +241,7 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
     # MFU as the step records give it: steps 2-3 need 6e9 + 9e9 FLOPs in 4 update seconds
     assert summary["update_mfu"] == pytest.approx(15e9 / 4.0 / 1e9 / 1e-4)
     own = dict(metrics[1], update_token_slots=50, update_real_tokens=45, update_answer_tokens=12)
-    (step,) = long_report.tepo_steps([own], [probe])
+    (step,) = report.tepo_steps([own], [probe])
     assert step["shapes"]["padding_share"] == pytest.approx(0.1)  # tepo's own records win
 
 
@@ -260,7 +260,7 @@ def test_a_step_without_an_update_counts_no_update_work():
     ran = LONG_PROBE
     none = {**ran, "update": {"slots": 0, "real": 0, "answer_tokens": 0, "micro_batches": 0}}
     run = {"side": "tepo-vllm", "status": "ok", "peak_rss_bytes": 5, "wall_seconds": 1.0}
-    run["steps"] = long_report.tepo_steps(metrics, [ran, ran, none])
+    run["steps"] = report.tepo_steps(metrics, [ran, ran, none])
     summary = long_report.summarize(run, matmul_gflops=1e-4)
     assert summary["parts_median_s"]["update"] == pytest.approx(2.0)  # step 3 ran none
     assert summary["updates_skipped"] == 1

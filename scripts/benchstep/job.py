@@ -81,47 +81,54 @@ class Job:
         return Job(**json.loads(path.read_text()))
 
     def tepo_overrides(self) -> list[str]:
-        """`tepo train` overrides for this job (without hydra.run.dir)."""
+        """`tepo train` overrides for the short job (without hydra.run.dir)."""
         operations = ",".join(f"'{op}'" for op in self.operations)
         return [
-            "algo=grpo",
-            "algo.beta=0",  # β = 0: no reference model, no KL term
-            "model=hf",
-            f"model.path={self.model}",
-            f"model.dtype={self.dtype}",
+            *self.common_overrides("hf"),
             f"model.gradient_checkpointing={_bool(self.gradient_checkpointing)}",
             "benchmark=arith",
             f"benchmark.operations=[{operations}]",
             f"benchmark.digits={self.digits}",
             f"benchmark.eval_size={self.eval_size}",
             f"benchmark.max_new_tokens={self.max_new_tokens}",
-            "reward=auto",
-            "rollout=hf",
-            f"rollout.n={self.generations}",
-            f"rollout.temperature={self.temperature}",
             "rollout.top_p=1.0",
             "rollout.top_k=0",
-            f"rollout.max_new_tokens={self.max_new_tokens}",
             f"rollout.batch_size={self.batch}",  # one generate() call per step, as TRL
             "deepspeed=zero0",
-            f"seed={self.seed}",
-            f"trainer.max_steps={self.steps}",
-            f"trainer.prompts_per_step={self.prompts_per_step}",
             "trainer.ppo_epochs=1",  # one update per rollout
             "trainer.minibatches=1",
             f"trainer.micro_batch_size={self.batch}",
-            f"trainer.lr={self.lr}",
             "trainer.lr_schedule=constant",
             "trainer.warmup_steps=0",
             "trainer.weight_decay=0.0",
+            # Training only: the held-out evaluation runs afterwards, by the same code for both.
+            "trainer.eval_every=0",
+            "trainer.save_final=true",
+        ]
+
+    def common_overrides(self, rollout: str) -> list[str]:
+        """What both jobs set: the model, GRPO with β = 0 (no reference model, no KL term), the
+        sampling, the step's size, the optimizer's rate and clip; training only."""
+        return [
+            "algo=grpo",
+            "algo.beta=0",
+            "model=hf",
+            f"model.path={self.model}",
+            f"model.dtype={self.dtype}",
+            "reward=auto",
+            f"rollout={rollout}",
+            f"rollout.n={self.generations}",
+            f"rollout.temperature={self.temperature}",
+            f"rollout.max_new_tokens={self.max_new_tokens}",
+            f"seed={self.seed}",
+            f"trainer.max_steps={self.steps}",
+            f"trainer.prompts_per_step={self.prompts_per_step}",
+            f"trainer.lr={self.lr}",
             f"trainer.grad_clip={self.grad_clip}",
             f"trainer.num_threads={self.threads}",
-            # Training only: the held-out evaluation runs afterwards, by the same code for both.
             "trainer.eval_before=false",
             "trainer.eval_after=false",
-            "trainer.eval_every=0",
             "trainer.save_every=0",
-            "trainer.save_final=true",
             "trainer.progress=false",
         ]
 

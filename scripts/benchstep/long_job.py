@@ -20,7 +20,7 @@ from typing import Any
 from benchlib.measure import matmul_gflops
 from benchlib.runner import WatchedResult, log_tail, python_module, read_jsonl, run_watched
 
-from benchstep import long_report
+from benchstep import long_report, report
 from benchstep.job import Job, compose_overrides
 
 TEPO_SIDES = {"tepo-hf": "hf", "tepo-vllm": "vllm"}
@@ -42,29 +42,10 @@ def tepo_overrides(job: Job, rollout: str) -> list[str]:
     """`tepo train` overrides of the long job: only what the job defines; tepo's defaults do the
     rest (micro-batching, memory), so the numbers are what `tepo train` gives out of the box."""
     return [
-        "algo=grpo",
-        "algo.beta=0",
-        "model=hf",
-        f"model.path={job.model}",
-        f"model.dtype={job.dtype}",
+        *job.common_overrides(rollout),
         "benchmark=math500",
-        "reward=auto",
-        f"rollout={rollout}",
-        f"rollout.n={job.generations}",
-        f"rollout.temperature={job.temperature}",
-        f"rollout.max_new_tokens={job.max_new_tokens}",
-        f"seed={job.seed}",
-        f"trainer.max_steps={job.steps}",
-        f"trainer.prompts_per_step={job.prompts_per_step}",
-        f"trainer.lr={job.lr}",
-        f"trainer.grad_clip={job.grad_clip}",
-        f"trainer.num_threads={job.threads}",
         f"trainer.device={job.device}",
-        "trainer.eval_before=false",
-        "trainer.eval_after=false",
-        "trainer.save_every=0",
         "trainer.save_final=false",
-        "trainer.progress=false",
         f"trainer.skip_zero_advantage={str(job.skip_zero_advantage).lower()}",
     ]
 
@@ -90,7 +71,7 @@ def run_side(
         )
         result = run_watched(command, out / f"{side}.log", env, settings.memory_limit_bytes)
         metrics = read_jsonl(run_dir / "metrics.jsonl")
-        steps = long_report.tepo_steps(metrics, read_jsonl(probes))
+        steps = report.tepo_steps(metrics, read_jsonl(probes))
         summary = run_dir / "summary.json"  # the allocator that served the run
         allocator = (
             json.loads(summary.read_text()).get("host_allocator") if summary.exists() else None
@@ -118,7 +99,7 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
         result = run_watched(
             command, out / f"trl-{mode}.log", side_env, settings.memory_limit_bytes
         )
-        steps = long_report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
+        steps = report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
         failed_early = result.returncode != 0 and not result.oom and not steps
         if mode == "vllm" and settings.trl_generation == "auto":
             if failed_early:
