@@ -1,22 +1,14 @@
 #!/usr/bin/env python
-"""Benchmark the token log-prob kernel path against the naive full-softmax baseline.
+"""The token log-prob kernel path against the naive full-softmax baseline.
 
-    python scripts/bench_logprob.py                         # default cases for this machine
     python scripts/bench_logprob.py --cases smollm2 --repeats 3 --rounds 2 --backends torch,naive
-    python scripts/bench_logprob.py --cases 2048,576,49152,float32 --markdown bench.md
     python scripts/bench_logprob.py --smoke --markdown smoke.md  # CI: a tiny case, 1 repeat
 
-Every (case, backend) runs in a fresh subprocess, so peak memory is that run's own: on CPU the
-growth of the peak resident set (VmHWM, reset after the inputs are allocated; ru_maxrss where it
-cannot be reset) over the resident set with the inputs in place; on CUDA
-`max_memory_allocated` minus the memory allocated with the inputs in place. Gradient buffers
-(hidden.grad, weight.grad) count for every back-end. Times are the minimum over `--repeats`
-calls and over `--rounds` rounds; the rounds alternate the back-ends, so a noisy shared machine
-slows all of them alike. Ratios are against `naive` from the same run.
-
-Back-ends: naive, torch, triton (CUDA), matmul (the bare lm-head matmul forward + backward:
-throughput is reported as a fraction of it), liger (LigerFusedLinearCrossEntropyLoss, summed
-cross-entropy, when `liger_kernel` imports; CUDA).
+Each (case, backend) runs in a fresh subprocess; its peak memory is the growth over the inputs
+(CPU: VmHWM, reset after the inputs; CUDA: max_memory_allocated), gradient buffers included.
+Times: the minimum over --repeats calls and --rounds alternating rounds; ratios against `naive`.
+Back-ends: naive, torch, triton (CUDA), matmul (the bare lm-head matmul: the throughput
+reference), liger (CUDA, when liger_kernel imports).
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The first thing to run on a GPU node: every path a GPU user takes, a few steps each, one verdict.
 
-    bash scripts/gpu_check.sh                     # every visible GPU, the embedded model, bf16
-    bash scripts/gpu_check.sh --gpus 8 --model hf --model-path Qwen/Qwen2.5-1.5B-Instruct
-    bash scripts/gpu_check.sh --only zero3,vllm   # a subset, by check name (or name@ranks)
+    bash scripts/gpu_check.sh [--gpus 8] [--model hf --model-path ID] [--only zero3,vllm]
     bash scripts/gpu_check.sh --device cpu --model tiny --gpus 2   # the same checks on CPU ranks
 
-Each check is a short `tepo train` (or `tepo eval`) run on 1 rank and, when more than one GPU is
-visible, on all of them: the `hf` back-end under ZeRO-2 and ZeRO-3 (generation across ranks with
-uneven held-out shards), ZeRO-2 with the optimizer offloaded to the host, bf16 through DeepSpeed,
-LoRA, MPO with its MTP modules, PPO's critic (GAE), DAPO's dynamic sampling, the `vllm` back-end
-(when vLLM imports), a checkpoint resumed, the prompt pass under ZeRO-3 (several micro-batches,
-off-policy scoring and a KL reference: the varlen attention reading a prompt pass's keys), and
-`tepo eval` of a trained model. A check passes when the
-run exits 0 and every step it logged has a finite loss and no skipped optimizer step. The table
-gives each check's median seconds per step (total, rollout, update), peak memory, and for a passing
-run the speed modes it ran with (`tf32`; with vllm `cuda_graphs`, `sleep`, `per_request_seeds`);
-the same rows go to `<out>/gpu_check.json` (the modes under `extra`). The exit code is 1 when any check failed, so the script can gate a
-cluster's first job.
+Each check (plan() lists them) is a short `tepo train` or `tepo eval` on 1 rank and, with more
+than one GPU, on all. It passes when the run exits 0 and every step has a finite loss and no
+skipped optimizer step. The table (and <out>/gpu_check.json) gives each check's median s/step,
+peak memory and speed modes; exit 1 when any check failed, so it can gate a cluster's first job.
 """
 
 from __future__ import annotations

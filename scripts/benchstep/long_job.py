@@ -1,11 +1,6 @@
-"""`bench_step.py --job long`: long, ragged answers (issue 25), tepo (hf and vllm) beside TRL.
-
-The job: MATH-500's offline train split (`benchmark=math500`), the job's model in float32, 2
-prompts x 8 answers up to 512 new tokens, temperature 1.0, GRPO with β = 0, lr 1e-5, grad clip 1.0.
-tepo runs with its defaults for everything else (no micro-batch or memory flags): what a new user
-gets. Each side runs in its own process under a memory limit (a watcher kills its process tree
-at the limit, reported as OOM with the steps it finished). TRL runs at its best on this machine:
-its colocated vLLM when that runs here, else its own generate (the output says which and why).
+"""`bench_step.py --job long`: MATH-500, answers up to 512 tokens, tepo (hf, vllm) beside TRL, each
+side under a memory limit (a watcher kills its tree: OOM with the steps it finished); tepo at its
+defaults, TRL with its colocated vLLM where that runs here, else its generate (the output says).
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     python -m benchstep.tepo_side TIMINGS.jsonl OVERRIDE...
 
-tepo's metrics.jsonl already has step, rollout, reward, score and update seconds per step. The
-probes add the split of the update into forward (loss forward), backward and optimizer, one
-JSON line per step in TIMINGS.jsonl; they only wrap calls (a perf_counter each), the loop is
-tepo's own. A metric that tepo itself writes (`forward_seconds`, `backward_seconds`,
-`optimizer_seconds`) is preferred by the report over the probe's value.
-
-Each line also holds what the update forwarded (benchstep.update_shapes): the answer lengths and
-the token slots of the micro-batches, from the rows tepo's `_forward_backward` was called with
-(the run's own micro-batch plan, whatever forms it), and the model's parameter count.
+Per step, one JSON line: the update's forward / backward / optimizer split (the probes only wrap
+calls; tepo's own metrics win in the report) and what the update forwarded (update_shapes: the
+rows each micro-batch ran, answer lengths, the parameter count).
 """
 
 from __future__ import annotations
