@@ -40,23 +40,15 @@ from tepo_cli.data.required import require_prepared
 
 
 def make_job(args: argparse.Namespace, out: Path) -> Job:
-    threads = args.threads or len(os.sched_getaffinity(0))
     if args.smoke and args.model == CPU_DEFAULTS["model"]:
         from benchstep.tiny import save_tiny_model
 
         model = save_tiny_model(out / "tiny_model")
     else:
         model = resolve_model(args.model)
-    # every Job field is the option of the same name, but for these (derived, or the default)
-    derived = {"model", "threads", "trl_micro_batch", "skip_zero_advantage", "operations"}
-    options = {f.name: getattr(args, f.name) for f in fields(Job) if f.name not in derived}
-    return Job(
-        **options,
-        model=model,
-        threads=threads,
-        trl_micro_batch=args.trl_micro_batch or 0,
-        skip_zero_advantage=getattr(args, "skip_zero_advantage", None) is not False,
-    )
+    # every Job field the options and presets set, its default otherwise
+    options = {f.name: getattr(args, f.name) for f in fields(Job) if hasattr(args, f.name)}
+    return Job(**{**options, "model": model})
 
 
 def check_task(config: Any) -> None:
@@ -70,7 +62,7 @@ def check_task(config: Any) -> None:
         sys.exit(f"bench_step: {error}")
 
 
-def run_side(side: str, job: Job, out: Path, round_index: int, python: str) -> ChildResult:
+def run_side(side: str, job: Job, out: Path, round_index: int) -> ChildResult:
     """One trainer's round in its own process: tepo_side (tepo train with probes) or trl_side."""
     run_dir = out / side / f"round{round_index}"
     if side == "tepo":
@@ -80,7 +72,7 @@ def run_side(side: str, job: Job, out: Path, round_index: int, python: str) -> C
         )
     else:
         args = [str(out / "job.json"), str(out / "tepo_config.json"), str(run_dir)]
-        command = python_module(python, "benchstep.trl_side", *args)
+        command = python_module(sys.executable, "benchstep.trl_side", *args)
     env = child_env(job.threads, job.device, run_dir.with_suffix(".cuda.json"))
     return run_child(command, run_dir.with_suffix(".log"), env)
 
@@ -110,7 +102,7 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
     for round_index in range(args.rounds):
         for side in args.sides:
             print(f"[round {round_index + 1}/{args.rounds}] {side}: training …", flush=True)
-            result = run_side(side, job, out, round_index, args.trl_python)
+            result = run_side(side, job, out, round_index)
             run_dir = out / side / f"round{round_index}"
             if result.returncode != 0:
                 sys.exit(
@@ -160,7 +152,6 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
         sides=tuple(args.sides),
         memory_limit_bytes=int(args.memory_limit_gb * 1e9),
         trl_generation=args.trl_generation,
-        trl_python=args.trl_python,
         host_allocator=args.host_allocator,
     )
     print(f"model: {job.model}\nresults: {out}", flush=True)
@@ -178,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     check_device(args)
     if args.job == "long":  # before any side starts: each would fail on it seconds later
         require_prepared([("math500", "train")], "bench_step.py --job long")
-    trl = trl_version(args.trl_python) if "trl" in args.sides else None
+    trl = trl_version(sys.executable) if "trl" in args.sides else None
     out = (args.out or Path("outputs/bench_step") / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     if out.exists() and any(out.iterdir()):
         sys.exit(f"bench_step: {out} is not empty; give a new --out directory.")

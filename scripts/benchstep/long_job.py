@@ -28,7 +28,6 @@ class LongSettings:
     sides: tuple[str, ...]
     memory_limit_bytes: int
     trl_generation: str  # auto | vllm | generate
-    trl_python: str
     kv_cache_gib: int = 1  # tepo's default (conf/rollout/vllm.yaml)
     host_allocator: str | None = None  # tepo's trainer.host_allocator; None: its default
 
@@ -83,7 +82,7 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
     for mode in modes:
         run_dir = out / f"trl-{mode}"
         command = python_module(
-            settings.trl_python,
+            sys.executable,
             "benchstep.trl_side",
             str(out / "job.json"),
             str(out / "tepo_config.json"),
