@@ -33,7 +33,7 @@ from benchlib.runner import (
 )
 from benchstep import report
 from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
-from benchstep.long_job import LongSettings, run_long
+from benchstep.long_job import LongSettings, run_long, tepo_command, trl_command
 from benchstep.options import CPU_DEFAULTS, check_device, parse_args
 
 from tepo_cli.data.required import require_prepared
@@ -51,28 +51,14 @@ def make_job(args: argparse.Namespace, out: Path) -> Job:
     return Job(**{**options, "model": model})
 
 
-def check_task(config: Any) -> None:
-    """A bad --eval-size / --digits stops here, before any model loads, with tepo's message."""
-    from tepo_cli.benchmarks import build_task
-    from tepo_cli.core.errors import ConfigError
-
-    try:
-        build_task(config.benchmark)
-    except ConfigError as error:
-        sys.exit(f"bench_step: {error}")
-
-
 def run_side(side: str, job: Job, out: Path, round_index: int) -> ChildResult:
     """One trainer's round in its own process: tepo_side (tepo train with probes) or trl_side."""
     run_dir = out / side / f"round{round_index}"
     if side == "tepo":
-        args = [str(run_dir.with_suffix(".probes.jsonl")), *job.tepo_overrides()]
-        command = python_module(
-            sys.executable, "benchstep.tepo_side", *args, f"hydra.run.dir={run_dir}"
-        )
+        probes = run_dir.with_suffix(".probes.jsonl")
+        command = tepo_command(probes, job.tepo_overrides(), run_dir)
     else:
-        args = [str(out / "job.json"), str(out / "tepo_config.json"), str(run_dir)]
-        command = python_module(sys.executable, "benchstep.trl_side", *args)
+        command = trl_command(out, run_dir)
     env = child_env(job.threads, job.device, run_dir.with_suffix(".cuda.json"))
     return run_child(command, run_dir.with_suffix(".log"), env)
 
@@ -179,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.job == "long":
         return main_long(args, job, out, trl)
     config = compose_tepo_config(job)
-    check_task(config)
     if config.benchmark.prompt != ISSUE_PROMPT:
         print(
             f"bench_step: warning: tepo's arith prompt is {config.benchmark.prompt!r}, not the issue's"

