@@ -32,7 +32,14 @@ from benchlib.runner import (
     run_child,
 )
 from benchstep import report
-from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
+from benchstep.job import (
+    ISSUE_PROMPT,
+    Job,
+    compose_tepo_config,
+    describe,
+    resolve_model,
+    save_tiny_model,
+)
 from benchstep.long_job import LongSettings, run_long, tepo_command, trl_command
 from benchstep.options import CPU_DEFAULTS, check_device, parse_args
 
@@ -41,8 +48,6 @@ from tepo_cli.data.required import require_prepared
 
 def make_job(args: argparse.Namespace, out: Path) -> Job:
     if args.smoke and args.model == CPU_DEFAULTS["model"]:
-        from benchstep.tiny import save_tiny_model
-
         model = save_tiny_model(out / "tiny_model")
     else:
         model = resolve_model(args.model)

@@ -22,7 +22,7 @@ from typing import Any
 
 from benchlib.report import median, table
 from benchlib.runner import child_env, log_tail, python_module, run_child, step_records
-from benchstep.job import Job, resolve_model
+from benchstep.job import Job, resolve_model, save_tiny_model
 
 from tepo_cli.data.required import require_prepared
 
@@ -63,8 +63,6 @@ def run(command: list[str], log: Path, args: argparse.Namespace) -> Any:
 def model_dir(args: argparse.Namespace, out: Path) -> str:
     """The job's model directory: --smoke saves tepo's tiny model (model=tiny) as one."""
     if args.smoke:
-        from benchstep.tiny import save_tiny_model
-
         return save_tiny_model(out / "tiny_model")
     return resolve_model(args.model)
 

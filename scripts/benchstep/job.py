@@ -170,14 +170,9 @@ def resolve_model(name: str) -> str:
     """A local directory for `name`: the embedded model's cached checkpoint, a directory, or a
     hub id downloaded once here (so both trainers read the very same files)."""
     if name == EMBEDDED_MODEL:
-        from hydra import compose, initialize_config_module
-
-        from tepo_cli.config.validate import load_train_config
         from tepo_cli.models.loading import checkpoint_dir
 
-        with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
-            config = load_train_config(compose(config_name="train", overrides=[]))
-        path = checkpoint_dir(config.model)  # converts the GGUF once into $TEPO_CACHE
+        path = checkpoint_dir(compose_overrides([]).model)  # the GGUF converted once, cached
         assert path is not None
         return str(Path(path).resolve())
     if Path(name).is_dir():
@@ -185,6 +180,23 @@ def resolve_model(name: str) -> str:
     from huggingface_hub import snapshot_download
 
     return snapshot_download(name)
+
+
+def save_tiny_model(directory: Path) -> str:
+    """The smoke runs' model: `model=tiny` saved with its tokenizer into `directory` (once), so
+    every side loads it the way the real job loads a checkpoint (`model=hf`)."""
+    if not (directory / "config.json").is_file():
+        import torch
+
+        from tepo_cli.models.loading import load_model, load_tokenizer
+
+        config = compose_overrides(["model=tiny"]).model
+        tokenizer = load_tokenizer(config)
+        model = load_model(config, tokenizer, torch.device("cpu"))
+        directory.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+    return str(directory.resolve())
 
 
 def describe(job: Job) -> dict[str, Any]:
