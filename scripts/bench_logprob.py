@@ -42,15 +42,15 @@ class Case:
 
 
 NAMED = {
-    "smollm2": Case("smollm2", 4096, 576, 49152, "float32"),
-    "qwen2.5-0.5b": Case("qwen2.5-0.5b", 1024, 896, 151936, "float32"),
-    "smollm2-bf16": Case("smollm2-bf16", 16384, 576, 49152, "bfloat16"),
-    "qwen2.5-0.5b-bf16": Case("qwen2.5-0.5b-bf16", 8192, 896, 151936, "bfloat16"),
-    "qwen2.5-7b": Case("qwen2.5-7b", 4096, 3584, 152064, "bfloat16"),
-    **{
-        f"liger-b{b}": Case(f"liger-b{b}", 1024 * b, 4096, 128256, "bfloat16")
-        for b in (2, 4, 8, 16)
-    },
+    name: Case(name, *shape)
+    for name, shape in {
+        "smollm2": (4096, 576, 49152, "float32"),
+        "qwen2.5-0.5b": (1024, 896, 151936, "float32"),
+        "smollm2-bf16": (16384, 576, 49152, "bfloat16"),
+        "qwen2.5-0.5b-bf16": (8192, 896, 151936, "bfloat16"),
+        "qwen2.5-7b": (4096, 3584, 152064, "bfloat16"),
+        **{f"liger-b{b}": (1024 * b, 4096, 128256, "bfloat16") for b in (2, 4, 8, 16)},
+    }.items()
 }
 
 
@@ -196,8 +196,8 @@ def usable_backends(requested: list[str], device: str) -> tuple[list[str], dict[
     return keep, skipped
 
 
-def fmt(x: float | None, digits: int = 1) -> str:
-    return "—" if x is None else f"{x:,.{digits}f}"
+def fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.1f}"
 
 
 def build_rows(results: dict, cases: list[Case], backends: list[str]) -> list[list[str]]:
@@ -255,18 +255,14 @@ def print_table(rows: list[list[str]], title: str) -> None:
         from rich.table import Table
     except ImportError:
         print(title)
-        print(markdown(rows))
+        print(table(HEADER, rows) + "\n")
         return
-    table = Table(title=title)
+    shown = Table(title=title)
     for i, col in enumerate(HEADER):
-        table.add_column(col, justify="left" if i < 2 else "right")
+        shown.add_column(col, justify="left" if i < 2 else "right")
     for row in rows:
-        table.add_row(*row)
-    Console(width=max(200, Console().width)).print(table)
-
-
-def markdown(rows: list[list[str]]) -> str:
-    return table(HEADER, rows) + "\n"
+        shown.add_row(*row)
+    Console(width=max(200, Console().width)).print(shown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print_table(rows, title)
     if args.markdown:
-        args.markdown.write_text(f"{title}\n\n{markdown(rows)}")
+        args.markdown.write_text(f"{title}\n\n{table(HEADER, rows)}\n")
     if args.json:
         report = {
             "title": title,
