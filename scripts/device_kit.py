@@ -118,21 +118,8 @@ def build(python: str, kit: list[dict], into: Path) -> list[dict]:
     """One wheel per kit item into `into`; returns the items with their wheel, size and origin."""
     requirements = into / "requirements.txt"
     requirements.write_text("".join(f"{e['name']}=={e['version']}\n" for e in kit))
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "-qq",
-            "-w",
-            str(into),
-            "-r",
-            str(requirements),
-        ],
-        check=True,
-    )
+    wheel = [python, "-m", "pip", "wheel", "--no-deps", "-qq", "-w", str(into)]
+    subprocess.run([*wheel, "-r", str(requirements)], check=True)
     wheels = {canonical(w.name.split("-")[0]): w for w in into.glob("*.whl")}
     built = []
     for entry in kit:
@@ -251,22 +238,8 @@ def prove(args: argparse.Namespace, manifest: dict) -> int:
     site = Path(tempfile.mkdtemp(prefix="tepo-kit-site-"))
     wheels = sorted(str(w) for w in args.out.glob("*.whl"))
     python_image = str(venv / "bin" / "python")
-    subprocess.run(
-        [
-            python_image,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-index",
-            "--no-deps",
-            "--no-compile",
-            "--target",
-            str(site),
-            *wheels,
-        ],
-        check=True,
-    )
+    install = [python_image, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+    subprocess.run([*install, "--no-compile", "--target", str(site), *wheels], check=True)
     environ = {**os.environ, "PYTHONPATH": f"{site}:{REPO}", "PYTHONUNBUFFERED": "1"}
     environ.pop("VIRTUAL_ENV", None)
     environ["PATH"] = f"{venv / 'bin'}:{environ.get('PATH', '')}"
@@ -280,33 +253,19 @@ def prove(args: argparse.Namespace, manifest: dict) -> int:
         [python_image, "-c", VERSIONS], env=environ, text=True, cwd=site
     )
     runs = Path(tempfile.mkdtemp(prefix="tepo-kit-runs-"))
-    gpu_check = subprocess.run(
-        [
-            python_image,
-            str(REPO / "scripts" / "gpu_check.py"),
-            "--device",
-            "cpu",
-            "--model",
-            "tiny",
-            "--tokenizer",
-            str(args.out / "tokenizer"),
-            "--out",
-            str(runs),
-            "--markdown",
-            str(results / "gpu_check.md"),
-        ],
-        env=environ,
-        cwd=REPO,
-    )
+    gpu_check = [python_image, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu"]
+    gpu_check += ["--model", "tiny", "--tokenizer", str(args.out / "tokenizer"), "--out", str(runs)]
+    gpu_check += ["--markdown", str(results / "gpu_check.md")]
+    proved = subprocess.run(gpu_check, env=environ, cwd=REPO)
     shutil.copy(runs / "gpu_check.json", results / "gpu_check.json")
     shutil.copy(args.out / "kit.md", results / "kit.md")
     versions = versions.replace(str(site), "<kit's --target>").replace(str(venv), "<image venv>")
     (results / "environment.txt").write_text(versions)
     print(
         f"device_kit --prove: pip check exit {check.returncode}; gpu_check exit "
-        f"{gpu_check.returncode}; results in {results}"
+        f"{proved.returncode}; results in {results}"
     )
-    return gpu_check.returncode or check.returncode
+    return proved.returncode or check.returncode
 
 
 # What the proving environment imports, and from where (the image's side or the kit).
