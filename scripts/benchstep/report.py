@@ -9,8 +9,6 @@ from typing import Any
 
 from benchlib import report as fmt
 
-from benchstep.update_shapes import UpdateShapes
-
 PARTS = ("generation", "scoring", "forward", "backward", "fwd_bwd", "optimizer", "other")
 LABELS = {
     "generation": "generation",
@@ -23,9 +21,9 @@ LABELS = {
 }
 MEASURED = (
     "How measured (wall clock, perf_counter): tepo — step, generation (rollout_seconds) and "
-    "scoring (reward_seconds + score_seconds) from its metrics.jsonl; loss forward, backward and "
-    "optimizer (update_seconds − forward − backward) from probes around tepo's micro-batch "
-    "forward+backward and engine.backward. TRL — step from a TrainerCallback (on_step_begin → "
+    "scoring (reward_seconds + score_seconds), loss forward, backward and optimizer "
+    "(forward_seconds, backward_seconds, optimizer_seconds) from its metrics.jsonl. "
+    "TRL — step from a TrainerCallback (on_step_begin → "
     "on_step_end); generation = GRPOTrainer._generate; scoring = _generate_and_score_completions "
     "− generation; loss forward = compute_loss; backward = accelerator.backward; optimizer = end "
     "of training_step → on_step_end. Peak RSS: ru_maxrss of each trainer's process (wait4), "
@@ -39,36 +37,18 @@ TARGET_ACCURACY_POINTS = 3.0
 
 
 def tepo_steps(metrics: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict]:
-    """tepo's metrics.jsonl rows with benchstep.tepo_side's probe rows (same order): the update
-    split by the probes, what it forwarded by tepo's own records where it writes them."""
+    """tepo's metrics.jsonl rows (the update's split is tepo's own) with benchstep.tepo_side's
+    probe rows (same order): what the update forwarded."""
     steps = []
     for index, row in enumerate(metrics):
         probe = probes[index] if index < len(probes) else {}
         update = row.get("update_seconds")
-        backward = _first(row.get("backward_seconds"), probe.get("backward_seconds"))
-        fwd_bwd = probe.get("fwd_bwd_seconds")
-        forward = row.get("forward_seconds")
-        if forward is None and fwd_bwd is not None and backward is not None:
-            forward = fwd_bwd - backward
-        if forward is not None and backward is not None:
-            fwd_bwd = forward + backward
-        optimizer = row.get("optimizer_seconds")
-        if optimizer is None and update is not None and fwd_bwd is not None:
-            optimizer = update - fwd_bwd  # clip (+ tepo's own grad-norm) + AdamW + zero_grad
         shapes = probe.get("update")
-        if "update_token_slots" in row and "update_real_tokens" in row:
-            answer_tokens = row.get("update_answer_tokens", (shapes or {}).get("answer_tokens", 0))
-            own = UpdateShapes(
-                int(row["update_token_slots"]),
-                int(row["update_real_tokens"]),
-                int(answer_tokens),
-                int(row.get("update_micro_batches", (shapes or {}).get("micro_batches", 0))),
-            )
-            shapes = {**own.as_dict(), "source": "tepo's metrics"}
-        elif shapes is not None:
+        if shapes is not None:
             shapes = {**shapes, "source": f"probe ({probe.get('plan', 'plan unknown')})"}
         scoring = row.get("reward_seconds", 0.0) + row.get("score_seconds", 0.0)
-        parts = (row.get("rollout_seconds"), scoring, forward, backward, optimizer)
+        split = tuple(row.get(f"{part}_seconds") for part in UPDATE_PARTS)
+        parts = (row.get("rollout_seconds"), scoring, *split)
         steps.append(_step(row, probe, row["step_seconds"], parts, update, shapes))
     return steps
 
@@ -117,10 +97,6 @@ def _step(
         "params": shapes_row.get("params"),
         "update_flops": row.get("update_flops"),  # the same formula both sides (train/flops.py)
     }
-
-
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
 
 
 def summarize(runs: Sequence[dict[str, Any]], skip: int = 1) -> dict[str, Any]:
