@@ -23,7 +23,6 @@ from typing import Any
 
 from benchlib.report import gb, s, trl_version, version, versions
 from benchlib.runner import (
-    ChildResult,
     child_env,
     exit_on_sigterm,
     log_tail,
@@ -56,33 +55,35 @@ def make_job(args: argparse.Namespace, out: Path) -> Job:
     return Job(**{**options, "model": model})
 
 
-def run_side(side: str, job: Job, out: Path, round_index: int) -> ChildResult:
-    """One trainer's round in its own process: tepo_side (tepo train with probes) or trl_side."""
+def run_round(side: str, job: Job, out: Path, round_index: int) -> dict[str, Any]:
+    """One trainer's round in its own process (tepo_side or trl_side): its steps and peaks."""
     run_dir = out / side / f"round{round_index}"
+    probes, cuda = run_dir.with_suffix(".probes.jsonl"), run_dir.with_suffix(".cuda.json")
     if side == "tepo":
-        probes = run_dir.with_suffix(".probes.jsonl")
         command = tepo_command(probes, job.tepo_overrides(), run_dir)
     else:
         command = trl_command(out, run_dir)
-    env = child_env(job.threads, job.device, run_dir.with_suffix(".cuda.json"))
-    return run_child(command, run_dir.with_suffix(".log"), env)
-
-
-def collect_run(side: str, result: ChildResult, run_dir: Path) -> dict[str, Any]:
+    result = run_child(
+        command, run_dir.with_suffix(".log"), child_env(job.threads, job.device, cuda)
+    )
+    if result.returncode != 0:
+        sys.exit(
+            f"bench_step: {side} failed (exit {result.returncode}); {result.log}:\n"
+            + log_tail(result.log)
+        )
     if side == "tepo":
-        metrics = read_jsonl(run_dir / "metrics.jsonl")
-        steps = report.tepo_steps(metrics, read_jsonl(run_dir.with_suffix(".probes.jsonl")))
+        steps = report.tepo_steps(read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(probes))
     else:
         steps = report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
-    cuda = run_dir.with_suffix(".cuda.json")
-    peak_cuda = json.loads(cuda.read_text())["max_allocated_bytes"] if cuda.exists() else None
     return {
         "side": side,
         "run_dir": str(run_dir),
         "model_dir": str(run_dir / "final"),
         "steps": steps,
         "peak_rss_bytes": result.peak_rss_bytes,
-        "peak_cuda_bytes": peak_cuda,
+        "peak_cuda_bytes": json.loads(cuda.read_text())["max_allocated_bytes"]
+        if cuda.exists()
+        else None,
         "wall_seconds": result.wall_seconds,
         "returncode": result.returncode,
     }
@@ -93,19 +94,12 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
     for round_index in range(args.rounds):
         for side in args.sides:
             print(f"[round {round_index + 1}/{args.rounds}] {side}: training …", flush=True)
-            result = run_side(side, job, out, round_index)
-            run_dir = out / side / f"round{round_index}"
-            if result.returncode != 0:
-                sys.exit(
-                    f"bench_step: {side} failed (exit {result.returncode}); {result.log}:\n"
-                    + log_tail(result.log)
-                )
-            run = collect_run(side, result, run_dir)
+            run = run_round(side, job, out, round_index)
             runs[side].append(run)
             median = report.summarize([run])["median_s"]
             print(
                 f"  {len(run['steps'])} steps, median {s(median)} s/step (steps 2–), "
-                f"peak RSS {gb(run['peak_rss_bytes'])}, wall {result.wall_seconds:.0f} s",
+                f"peak RSS {gb(run['peak_rss_bytes'])}, wall {run['wall_seconds']:.0f} s",
                 flush=True,
             )
     return runs
@@ -113,26 +107,20 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
 
 def evaluate_all(job: Job, runs: dict[str, list[dict[str, Any]]], out: Path) -> float | None:
     """Score the base model and every trained one in one process; fill accuracy_after."""
-    models = {"base": job.model}
-    for side, side_runs in runs.items():
-        for index, run in enumerate(side_runs):
-            models[f"{side}{index}"] = run["model_dir"]
+    trained = {
+        f"{run['side']}{i}": run for side_runs in runs.values() for i, run in enumerate(side_runs)
+    }
+    models = {"base": job.model, **{name: run["model_dir"] for name, run in trained.items()}}
     print(f"evaluating {len(models)} models on {job.eval_size} held-out problems …", flush=True)
-    command = python_module(
-        sys.executable,
-        "benchstep.evaluate",
-        str(out / "job.json"),
-        str(out / "tepo_config.json"),
-        str(out / "eval.json"),
-        *(f"{name}={path}" for name, path in models.items()),
-    )
+    files = [str(out / name) for name in ("job.json", "tepo_config.json", "eval.json")]
+    command = python_module(sys.executable, "benchstep.evaluate", *files)
+    command += [f"{name}={path}" for name, path in models.items()]
     result = run_child(command, out / "eval.log", child_env(job.threads, job.device))
     if result.returncode != 0:
         sys.exit(f"bench_step: evaluation failed; {result.log}:\n" + log_tail(result.log))
     scores = json.loads((out / "eval.json").read_text())
-    for side, side_runs in runs.items():
-        for index, run in enumerate(side_runs):
-            run["accuracy_after"] = scores[f"{side}{index}"]["accuracy"]
+    for name, run in trained.items():
+        run["accuracy_after"] = scores[name]["accuracy"]
     return scores["base"]["accuracy"]
 
 
