@@ -51,7 +51,8 @@ def make_job(args: argparse.Namespace, out: Path) -> Job:
     else:
         model = resolve_model(args.model)
     # every Job field the options and presets set, its default otherwise
-    options = {f.name: getattr(args, f.name) for f in fields(Job) if hasattr(args, f.name)}
+    options = {f.name: getattr(args, f.name, None) for f in fields(Job)}
+    options = {name: value for name, value in options.items() if value is not None}
     return Job(**{**options, "model": model})
 
 

@@ -12,16 +12,7 @@ from typing import Any
 
 from benchstep.long_job import SIDES as LONG_SIDES
 
-CPU_DEFAULTS: dict[str, Any] = {
-    "model": "smollm2_135m",
-    "device": "cpu",
-    "dtype": "float32",
-    "max_new_tokens": 16,
-    "prompts_per_step": 2,
-    "generations": 8,
-    "digits": 1,
-    "eval_size": 50,
-}
+CPU_DEFAULTS: dict[str, Any] = {"model": "smollm2_135m", "device": "cpu", "dtype": "float32"}
 # GPU mode: untested here (no GPU on the development machine).
 GPU_DEFAULTS: dict[str, Any] = {
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -66,7 +57,7 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
         presets = [LONG_SMOKE_DEFAULTS] * args.smoke + [LONG_DEFAULTS]
     presets += [
         GPU_DEFAULTS if args.gpu else CPU_DEFAULTS,
-        {"steps": 30, "temperature": 0.7, "threads": len(os.sched_getaffinity(0))},
+        {"threads": len(os.sched_getaffinity(0))},
     ]
     for preset in presets:
         for key, value in preset.items():
@@ -147,4 +138,4 @@ def check_device(args: argparse.Namespace) -> None:
             f"this machine has none (torch {torch.__version__}). Run the CPU job without --gpu."
         )
     if args.device == "cpu" and args.dtype != "float32":
-        sys.exit("bench_step: --dtype bfloat16 is for --device cuda; the CPU job is float32.")
+        sys.exit("bench_step: --gpu's bfloat16 is for --device cuda; the CPU job is float32.")
