@@ -1,22 +1,14 @@
 #!/usr/bin/env python
-"""Benchmark the token log-prob kernel path against the naive full-softmax baseline.
+"""The token log-prob kernel path against the naive full-softmax baseline.
 
-    python scripts/bench_logprob.py                         # default cases for this machine
     python scripts/bench_logprob.py --cases smollm2 --repeats 3 --rounds 2 --backends torch,naive
-    python scripts/bench_logprob.py --cases 2048,576,49152,float32 --markdown bench.md
     python scripts/bench_logprob.py --smoke --markdown smoke.md  # CI: a tiny case, 1 repeat
 
-Every (case, backend) runs in a fresh subprocess, so peak memory is that run's own: on CPU the
-growth of the peak resident set (VmHWM, reset after the inputs are allocated; ru_maxrss where it
-cannot be reset) over the resident set with the inputs in place; on CUDA
-`max_memory_allocated` minus the memory allocated with the inputs in place. Gradient buffers
-(hidden.grad, weight.grad) count for every back-end. Times are the minimum over `--repeats`
-calls and over `--rounds` rounds; the rounds alternate the back-ends, so a noisy shared machine
-slows all of them alike. Ratios are against `naive` from the same run.
-
-Back-ends: naive, torch, triton (CUDA), matmul (the bare lm-head matmul forward + backward:
-throughput is reported as a fraction of it), liger (LigerFusedLinearCrossEntropyLoss, summed
-cross-entropy, when `liger_kernel` imports; CUDA).
+Each (case, backend) runs in a fresh subprocess; its peak memory is the growth over the inputs
+(CPU: VmHWM, reset after the inputs; CUDA: max_memory_allocated), gradient buffers included.
+Times: the minimum over --repeats calls and --rounds alternating rounds; ratios against `naive`.
+Back-ends: naive, torch, triton (CUDA), matmul (the bare lm-head matmul: the throughput
+reference), liger (CUDA, when liger_kernel imports).
 """
 
 from __future__ import annotations
@@ -50,15 +42,15 @@ class Case:
 
 
 NAMED = {
-    "smollm2": Case("smollm2", 4096, 576, 49152, "float32"),
-    "qwen2.5-0.5b": Case("qwen2.5-0.5b", 1024, 896, 151936, "float32"),
-    "smollm2-bf16": Case("smollm2-bf16", 16384, 576, 49152, "bfloat16"),
-    "qwen2.5-0.5b-bf16": Case("qwen2.5-0.5b-bf16", 8192, 896, 151936, "bfloat16"),
-    "qwen2.5-7b": Case("qwen2.5-7b", 4096, 3584, 152064, "bfloat16"),
-    **{
-        f"liger-b{b}": Case(f"liger-b{b}", 1024 * b, 4096, 128256, "bfloat16")
-        for b in (2, 4, 8, 16)
-    },
+    name: Case(name, *shape)
+    for name, shape in {
+        "smollm2": (4096, 576, 49152, "float32"),
+        "qwen2.5-0.5b": (1024, 896, 151936, "float32"),
+        "smollm2-bf16": (16384, 576, 49152, "bfloat16"),
+        "qwen2.5-0.5b-bf16": (8192, 896, 151936, "bfloat16"),
+        "qwen2.5-7b": (4096, 3584, 152064, "bfloat16"),
+        **{f"liger-b{b}": (1024 * b, 4096, 128256, "bfloat16") for b in (2, 4, 8, 16)},
+    }.items()
 }
 
 
@@ -204,8 +196,8 @@ def usable_backends(requested: list[str], device: str) -> tuple[list[str], dict[
     return keep, skipped
 
 
-def fmt(x: float | None, digits: int = 1) -> str:
-    return "—" if x is None else f"{x:,.{digits}f}"
+def fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.1f}"
 
 
 def build_rows(results: dict, cases: list[Case], backends: list[str]) -> list[list[str]]:
@@ -263,18 +255,14 @@ def print_table(rows: list[list[str]], title: str) -> None:
         from rich.table import Table
     except ImportError:
         print(title)
-        print(markdown(rows))
+        print(table(HEADER, rows) + "\n")
         return
-    table = Table(title=title)
+    shown = Table(title=title)
     for i, col in enumerate(HEADER):
-        table.add_column(col, justify="left" if i < 2 else "right")
+        shown.add_column(col, justify="left" if i < 2 else "right")
     for row in rows:
-        table.add_row(*row)
-    Console(width=max(200, Console().width)).print(table)
-
-
-def markdown(rows: list[list[str]]) -> str:
-    return table(HEADER, rows) + "\n"
+        shown.add_row(*row)
+    Console(width=max(200, Console().width)).print(shown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print_table(rows, title)
     if args.markdown:
-        args.markdown.write_text(f"{title}\n\n{markdown(rows)}")
+        args.markdown.write_text(f"{title}\n\n{table(HEADER, rows)}\n")
     if args.json:
         report = {
             "title": title,

@@ -1,19 +1,12 @@
 """LoRA vs full fine-tuning on the embedded default job (`tepo train`), each run in its own process.
 
-    python scripts/bench_lora.py                  # learning runs (30 steps) + memory runs (5 steps)
-    python scripts/bench_lora.py --steps 3 --memory-steps 2   # smoke run (numbers meaningless)
-    python scripts/bench_lora.py --vllm           # also rollout=vllm: seconds per weight sync
-    python scripts/bench_lora.py --smoke          # CI: every run on model=tiny, 1 step each
+    python scripts/bench_lora.py [--vllm]   # learning runs (30 steps), memory runs (5 steps);
+                                            # --vllm: also each weight sync's seconds
+    python scripts/bench_lora.py --smoke    # CI: every run on model=tiny, 1 step each
 
-Learning runs: the embedded default (SmolLM2-135M-Instruct, 2-digit addition, GRPO with its KL term,
-30 steps) with full fine-tuning and with `model.lora.r=8` (trainer.lr then defaults to 1e-4):
-held-out greedy accuracy before -> after, median s/step (steps 2..N), trainable parameters, peak
-RSS over the steps. Memory runs (no evaluation): the same job with and without the KL term
-(algo.beta=0 loads no reference) for both, so the reference's cost reads off as a difference:
-a copy of the weights for full fine-tuning, nothing for LoRA (the adapters switched off).
-`--vllm` runs 3 steps of each with rollout=vllm and reports the sync's seconds (the LoRA
-policy's merged weights vs the full model's). Output: a Markdown table, printed and written to
-OUT/results.md; OUT/results.json holds the numbers.
+Learning runs: full vs `model.lora.r=8`, accuracy before -> after, s/step, trainable parameters,
+peak RSS. Memory runs: each with and without the KL term (algo.beta=0 loads no reference), so the
+reference's cost reads off as a difference. OUT/results.md and OUT/results.json.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""Padded vs packed (`model.packing`), and packed with gradient checkpointing
-(`model.gradient_checkpointing`): one forward+backward of the policy on ragged answers.
+"""Padded vs packed (`model.packing`), and packed with gradient checkpointing: one forward+backward
+of the policy on ragged answers, each layout in its own process, on the same batch.
 
-Each layout runs in its own process (its own peak RSS), on the same batch: `prompts` distinct
-prompts of `prompt_tokens` tokens (left-padded by a few tokens, as a rollout's are), `n` answers
-each, answer lengths drawn uniformly up to twice `mean_answer` and capped at `max_answer`. Prints
-the seconds (best of `--repeats`), the peak RSS and the real/padded token counts, and writes them
-as JSON.
-
-    python scripts/bench_packing.py                      # SmolLM2-135M float32, 2 x 8 answers
-    python scripts/bench_packing.py --prompts 4 --n 8 --prompt-tokens 44 --max-answer 16 --mean-answer 8
+    python scripts/bench_packing.py [--prompts 4 --n 8 --prompt-tokens 44 ...] [--profile]
     python scripts/bench_packing.py --smoke              # the tiny model, seconds (CI)
-    python scripts/bench_packing.py --profile            # + where each layout's time goes
 
-`--profile` runs one more forward+backward per layout under torch.profiler and splits its
-operators' own CPU time into matmuls (mm, addmm, bmm: the projections, MLPs and lm-head chunks),
-attention (the scaled-dot-product kernels, forward and backward) and everything else (norms,
-activations, copies, fills, the log-prob arithmetic).
+`prompts` prompts of `prompt_tokens` tokens (left-padded by a few), `n` answers each, lengths
+uniform up to twice `mean_answer`, capped at `max_answer`. Prints the seconds (best of
+--repeats), peak RSS and token counts, writes them as JSON; --profile splits the time by op.
 """
 
 from __future__ import annotations

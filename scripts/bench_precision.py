@@ -1,19 +1,11 @@
 """word_math step seconds in bfloat16 against float32, alternating, each run its own process.
 
-    python scripts/bench_precision.py                       # recipe=word_math, 4 steps, 1 round
-    python scripts/bench_precision.py --rounds 2 --steps 6 --out docs/results/precision/steps
+    python scripts/bench_precision.py [--rounds 2 --steps 6 --out DIR] [OVERRIDE...]
     python scripts/bench_precision.py --smoke               # CI: model=tiny, rollout=hf, 2 steps
 
-Each round trains the same job (same seed, same prompts) once per precision, float32 first, with
-`model.dtype` set explicitly, no evaluation and no checkpoints. The first step of every run is
-left out (vLLM's start-up, first-touch allocations); the others are pooled per precision. A
-machine shared with other work slows both sides of a round alike, so the ratio bf16 / float32 is
-the number to read, not the seconds; `others_cores` says how busy the rest of the machine was.
-
-Output: a Markdown table (printed, and OUT/results.md) with the median s/step and its split
-(rollout, scoring, update), rollout tokens/s, the rollout-training log-prob mismatch and the update's
-MFU per precision, and the ratios; OUT/results.json holds every step's record. Logs:
-OUT/<dtype>-round<r>.log.
+The same job once per precision a round (float32 first), no evaluation or checkpoints; steps 2-N
+pooled per precision. Read the ratio bf16 / float32, not the seconds (`others_cores`: how busy the
+rest of the machine was). OUT/results.md is the table, OUT/results.json every step's record.
 """
 
 from __future__ import annotations

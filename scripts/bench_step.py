@@ -1,39 +1,13 @@
-"""tepo vs TRL's GRPOTrainer on one concrete job, alternating, each trainer in its own process.
+"""tepo vs TRL's GRPOTrainer on one job, each trainer in its own process (benchstep/).
 
-    pip install -c constraints.txt -e '.[bench]'          # TRL (the `bench` extra), CPU torch kept
-    python scripts/bench_step.py                           # the issue's CPU job, 30 steps, 1 round
-    python scripts/bench_step.py --rounds 2 --out outputs/bench_step/quiet
-    python scripts/bench_step.py --steps 3 --eval-size 20  # smoke run (numbers meaningless)
-    python scripts/bench_step.py --gpu                     # GPU mode (bf16, Qwen2.5-0.5B-Instruct)
-    python scripts/bench_step.py --gpu --model Qwen/Qwen2.5-1.5B-Instruct --max-new-tokens 256
-    python scripts/bench_step.py --job long                # issue 25's long-answer job (below)
-    python scripts/bench_step.py --smoke [--job long]      # CI smoke: model=tiny, 2 steps (long: 1)
+    python scripts/bench_step.py                 # the CPU job (benchstep/job.py), 30 steps
+    python scripts/bench_step.py --rounds 2      # tepo, TRL, tepo, TRL: steps 2-N pooled
+    python scripts/bench_step.py --gpu           # GPU preset (bf16, Qwen2.5-0.5B-Instruct)
+    python scripts/bench_step.py --job long      # long answers (benchstep/long_job.py)
+    python scripts/bench_step.py --smoke [--job long]   # CI: model=tiny, 2 steps (long: 1)
 
-The job (issue 8): SmolLM2-135M-Instruct in float32, 1-digit addition ("What is A+B? Answer with
-just the number."), 2 prompts × 8 generations per step, 16 new tokens, temperature 0.7, lr 1e-5
-constant, β = 0, one update per rollout, grad clip 1.0, 30 steps. Both trainers load the same
-model directory (tepo's converted checkpoint in $TEPO_CACHE), train on the same prompts in the same
-order (tepo's seeded stream; the chat-rendered token ids are checked equal), sample with the same
-settings, grade with tepo's grader and use the same seed value. `--rounds R` runs tepo, TRL, tepo,
-TRL, ... and pools steps 2–N of every round. Afterwards one process scores the base model and
-every trained model with tepo's eval code (greedy, the held-out split). With 1-digit "+" there are
-only 100 distinct problems and tepo holds out at most half, so the default --eval-size is 50.
-
-Output: a Markdown table (printed, and OUT/results.md) with median / min / max s/step, the split
-into generation, scoring, forward, backward and optimizer, peak RSS of each trainer process
-(wait4's ru_maxrss), reward per step, accuracy before → after, and the ratios tepo/TRL;
-OUT/results.json holds every step's numbers. Logs: OUT/<side>/round<r>.log.
-
-`--job long` (issue 25, benchstep/long_job.py): MATH-500's offline train split, SmolLM2-135M-
-Instruct float32, 2 prompts x 8 answers up to 512 tokens, temperature 1.0, GRPO β = 0, 4 steps;
-tepo with rollout=hf and rollout=vllm (its defaults otherwise) beside TRL (its colocated vLLM when
-that runs here, else its generate), each in a process killed at --memory-limit-gb. Reports the
-answer-length distribution, the update's padding share, s/step split, peak RSS and the update's
-GFLOP/s on real answer tokens against an fp32 matmul timed in the same run. No evaluation.
-
-`--smoke`: every code path of the job end to end in seconds, numbers meaningless: tepo's tiny
-random model (`model=tiny`, saved as a model directory both trainers load), 2 steps (long: 1),
-short answers.
+OUT/results.md is the table (s/step and its split, peak RSS, reward, accuracy before → after,
+tepo/TRL), OUT/results.json every step's numbers, OUT/<side>/round<r>.log the logs.
 """
 
 from __future__ import annotations
@@ -49,7 +23,6 @@ from typing import Any
 
 from benchlib.report import gb, s, trl_version, version, versions
 from benchlib.runner import (
-    ChildResult,
     child_env,
     exit_on_sigterm,
     log_tail,
@@ -58,74 +31,60 @@ from benchlib.runner import (
     run_child,
 )
 from benchstep import report
-from benchstep.job import ISSUE_PROMPT, Job, compose_tepo_config, describe, resolve_model
-from benchstep.long_job import LongSettings, run_long
+from benchstep.job import (
+    ISSUE_PROMPT,
+    Job,
+    compose_tepo_config,
+    describe,
+    resolve_model,
+    save_tiny_model,
+)
+from benchstep.long_job import LongSettings, run_long, tepo_command, trl_command
 from benchstep.options import CPU_DEFAULTS, check_device, parse_args
 
 from tepo_cli.data.required import require_prepared
 
 
 def make_job(args: argparse.Namespace, out: Path) -> Job:
-    threads = args.threads or len(os.sched_getaffinity(0))
     if args.smoke and args.model == CPU_DEFAULTS["model"]:
-        from benchstep.tiny import save_tiny_model
-
         model = save_tiny_model(out / "tiny_model")
     else:
         model = resolve_model(args.model)
-    # every Job field is the option of the same name, but for these (derived, or the default)
-    derived = {"model", "threads", "trl_micro_batch", "skip_zero_advantage", "operations"}
-    options = {f.name: getattr(args, f.name) for f in fields(Job) if f.name not in derived}
-    return Job(
-        **options,
-        model=model,
-        threads=threads,
-        trl_micro_batch=args.trl_micro_batch or 0,
-        skip_zero_advantage=getattr(args, "skip_zero_advantage", None) is not False,
-    )
+    # every Job field the options and presets set, its default otherwise
+    options = {f.name: getattr(args, f.name, None) for f in fields(Job)}
+    options = {name: value for name, value in options.items() if value is not None}
+    return Job(**{**options, "model": model})
 
 
-def check_task(config: Any) -> None:
-    """A bad --eval-size / --digits stops here, before any model loads, with tepo's message."""
-    from tepo_cli.benchmarks import build_task
-    from tepo_cli.core.errors import ConfigError
-
-    try:
-        build_task(config.benchmark)
-    except ConfigError as error:
-        sys.exit(f"bench_step: {error}")
-
-
-def run_side(side: str, job: Job, out: Path, round_index: int, python: str) -> ChildResult:
-    """One trainer's round in its own process: tepo_side (tepo train with probes) or trl_side."""
+def run_round(side: str, job: Job, out: Path, round_index: int) -> dict[str, Any]:
+    """One trainer's round in its own process (tepo_side or trl_side): its steps and peaks."""
     run_dir = out / side / f"round{round_index}"
+    probes, cuda = run_dir.with_suffix(".probes.jsonl"), run_dir.with_suffix(".cuda.json")
     if side == "tepo":
-        args = [str(run_dir.with_suffix(".probes.jsonl")), *job.tepo_overrides()]
-        command = python_module(
-            sys.executable, "benchstep.tepo_side", *args, f"hydra.run.dir={run_dir}"
-        )
+        command = tepo_command(probes, job.tepo_overrides(), run_dir)
     else:
-        args = [str(out / "job.json"), str(out / "tepo_config.json"), str(run_dir)]
-        command = python_module(python, "benchstep.trl_side", *args)
-    env = child_env(job.threads, job.device, run_dir.with_suffix(".cuda.json"))
-    return run_child(command, run_dir.with_suffix(".log"), env)
-
-
-def collect_run(side: str, result: ChildResult, run_dir: Path) -> dict[str, Any]:
+        command = trl_command(out, run_dir)
+    result = run_child(
+        command, run_dir.with_suffix(".log"), child_env(job.threads, job.device, cuda)
+    )
+    if result.returncode != 0:
+        sys.exit(
+            f"bench_step: {side} failed (exit {result.returncode}); {result.log}:\n"
+            + log_tail(result.log)
+        )
     if side == "tepo":
-        metrics = read_jsonl(run_dir / "metrics.jsonl")
-        steps = report.tepo_steps(metrics, read_jsonl(run_dir.with_suffix(".probes.jsonl")))
+        steps = report.tepo_steps(read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(probes))
     else:
         steps = report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
-    cuda = run_dir.with_suffix(".cuda.json")
-    peak_cuda = json.loads(cuda.read_text())["max_allocated_bytes"] if cuda.exists() else None
     return {
         "side": side,
         "run_dir": str(run_dir),
         "model_dir": str(run_dir / "final"),
         "steps": steps,
         "peak_rss_bytes": result.peak_rss_bytes,
-        "peak_cuda_bytes": peak_cuda,
+        "peak_cuda_bytes": json.loads(cuda.read_text())["max_allocated_bytes"]
+        if cuda.exists()
+        else None,
         "wall_seconds": result.wall_seconds,
         "returncode": result.returncode,
     }
@@ -136,19 +95,12 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
     for round_index in range(args.rounds):
         for side in args.sides:
             print(f"[round {round_index + 1}/{args.rounds}] {side}: training …", flush=True)
-            result = run_side(side, job, out, round_index, args.trl_python)
-            run_dir = out / side / f"round{round_index}"
-            if result.returncode != 0:
-                sys.exit(
-                    f"bench_step: {side} failed (exit {result.returncode}); {result.log}:\n"
-                    + log_tail(result.log)
-                )
-            run = collect_run(side, result, run_dir)
+            run = run_round(side, job, out, round_index)
             runs[side].append(run)
             median = report.summarize([run])["median_s"]
             print(
                 f"  {len(run['steps'])} steps, median {s(median)} s/step (steps 2–), "
-                f"peak RSS {gb(run['peak_rss_bytes'])}, wall {result.wall_seconds:.0f} s",
+                f"peak RSS {gb(run['peak_rss_bytes'])}, wall {run['wall_seconds']:.0f} s",
                 flush=True,
             )
     return runs
@@ -156,26 +108,20 @@ def train_all(job: Job, args: argparse.Namespace, out: Path) -> dict[str, list[d
 
 def evaluate_all(job: Job, runs: dict[str, list[dict[str, Any]]], out: Path) -> float | None:
     """Score the base model and every trained one in one process; fill accuracy_after."""
-    models = {"base": job.model}
-    for side, side_runs in runs.items():
-        for index, run in enumerate(side_runs):
-            models[f"{side}{index}"] = run["model_dir"]
+    trained = {
+        f"{run['side']}{i}": run for side_runs in runs.values() for i, run in enumerate(side_runs)
+    }
+    models = {"base": job.model, **{name: run["model_dir"] for name, run in trained.items()}}
     print(f"evaluating {len(models)} models on {job.eval_size} held-out problems …", flush=True)
-    command = python_module(
-        sys.executable,
-        "benchstep.evaluate",
-        str(out / "job.json"),
-        str(out / "tepo_config.json"),
-        str(out / "eval.json"),
-        *(f"{name}={path}" for name, path in models.items()),
-    )
+    files = [str(out / name) for name in ("job.json", "tepo_config.json", "eval.json")]
+    command = python_module(sys.executable, "benchstep.evaluate", *files)
+    command += [f"{name}={path}" for name, path in models.items()]
     result = run_child(command, out / "eval.log", child_env(job.threads, job.device))
     if result.returncode != 0:
         sys.exit(f"bench_step: evaluation failed; {result.log}:\n" + log_tail(result.log))
     scores = json.loads((out / "eval.json").read_text())
-    for side, side_runs in runs.items():
-        for index, run in enumerate(side_runs):
-            run["accuracy_after"] = scores[f"{side}{index}"]["accuracy"]
+    for name, run in trained.items():
+        run["accuracy_after"] = scores[name]["accuracy"]
     return scores["base"]["accuracy"]
 
 
@@ -186,7 +132,6 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
         sides=tuple(args.sides),
         memory_limit_bytes=int(args.memory_limit_gb * 1e9),
         trl_generation=args.trl_generation,
-        trl_python=args.trl_python,
         host_allocator=args.host_allocator,
     )
     print(f"model: {job.model}\nresults: {out}", flush=True)
@@ -204,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     check_device(args)
     if args.job == "long":  # before any side starts: each would fail on it seconds later
         require_prepared([("math500", "train")], "bench_step.py --job long")
-    trl = trl_version(args.trl_python) if "trl" in args.sides else None
+    trl = trl_version(sys.executable) if "trl" in args.sides else None
     out = (args.out or Path("outputs/bench_step") / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     if out.exists() and any(out.iterdir()):
         sys.exit(f"bench_step: {out} is not empty; give a new --out directory.")
@@ -214,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.job == "long":
         return main_long(args, job, out, trl)
     config = compose_tepo_config(job)
-    check_task(config)
     if config.benchmark.prompt != ISSUE_PROMPT:
         print(
             f"bench_step: warning: tepo's arith prompt is {config.benchmark.prompt!r}, not the issue's"

@@ -1,31 +1,14 @@
-"""The update phase alone, on the long-answer job's shapes: tepo's `update` (every micro-batch's
-forward and backward through the DeepSpeed engine, then the optimizer step) on a fixed batch, in
-variants that differ by config overrides, each in its own process (its own peak RSS).
+"""The update phase alone: tepo's `update` (every micro-batch's forward and backward through the
+DeepSpeed engine, then the optimizer step) on the long job's step-1 batch (ANSWERS, PROMPTS:
+random ids, fixed rewards), in variants that differ by config overrides, each in its own process.
 
-The batch is the long-answer job's (`bench_step.py --job long`) step 1 as measured at commit
-8e581ec: 2 prompts of 373 and 80 tokens (MATH problems in SmolLM2's chat template; left-padded to
-the longer) x 8 answers of the lengths that step sampled (mean 276, 5 of 16 at the 512 cap): its
-token-budget plan is that run's, 8 micro-batches of 6,975 real tokens. Token
-ids are random (the update's cost does not depend on them), the rewards fixed (GRPO advantages,
-β = 0, on-policy, one optimizer step).
-
-    python scripts/bench_update.py                  # prompt pass vs prompts in every micro-batch,
-                                                    # host allocators: tepo's default (auto) vs
-                                                    # tcmalloc vs glibc (mmap threshold, heap
-                                                    # reused, huge pages: GLIBC_TUNABLES)
-    python scripts/bench_update.py --repeats 3 --variants prompt-pass
-    python scripts/bench_update.py --profile        # + where each variant's time goes
+    python scripts/bench_update.py [--repeats 3] [--variants prompt-pass,...] [--profile]
     python scripts/bench_update.py --smoke          # model=tiny, small shapes (CI)
 
-Per variant: the update's seconds (best of `--repeats`, each after one warm-up update; with
-`--rounds R` the variants run alternately R times, each its best run), its
-forward/backward/optimizer split, the micro-batches it ran, peak RSS, and the rate on real answer
-tokens, 6 x parameters x answer tokens / update seconds, beside an fp32 `torch.mm` of the model's
-MLP shape timed in the same process before and after the updates, the better of the two (the long
-job's reference, benchlib/measure.py), and the update's MFU as every step record gives it
-(tepo_cli/train/flops.py: each distinct prompt once, attention included) against that rate. `--profile`
-runs one more update under torch.profiler and splits its operators' own CPU time into matmuls,
-attention and the rest, naming the largest of the rest (benchlib/measure.py).
+Per variant: the update's seconds (best of --repeats after a warm-up; --rounds alternates), its
+split, micro-batches, peak RSS, GFLOP/s on answer tokens beside an fp32 matmul of the model's MLP
+shape timed in the same process (benchlib/measure.py), and the update's MFU as the step records
+give it (tepo_cli/train/flops.py). --profile splits the operators' time (benchlib/measure.py).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """rollout=vllm vs rollout=hf, the same job on both back-ends, each run in its own process.
 
-    make install-vllm
-    python scripts/bench_vllm.py eval                   # tepo eval: GSM8K (first 100, 512 tokens)
-                                                        # and the held-out arithmetic split, greedy
-    python scripts/bench_vllm.py eval --limit 20        # a shorter GSM8K run
-    python scripts/bench_vllm.py step                   # bench_step.py's training job, 30 steps
-    python scripts/bench_vllm.py step --steps 5         # smoke run (numbers meaningless)
-    python scripts/bench_vllm.py step --smoke           # CI: model=tiny (saved), 2 steps; with
-    python scripts/bench_vllm.py eval --smoke           # eval: 2 GSM8K problems, 16 tokens
+    python scripts/bench_vllm.py eval [--limit 20]  # tepo eval: GSM8K (first 100) and arith
+    python scripts/bench_vllm.py step [--steps 5]   # bench_step.py's training job, 30 steps
+    python scripts/bench_vllm.py {step,eval} --smoke   # CI: model=tiny, a step or two
 
-`eval` runs `tepo eval` on each back-end with the same model, benchmark and settings (greedy,
-eval.batch_size prompts per engine call) and reads its summary.json: samples/s as tepo eval
-reports it (from model load to the last sample: vLLM's engine start and warm-up are included),
-accuracy, mean length. `step` runs the training job of scripts/bench_step.py (SmolLM2-135M,
-1-digit addition, 2 prompts x 8 samples, 16 new tokens, 30 steps) through benchstep.tepo_side
-with rollout=hf and with rollout=vllm: median s/step over steps 2-N, the split into generation,
-weight sync and update, peak RSS (wait4), and the rollout-trainer log-prob gap vLLM leaves.
-
-On a GPU machine pass --device cuda (and a model): the vllm package must be installed there;
-where it cannot be (a lent machine this repository is copied to has no vLLM wheel), only hf runs.
-Output: a Markdown table, printed and written to OUT/results.md; OUT/results.json holds the numbers.
+`eval` reads each `tepo eval` run's summary.json (samples/s from model load, accuracy, length);
+`step` runs benchstep.tepo_side per back-end: median s/step over steps 2-N and its split, peak
+RSS, the rollout-trainer log-prob gap. OUT/results.md is the table, OUT/results.json the numbers.
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ from typing import Any
 
 from benchlib.report import median, table
 from benchlib.runner import child_env, log_tail, python_module, run_child, step_records
-from benchstep.job import Job, resolve_model
+from benchstep.job import Job, resolve_model, save_tiny_model
 
 from tepo_cli.data.required import require_prepared
 
@@ -76,8 +63,6 @@ def run(command: list[str], log: Path, args: argparse.Namespace) -> Any:
 def model_dir(args: argparse.Namespace, out: Path) -> str:
     """The job's model directory: --smoke saves tepo's tiny model (model=tiny) as one."""
     if args.smoke:
-        from benchstep.tiny import save_tiny_model
-
         return save_tiny_model(out / "tiny_model")
     return resolve_model(args.model)
 

@@ -1,20 +1,12 @@
 #!/usr/bin/env python
 """Acceptance check of the benchmark loaders and graders on the references themselves.
 
-    python scripts/check_references.py                 # all benchmarks (prepares them first)
-    python scripts/check_references.py --skip-code     # maths only (no sandbox runs)
-    python scripts/check_references.py --limit 100     # the first 100 problems of each
+    python scripts/check_references.py [--skip-code] [--limit 100]   # prepares what is missing
     python scripts/check_references.py --smoke         # CI: the first 5 of each, code included
 
-Every reference must score correct through the grader a model is scored with:
-  - GSM8K: each full reference solution (ending in ``#### n``) in the three modes (lm-eval's
-    strict-match and flexible-extract, numeric);
-  - MATH (5,000) and MATH-500: each full reference solution through the maths grader (last
-    ``\\boxed{}`` -> math-verify) against the answer the loader took from that solution. This
-    checks extraction, parsing and verification end to end on real LaTeX; misses are listed;
-  - HumanEval: the canonical solutions pass in the sandbox (164/164) and the bare prompts (an
-    empty completion) fail (0/164); MBPP: the reference code against ``test_list``.
-Data come from the prepared cache (``$TEPO_CACHE/data``); missing benchmarks are prepared.
+Every reference must score correct through the grader a model is scored with: GSM8K's solutions
+in its three modes, MATH's and MATH-500's through the maths grader (misses listed), HumanEval's
+canonical solutions pass in the sandbox and its bare prompts fail, MBPP's code against test_list.
 """
 
 from __future__ import annotations

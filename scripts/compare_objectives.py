@@ -1,13 +1,10 @@
 """Train each objective with the same budget (one Hydra multirun) and print a comparison table.
 
-    python scripts/compare_objectives.py --out runs/compare            # the embedded default task
-    python scripts/compare_objectives.py --out runs/tiny model=tiny trainer.max_steps=3
+    python scripts/compare_objectives.py --out runs/compare [OVERRIDE...]   # given to every job
     python scripts/compare_objectives.py --out runs/smoke --smoke    # CI: grpo and gspo, tiny
 
-Extra arguments are Hydra overrides given to every job. The table (Markdown, also written to
-<out>/comparison.md) has, per objective: held-out greedy accuracy before -> after, the mean
-training reward of the last five steps, the median seconds per step, and DAPO's dropped-group
-share. A run that failed is listed as failed, not left out.
+<out>/comparison.md: per objective, accuracy before -> after, the last five steps' mean reward,
+median s/step, DAPO's dropped-group share; a failed run is listed as failed.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """Wheels that let tepo run on a GPU node that reaches no package index and takes a small transfer.
 
     bash scripts/device_kit.sh                 # resolve, build the kit into .device-kit/, check size
-    bash scripts/device_kit.sh --prove docs/results/device_kit   # then prove it (below)
+    bash scripts/device_kit.sh --prove docs/results/device_kit   # then prove it (prove())
 
-The node's image already holds torch, transformers and most of what they need
-(`scripts/devicekit/image_packages.txt`, with the date it was read). The kit is everything else
-tepo needs, and nothing more:
-
-1. resolve: CPython 3.12 (the image's Python) resolves tepo's dependencies with pip, the image's
-   known versions pinned (`pip install --dry-run --ignore-installed --report`);
-2. plan: the resolved packages that the image does not hold, one version each;
-3. build: `pip wheel --no-deps` for each: binary wheels as published where the index has them for
-   CPython 3.12 on x86-64 Linux, pure-Python wheels built here from the source distribution where
-   it has none (deepspeed, antlr4-python3-runtime 4.9.3);
-4. tokenizer: the embedded model's tokenizer (SmolLM2's, 3.4 MB) saved to `tokenizer/`, which the
-   tiny model of the node's check uses (the 92 MB GGUF that holds it does not fit the transfer);
-5. check: the kit's size against `--limit-mib` (40: the repository and the kit travel together
-   in one 64 MiB transfer); past it the script fails and says which wheels are largest.
-
-`--prove DIR` then builds an environment holding the image's side of the same resolve at its
-versions (torch 2.11.0 as PyPI publishes it, which also runs on a CPU; transformers 5.17.0; ...),
-installs the kit into it the way the node does (`pip install --no-index --no-deps --target`),
-and runs `scripts/gpu_check.py --device cpu --model tiny` there with the repository on the path:
-its table, `pip check` and the kit's manifest go to DIR. `scripts/device_check.sh` is the node's
-side.
+CPython 3.12 resolves tepo's dependencies with the image's versions pinned
+(scripts/devicekit/image_packages.txt); the kit is the wheels of what the image lacks, plus the
+embedded model's tokenizer, at most --limit-mib (the repository and kit share a 64 MiB transfer).
+scripts/device_check.sh is the node's side.
 """
 
 from __future__ import annotations
@@ -135,21 +118,8 @@ def build(python: str, kit: list[dict], into: Path) -> list[dict]:
     """One wheel per kit item into `into`; returns the items with their wheel, size and origin."""
     requirements = into / "requirements.txt"
     requirements.write_text("".join(f"{e['name']}=={e['version']}\n" for e in kit))
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "-qq",
-            "-w",
-            str(into),
-            "-r",
-            str(requirements),
-        ],
-        check=True,
-    )
+    wheel = [python, "-m", "pip", "wheel", "--no-deps", "-qq", "-w", str(into)]
+    subprocess.run([*wheel, "-r", str(requirements)], check=True)
     wheels = {canonical(w.name.split("-")[0]): w for w in into.glob("*.whl")}
     built = []
     for entry in kit:
@@ -268,22 +238,8 @@ def prove(args: argparse.Namespace, manifest: dict) -> int:
     site = Path(tempfile.mkdtemp(prefix="tepo-kit-site-"))
     wheels = sorted(str(w) for w in args.out.glob("*.whl"))
     python_image = str(venv / "bin" / "python")
-    subprocess.run(
-        [
-            python_image,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-index",
-            "--no-deps",
-            "--no-compile",
-            "--target",
-            str(site),
-            *wheels,
-        ],
-        check=True,
-    )
+    install = [python_image, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+    subprocess.run([*install, "--no-compile", "--target", str(site), *wheels], check=True)
     environ = {**os.environ, "PYTHONPATH": f"{site}:{REPO}", "PYTHONUNBUFFERED": "1"}
     environ.pop("VIRTUAL_ENV", None)
     environ["PATH"] = f"{venv / 'bin'}:{environ.get('PATH', '')}"
@@ -297,33 +253,19 @@ def prove(args: argparse.Namespace, manifest: dict) -> int:
         [python_image, "-c", VERSIONS], env=environ, text=True, cwd=site
     )
     runs = Path(tempfile.mkdtemp(prefix="tepo-kit-runs-"))
-    gpu_check = subprocess.run(
-        [
-            python_image,
-            str(REPO / "scripts" / "gpu_check.py"),
-            "--device",
-            "cpu",
-            "--model",
-            "tiny",
-            "--tokenizer",
-            str(args.out / "tokenizer"),
-            "--out",
-            str(runs),
-            "--markdown",
-            str(results / "gpu_check.md"),
-        ],
-        env=environ,
-        cwd=REPO,
-    )
+    gpu_check = [python_image, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu"]
+    gpu_check += ["--model", "tiny", "--tokenizer", str(args.out / "tokenizer"), "--out", str(runs)]
+    gpu_check += ["--markdown", str(results / "gpu_check.md")]
+    proved = subprocess.run(gpu_check, env=environ, cwd=REPO)
     shutil.copy(runs / "gpu_check.json", results / "gpu_check.json")
     shutil.copy(args.out / "kit.md", results / "kit.md")
     versions = versions.replace(str(site), "<kit's --target>").replace(str(venv), "<image venv>")
     (results / "environment.txt").write_text(versions)
     print(
         f"device_kit --prove: pip check exit {check.returncode}; gpu_check exit "
-        f"{gpu_check.returncode}; results in {results}"
+        f"{proved.returncode}; results in {results}"
     )
-    return gpu_check.returncode or check.returncode
+    return proved.returncode or check.returncode
 
 
 # What the proving environment imports, and from where (the image's side or the kit).

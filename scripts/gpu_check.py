@@ -1,22 +1,12 @@
 """The first thing to run on a GPU node: every path a GPU user takes, a few steps each, one verdict.
 
-    bash scripts/gpu_check.sh                     # every visible GPU, the embedded model, bf16
-    bash scripts/gpu_check.sh --gpus 8 --model hf --model-path Qwen/Qwen2.5-1.5B-Instruct
-    bash scripts/gpu_check.sh --only zero3,vllm   # a subset, by check name (or name@ranks)
+    bash scripts/gpu_check.sh [--gpus 8] [--model hf --model-path ID] [--only zero3,vllm]
     bash scripts/gpu_check.sh --device cpu --model tiny --gpus 2   # the same checks on CPU ranks
 
-Each check is a short `tepo train` (or `tepo eval`) run on 1 rank and, when more than one GPU is
-visible, on all of them: the `hf` back-end under ZeRO-2 and ZeRO-3 (generation across ranks with
-uneven held-out shards), ZeRO-2 with the optimizer offloaded to the host, bf16 through DeepSpeed,
-LoRA, MPO with its MTP modules, PPO's critic (GAE), DAPO's dynamic sampling, the `vllm` back-end
-(when vLLM imports), a checkpoint resumed, the prompt pass under ZeRO-3 (several micro-batches,
-off-policy scoring and a KL reference: the varlen attention reading a prompt pass's keys), and
-`tepo eval` of a trained model. A check passes when the
-run exits 0 and every step it logged has a finite loss and no skipped optimizer step. The table
-gives each check's median seconds per step (total, rollout, update), peak memory, and for a passing
-run the speed modes it ran with (`tf32`; with vllm `cuda_graphs`, `sleep`, `per_request_seeds`);
-the same rows go to `<out>/gpu_check.json` (the modes under `extra`). The exit code is 1 when any check failed, so the script can gate a
-cluster's first job.
+Each check (plan() lists them) is a short `tepo train` or `tepo eval` on 1 rank and, with more
+than one GPU, on all. It passes when the run exits 0 and every step has a finite loss and no
+skipped optimizer step. The table (and <out>/gpu_check.json) gives each check's median s/step,
+peak memory and speed modes; exit 1 when any check failed, so it can gate a cluster's first job.
 """
 
 from __future__ import annotations
@@ -29,14 +19,73 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, gpucheck, however this is run
-from benchlib.report import median
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, however this is run
+from benchlib.report import median, table
 from benchlib.runner import step_records
-from gpucheck.table import Outcome, markdown, render
+
+
+@dataclass
+class Outcome:
+    label: str
+    verdict: str  # pass, FAIL or skip
+    why: str = ""
+    seconds: float = 0.0
+    steps: int = 0
+    step_s: float | None = None
+    rollout_s: float | None = None
+    update_s: float | None = None
+    peak_rss_mb: float | None = None
+    peak_gpu_mb: float | None = None
+    run_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+COLUMNS = (
+    "check",
+    "result",
+    "s/step",
+    "rollout s",
+    "update s",
+    "peak RSS MB",
+    "peak GPU MB",
+    "wall s",
+    "why / modes on",  # a failure's reason; a pass's TF32, CUDA graphs, sleep, seeds
+)
+_COLOUR = {"pass": "green", "FAIL": "red", "skip": "yellow"}
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def cells(o: Outcome) -> list[str]:
+    """One row of the table, in COLUMNS' order."""
+    times = [_number(o.step_s), _number(o.rollout_s), _number(o.update_s)]
+    sizes = [_number(o.peak_rss_mb, 0), _number(o.peak_gpu_mb, 0), _number(o.seconds, 0)]
+    return [o.label, o.verdict, *times, *sizes, o.why]
+
+
+def render(outcomes: list[Outcome], header: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    shown = Table(title=header)
+    for column in COLUMNS:
+        shown.add_column(column)
+    for o in outcomes:
+        row = cells(o)
+        row[1] = f"[{_COLOUR[o.verdict]}]{o.verdict}[/]"
+        shown.add_row(*row)
+    Console(width=200).print(shown)
+
+
+def markdown(outcomes: list[Outcome], header: str) -> str:
+    rows = ([c.replace("|", "/") for c in cells(o)] for o in outcomes)
+    return f"{header}\n\n{table(COLUMNS, rows)}\n"
 
 
 @dataclass(frozen=True)
@@ -59,12 +108,10 @@ class Check:
 def model_overrides(
     model: str, model_path: str | None, dtype: str, tokenizer: str | None = None
 ) -> list[str]:
-    overrides = [f"model={model}", f"model.dtype={dtype}"]
-    if model_path:
-        overrides.append(f"model.path={model_path}")
-    if tokenizer:
-        overrides.append(f"model.tokenizer={tokenizer}")
-    return overrides
+    optional = {"model.path": model_path, "model.tokenizer": tokenizer}
+    return [f"model={model}", f"model.dtype={dtype}"] + [
+        f"{k}={v}" for k, v in optional.items() if v
+    ]
 
 
 def plan(

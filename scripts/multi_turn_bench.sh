@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # Multi-turn episodes against one answer per prompt, on the same prompts (docs/results/multi_turn/):
-# env=python_tool on word_math and env=code_feedback on mbpp, each beside env=single, with the
-# embedded model and vLLM, a short run each. Records (never weights) and `tepo report` go to
-# RESULTS_DIR; steps per second and peak memory are in the report, the reward curves in its plots.
+# env=python_tool on word_math and env=code_feedback on mbpp, each beside env=single, embedded
+# model, vLLM, a short run each; records (never weights) and `tepo report` go to RESULTS_DIR.
 #   bash scripts/multi_turn_bench.sh [RUNS_DIR] [RESULTS_DIR]
-# Runs resume (resume=true) and a published run is skipped, so after an interruption the same
-# command goes on. STEPS=N sets the steps of each run (default 6); SMOKE=1 runs each on the tiny
-# model with rollout=hf, one step (CI). TEPO=/path/to/tepo picks the executable.
-# OBJECTIVES=1 runs instead env=python_tool on word_math with every objective on both back-ends
-# (ALGOS and BACKENDS narrow it; STEPS default 2), into multirun/multi_turn_objectives and
-# docs/results/multi_turn/objectives: that each objective trains on episodes, and at what cost.
+# Resumable (published runs skipped). STEPS=N (default 6); SMOKE=1: tiny model, rollout=hf, one
+# step (CI); TEPO picks the executable. OBJECTIVES=1: env=python_tool on word_math with every
+# objective on both back-ends instead (ALGOS, BACKENDS narrow it; STEPS default 2).
 set -euo pipefail
 source "$(dirname "$0")/shell/options.sh"  # -h/--help: the usage; another option: refused
 TEPO=${TEPO:-tepo}

@@ -1,24 +1,16 @@
 #!/usr/bin/env bash
-# The seeds' claims on word_math (docs/guides/word_math.md, docs/results/word_math/): every run of
-# the comparison, one after another (vLLM on a 2-core CPU slows several-fold when shared), each
-# resumable. After each run its records (metrics, evaluations, samples, config, Hydra's overrides;
-# never weights) are copied into the results folder, its checkpoints are deleted, and `tepo report`
-# is rewritten there. Run the same command again after any interruption (kill -9, a reboot): the
-# finished runs (already published) are skipped, the unfinished one resumes from its last checkpoint.
+# The seeds' claims on word_math (docs/results/word_math/): every run of the comparison, one after
+# another, each resumable. A finished run's records (never weights) are copied into RESULTS_DIR,
+# its checkpoints deleted, and `tepo report` rewritten there; run it again after any interruption:
+# published runs are skipped, the unfinished one resumes from its last checkpoint.
 #
 #     bash scripts/word_math_claims.sh [RUNS_DIR] [RESULTS_DIR]
 #         RUNS_DIR     where the runs train (default multirun/word_math; holds checkpoints)
-#         RESULTS_DIR  where each finished run's records and the report go (default
-#                      multirun/word_math_results). The default is a fresh folder, so a reproduction
-#                      from a clone trains all 23 runs and never touches the committed records;
-#                      docs/results/word_math/runs (the committed ones) holds every run already,
-#                      and naming it would skip them all.
-# ONLY=REGEX runs only the runs whose name matches (e.g. ONLY='seed0' or ONLY='^mpo');
-# LIST=1 prints the runs and their overrides; SMOKE=1 runs two of them on the tiny model, two steps
-# each, with rollout=hf (CI). TEPO=/path/to/tepo picks the executable (default: tepo on PATH).
-# Needs vLLM (make install-vllm) and a CPU left to itself: the 23 runs take about 9.5 hours alone
-# on a 2-core CPU (their recorded steps, evaluations and MPO warm-ups add up to 10.4 hours, part of
-# them beside other jobs, plus each run's start-up), and two jobs slow each other several-fold.
+#         RESULTS_DIR  default multirun/word_math_results (a fresh folder: all 23 runs train;
+#                      docs/results/word_math/runs, the committed records, would skip them all)
+# ONLY=REGEX runs only the runs whose name matches; LIST=1 prints the runs and their overrides;
+# SMOKE=1 runs two on the tiny model, two steps each, rollout=hf (CI); TEPO picks the executable.
+# Needs vLLM (make install-vllm) and a CPU left to itself (about 9.5 hours on 2 cores).
 set -euo pipefail
 source "$(dirname "$0")/shell/options.sh"  # -h/--help: the usage; another option: refused
 TEPO=${TEPO:-tepo}

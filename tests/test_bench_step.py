@@ -24,12 +24,14 @@ def _tepo_run(seconds: list[float], rss: int, accuracy: float) -> dict:
             "reward_seconds": 0.01,
             "score_seconds": 0.0,
             "update_seconds": 0.6 * s,
+            "forward_seconds": 0.2 * s,
+            "backward_seconds": 0.3 * s,
+            "optimizer_seconds": 0.1 * s,
             "reward_mean": 0.5,
         }
         for i, s in enumerate(seconds)
     ]
-    probes = [{"fwd_bwd_seconds": 0.5 * s, "backward_seconds": 0.3 * s} for s in seconds]
-    steps = report.tepo_steps(metrics, probes)
+    steps = report.tepo_steps(metrics, [])
     return {"steps": steps, "peak_rss_bytes": rss, "wall_seconds": 60.0, "accuracy_after": accuracy}
 
 
@@ -51,33 +53,22 @@ def _trl_run(seconds: list[float], rss: int, accuracy: float) -> dict:
     return {"steps": steps, "peak_rss_bytes": rss, "wall_seconds": 90.0, "accuracy_after": accuracy}
 
 
-def test_tepo_steps_split_the_update_with_the_probes():
+def test_tepo_steps_take_tepo_s_own_split_of_the_update():
     (step,) = _tepo_run([10.0], 1, 0.5)["steps"]
     assert step["generation"] == pytest.approx(3.0)
     assert step["scoring"] == pytest.approx(0.01)
     assert step["forward"] == pytest.approx(2.0)
     assert step["backward"] == pytest.approx(3.0)
     assert step["fwd_bwd"] == pytest.approx(5.0)
-    assert step["optimizer"] == pytest.approx(1.0)  # update − forward − backward
+    assert step["optimizer"] == pytest.approx(1.0)
+    assert step["update"] == pytest.approx(6.0)
     assert step["other"] == pytest.approx(10.0 - 3.0 - 0.01 - 5.0 - 1.0)
 
 
-def test_tepo_metrics_win_over_probes_and_missing_probes_leave_gaps():
-    metrics = [
-        {
-            "step": 1,
-            "step_seconds": 4.0,
-            "rollout_seconds": 1.0,
-            "update_seconds": 3.0,
-            "forward_seconds": 1.0,
-            "backward_seconds": 1.5,
-            "optimizer_seconds": 0.25,
-        }
-    ]
-    (step,) = report.tepo_steps(metrics, [{"fwd_bwd_seconds": 9.0, "backward_seconds": 9.0}])
-    assert (step["forward"], step["backward"], step["optimizer"]) == (1.0, 1.5, 0.25)
-    (bare,) = report.tepo_steps([{k: metrics[0][k] for k in ("step", "step_seconds")}], [])
+def test_a_step_without_tepo_s_split_leaves_gaps():
+    (bare,) = report.tepo_steps([{"step": 1, "step_seconds": 4.0}], [])
     assert bare["forward"] is None and bare["optimizer"] is None and bare["other"] is None
+    assert bare["fwd_bwd"] is None and bare["shapes"] is None
 
 
 def test_summary_skips_the_first_step_and_pools_rounds():
@@ -229,7 +220,7 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
     ]
     probe = LONG_PROBE
     run = {"side": "tepo-hf", "status": "OOM", "peak_rss_bytes": 5, "wall_seconds": 1.0}
-    run["steps"] = long_report.tepo_steps(metrics, [probe] * 3)
+    run["steps"] = report.tepo_steps(metrics, [probe] * 3)
     summary = long_report.summarize(run, matmul_gflops=1e-4)
     assert summary["status"] == "OOM" and summary["steps_done"] == 3
     assert summary["timed_steps"] == [2, 3] and summary["median_s"] == pytest.approx(5.0)
@@ -240,9 +231,6 @@ def test_long_summary_pools_steps_after_the_first_and_reports_oom():
     assert summary["matmul_share"] == pytest.approx(gflops / 1e-4)
     # MFU as the step records give it: steps 2-3 need 6e9 + 9e9 FLOPs in 4 update seconds
     assert summary["update_mfu"] == pytest.approx(15e9 / 4.0 / 1e9 / 1e-4)
-    own = dict(metrics[1], update_token_slots=50, update_real_tokens=45, update_answer_tokens=12)
-    (step,) = long_report.tepo_steps([own], [probe])
-    assert step["shapes"]["padding_share"] == pytest.approx(0.1)  # tepo's own records win
 
 
 def test_a_step_without_an_update_counts_no_update_work():
@@ -260,7 +248,7 @@ def test_a_step_without_an_update_counts_no_update_work():
     ran = LONG_PROBE
     none = {**ran, "update": {"slots": 0, "real": 0, "answer_tokens": 0, "micro_batches": 0}}
     run = {"side": "tepo-vllm", "status": "ok", "peak_rss_bytes": 5, "wall_seconds": 1.0}
-    run["steps"] = long_report.tepo_steps(metrics, [ran, ran, none])
+    run["steps"] = report.tepo_steps(metrics, [ran, ran, none])
     summary = long_report.summarize(run, matmul_gflops=1e-4)
     assert summary["parts_median_s"]["update"] == pytest.approx(2.0)  # step 3 ran none
     assert summary["updates_skipped"] == 1

@@ -1,8 +1,5 @@
-"""One report writer for the benchmarks: cells, Markdown tables, verdicts and the machine.
-
-Each benchmark used to format its own "—", "×" and "GB" cells, table rules and version lines;
-here they are written once, so every results page reads the same and a format changes in one
-place. Pure (no torch): the report code is tested without a model.
+"""One report writer for the benchmarks: cells, Markdown tables, verdicts and the machine, so every
+results page reads the same. Pure (no torch): tested without a model.
 """
 
 from __future__ import annotations

@@ -81,47 +81,54 @@ class Job:
         return Job(**json.loads(path.read_text()))
 
     def tepo_overrides(self) -> list[str]:
-        """`tepo train` overrides for this job (without hydra.run.dir)."""
+        """`tepo train` overrides for the short job (without hydra.run.dir)."""
         operations = ",".join(f"'{op}'" for op in self.operations)
         return [
-            "algo=grpo",
-            "algo.beta=0",  # β = 0: no reference model, no KL term
-            "model=hf",
-            f"model.path={self.model}",
-            f"model.dtype={self.dtype}",
+            *self.common_overrides("hf"),
             f"model.gradient_checkpointing={_bool(self.gradient_checkpointing)}",
             "benchmark=arith",
             f"benchmark.operations=[{operations}]",
             f"benchmark.digits={self.digits}",
             f"benchmark.eval_size={self.eval_size}",
             f"benchmark.max_new_tokens={self.max_new_tokens}",
-            "reward=auto",
-            "rollout=hf",
-            f"rollout.n={self.generations}",
-            f"rollout.temperature={self.temperature}",
             "rollout.top_p=1.0",
             "rollout.top_k=0",
-            f"rollout.max_new_tokens={self.max_new_tokens}",
             f"rollout.batch_size={self.batch}",  # one generate() call per step, as TRL
             "deepspeed=zero0",
-            f"seed={self.seed}",
-            f"trainer.max_steps={self.steps}",
-            f"trainer.prompts_per_step={self.prompts_per_step}",
             "trainer.ppo_epochs=1",  # one update per rollout
             "trainer.minibatches=1",
             f"trainer.micro_batch_size={self.batch}",
-            f"trainer.lr={self.lr}",
             "trainer.lr_schedule=constant",
             "trainer.warmup_steps=0",
             "trainer.weight_decay=0.0",
+            # Training only: the held-out evaluation runs afterwards, by the same code for both.
+            "trainer.eval_every=0",
+            "trainer.save_final=true",
+        ]
+
+    def common_overrides(self, rollout: str) -> list[str]:
+        """What both jobs set: the model, GRPO with β = 0 (no reference model, no KL term), the
+        sampling, the step's size, the optimizer's rate and clip; training only."""
+        return [
+            "algo=grpo",
+            "algo.beta=0",
+            "model=hf",
+            f"model.path={self.model}",
+            f"model.dtype={self.dtype}",
+            "reward=auto",
+            f"rollout={rollout}",
+            f"rollout.n={self.generations}",
+            f"rollout.temperature={self.temperature}",
+            f"rollout.max_new_tokens={self.max_new_tokens}",
+            f"seed={self.seed}",
+            f"trainer.max_steps={self.steps}",
+            f"trainer.prompts_per_step={self.prompts_per_step}",
+            f"trainer.lr={self.lr}",
             f"trainer.grad_clip={self.grad_clip}",
             f"trainer.num_threads={self.threads}",
-            # Training only: the held-out evaluation runs afterwards, by the same code for both.
             "trainer.eval_before=false",
             "trainer.eval_after=false",
-            "trainer.eval_every=0",
             "trainer.save_every=0",
-            "trainer.save_final=true",
             "trainer.progress=false",
         ]
 
@@ -163,14 +170,9 @@ def resolve_model(name: str) -> str:
     """A local directory for `name`: the embedded model's cached checkpoint, a directory, or a
     hub id downloaded once here (so both trainers read the very same files)."""
     if name == EMBEDDED_MODEL:
-        from hydra import compose, initialize_config_module
-
-        from tepo_cli.config.validate import load_train_config
         from tepo_cli.models.loading import checkpoint_dir
 
-        with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
-            config = load_train_config(compose(config_name="train", overrides=[]))
-        path = checkpoint_dir(config.model)  # converts the GGUF once into $TEPO_CACHE
+        path = checkpoint_dir(compose_overrides([]).model)  # the GGUF converted once, cached
         assert path is not None
         return str(Path(path).resolve())
     if Path(name).is_dir():
@@ -178,6 +180,23 @@ def resolve_model(name: str) -> str:
     from huggingface_hub import snapshot_download
 
     return snapshot_download(name)
+
+
+def save_tiny_model(directory: Path) -> str:
+    """The smoke runs' model: `model=tiny` saved with its tokenizer into `directory` (once), so
+    every side loads it the way the real job loads a checkpoint (`model=hf`)."""
+    if not (directory / "config.json").is_file():
+        import torch
+
+        from tepo_cli.models.loading import load_model, load_tokenizer
+
+        config = compose_overrides(["model=tiny"]).model
+        tokenizer = load_tokenizer(config)
+        model = load_model(config, tokenizer, torch.device("cpu"))
+        directory.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+    return str(directory.resolve())
 
 
 def describe(job: Job) -> dict[str, Any]:

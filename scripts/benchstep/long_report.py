@@ -1,11 +1,5 @@
-"""The long job's per-step records -> per-side summaries and the Markdown table (pure: no torch).
-
-A normalised step is {"step", "total", "generation", "scoring", "update", "answer_lengths",
-"max_new_tokens", "shapes" (benchstep.update_shapes.UpdateShapes as a dict), "params"}.
-Hook for tepo's own micro-batch records: a metrics.jsonl row carrying `update_token_slots` and
-`update_real_tokens` (and `update_answer_tokens`) is used as it is; otherwise the shapes come from
-the probe (the rows each micro-batch ran, the rollout's lengths).
-"""
+"""The long job's normalised steps (benchstep.report) -> per-side summaries and the table
+(pure: no torch)."""
 
 from __future__ import annotations
 
@@ -14,68 +8,13 @@ from typing import Any
 
 from benchlib import report as fmt
 
-from benchstep.update_shapes import UpdateShapes, length_stats, update_gflops
+from benchstep.update_shapes import length_stats, update_gflops
 
 # Targets of issue 25 for the long job (tepo's defaults, tepo vs TRL from one invocation).
 TARGET_RSS_BYTES = 4e9
 TARGET_MATMUL_SHARE = 0.75
 TARGET_SPEEDUP = 3.0
 TARGET_RSS_RATIO = 0.5
-
-
-def tepo_steps(metrics: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict]:
-    """tepo's metrics.jsonl rows with the probe rows (same order) of benchstep.tepo_side."""
-    steps = []
-    for index, row in enumerate(metrics):
-        probe = probes[index] if index < len(probes) else {}
-        shapes = probe.get("update")
-        if "update_token_slots" in row and "update_real_tokens" in row:
-            answer_tokens = row.get("update_answer_tokens", (shapes or {}).get("answer_tokens", 0))
-            own = UpdateShapes(
-                int(row["update_token_slots"]),
-                int(row["update_real_tokens"]),
-                int(answer_tokens),
-                int(row.get("update_micro_batches", (shapes or {}).get("micro_batches", 0))),
-            )
-            shapes = {**own.as_dict(), "source": "tepo's metrics"}
-        elif shapes is not None:
-            shapes = {**shapes, "source": f"probe ({probe.get('plan', 'plan unknown')})"}
-        steps.append(
-            {
-                "step": row["step"],
-                "total": row["step_seconds"],
-                "generation": row.get("rollout_seconds"),
-                "scoring": row.get("reward_seconds", 0.0) + row.get("score_seconds", 0.0),
-                "update": row.get("update_seconds"),
-                "answer_lengths": probe.get("answer_lengths", []),
-                "max_new_tokens": probe.get("max_new_tokens"),
-                "shapes": shapes,
-                "params": probe.get("params"),
-                "update_flops": row.get("update_flops"),  # tepo's own count (train/flops.py)
-            }
-        )
-    return steps
-
-
-def trl_steps(timings: Sequence[dict[str, Any]]) -> list[dict]:
-    """benchstep.trl_side's timings.jsonl rows (update = loss forward + backward + optimizer)."""
-    return [
-        {
-            "step": row["step"],
-            "total": row["step_seconds"],
-            "generation": row["generation_seconds"],
-            "scoring": row["scoring_seconds"],
-            "update": row["forward_seconds"] + row["backward_seconds"] + row["optimizer_seconds"],
-            "answer_lengths": row.get("answer_lengths", []),
-            "max_new_tokens": row.get("max_new_tokens"),
-            "shapes": {**row["update"], "source": "TRL's padded batch"}
-            if "update" in row
-            else None,
-            "params": row.get("params"),
-            "update_flops": row.get("update_flops"),  # the same formula (trl_side.py)
-        }
-        for row in timings
-    ]
 
 
 def summarize(run: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:

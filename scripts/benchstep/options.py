@@ -1,25 +1,18 @@
-"""scripts/bench_step.py's command line: its options, the presets that fill in what they leave
-out (the CPU or GPU mode, the long job, the smoke run), and the checks made before anything runs."""
+"""scripts/bench_step.py's command line: its options, the presets that fill in the job (the CPU
+or GPU mode, the long job, the smoke run; the rest are benchstep.job.Job's defaults), and the
+checks made before anything runs."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from benchstep.long_job import SIDES as LONG_SIDES
 
-CPU_DEFAULTS: dict[str, Any] = {
-    "model": "smollm2_135m",
-    "device": "cpu",
-    "dtype": "float32",
-    "max_new_tokens": 16,
-    "prompts_per_step": 2,
-    "generations": 8,
-    "digits": 1,
-    "eval_size": 50,
-}
+CPU_DEFAULTS: dict[str, Any] = {"model": "smollm2_135m", "device": "cpu", "dtype": "float32"}
 # GPU mode: untested here (no GPU on the development machine).
 GPU_DEFAULTS: dict[str, Any] = {
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -62,7 +55,10 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     presets = [SMOKE_DEFAULTS] if args.smoke else []
     if args.job == "long":
         presets = [LONG_SMOKE_DEFAULTS] * args.smoke + [LONG_DEFAULTS]
-    presets += [GPU_DEFAULTS if args.gpu else CPU_DEFAULTS, {"steps": 30, "temperature": 0.7}]
+    presets += [
+        GPU_DEFAULTS if args.gpu else CPU_DEFAULTS,
+        {"threads": len(os.sched_getaffinity(0))},
+    ]
     for preset in presets:
         for key, value in preset.items():
             if getattr(args, key, None) is None:
@@ -73,14 +69,6 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     allowed = set(LONG_SIDES) if args.job == "long" else {"tepo", "trl"}
     if not set(args.sides) <= allowed or not args.sides:
         p.error(f"--sides of --job {args.job} takes a comma-separated subset of {sorted(allowed)}")
-    batch = args.prompts_per_step * args.generations
-    if args.trl_micro_batch is not None and (
-        args.trl_micro_batch < 1 or batch % args.trl_micro_batch
-    ):
-        p.error(
-            f"--trl-micro-batch {args.trl_micro_batch} must divide the step's {batch} sequences "
-            "(--prompts-per-step x --generations)"
-        )
     if args.memory_limit_gb is None:
         args.memory_limit_gb = min(20.0, 0.85 * available_memory_gb())
     if args.memory_limit_gb <= 0:
@@ -115,7 +103,6 @@ def _parser(description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=int, help="optimizer steps per run (default 30; long: 4)")
     p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_step/<time>)")
     p.add_argument(
         "--sides", help="trainers to run (default tepo,trl; long: tepo-hf,tepo-vllm,trl)"
@@ -123,31 +110,8 @@ def _parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--gpu", action="store_true", help="GPU mode preset: " + _preset(GPU_DEFAULTS))
     p.add_argument("--model", help="smollm2_135m (embedded), a model directory or a hub id")
     p.add_argument("--device", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--prompts-per-step", type=int)
-    p.add_argument("--generations", type=int, help="samples per prompt")
-    p.add_argument("--digits", type=int, help="operand digits of the addition problems")
-    p.add_argument("--eval-size", type=int, help="held-out problems (at most half of them all)")
-    p.add_argument("--temperature", type=float, help="(default 0.7; long: 1.0)")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--gradient-checkpointing", action="store_true", help="on both sides")
-    p.add_argument(
-        "--trl-micro-batch",
-        type=int,
-        help="TRL's sequences per forward/backward, accumulated to one optimizer step a "
-        "generation (default: the whole batch; long: 8, TRL's per_device_train_batch_size)",
-    )
-    p.add_argument(
-        "--trl-gradient-checkpointing",
-        action=argparse.BooleanOptionalAction,
-        help="TRL's gradient checkpointing (default: as --gradient-checkpointing; long: on, "
-        "TRL's own default)",
-    )
-    p.add_argument("--threads", type=int, help="torch CPU threads per trainer (default: all cores)")
     p.add_argument("--no-eval", action="store_true", help="skip the accuracy evaluation")
-    p.add_argument("--trl-python", default=sys.executable, help="interpreter with trl installed")
     return p
 
 
@@ -174,4 +138,4 @@ def check_device(args: argparse.Namespace) -> None:
             f"this machine has none (torch {torch.__version__}). Run the CPU job without --gpu."
         )
     if args.device == "cpu" and args.dtype != "float32":
-        sys.exit("bench_step: --dtype bfloat16 is for --device cuda; the CPU job is float32.")
+        sys.exit("bench_step: --gpu's bfloat16 is for --device cuda; the CPU job is float32.")

@@ -1,9 +1,5 @@
-"""Per-step numbers of both trainers -> summaries, ratios tepo/TRL and the Markdown table.
-
-Pure functions over plain dicts (no torch, no trl), so they are tested without either trainer.
-A normalised step is {"step", "total", "generation", "scoring", "forward", "backward",
-"fwd_bwd", "optimizer", "other", "reward"}; seconds, None where a side cannot measure it.
-"""
+"""Both trainers' per-step records -> one normalised step (both jobs); the short job's
+summaries, ratios tepo/TRL and table. Pure (no torch, no trl): tested without either trainer."""
 
 from __future__ import annotations
 
@@ -25,9 +21,9 @@ LABELS = {
 }
 MEASURED = (
     "How measured (wall clock, perf_counter): tepo — step, generation (rollout_seconds) and "
-    "scoring (reward_seconds + score_seconds) from its metrics.jsonl; loss forward, backward and "
-    "optimizer (update_seconds − forward − backward) from probes around tepo's micro-batch "
-    "forward+backward and engine.backward. TRL — step from a TrainerCallback (on_step_begin → "
+    "scoring (reward_seconds + score_seconds), loss forward, backward and optimizer "
+    "(forward_seconds, backward_seconds, optimizer_seconds) from its metrics.jsonl. "
+    "TRL — step from a TrainerCallback (on_step_begin → "
     "on_step_end); generation = GRPOTrainer._generate; scoring = _generate_and_score_completions "
     "− generation; loss forward = compute_loss; backward = accelerator.backward; optimizer = end "
     "of training_step → on_step_end. Peak RSS: ru_maxrss of each trainer's process (wait4), "
@@ -41,69 +37,50 @@ TARGET_ACCURACY_POINTS = 3.0
 
 
 def tepo_steps(metrics: Sequence[dict[str, Any]], probes: Sequence[dict[str, Any]]) -> list[dict]:
-    """tepo's metrics.jsonl rows, with the update split from the probe rows (same order)."""
+    """tepo's metrics.jsonl rows (the update's split is tepo's own) with benchstep.tepo_side's
+    probe rows (same order): what the update forwarded."""
     steps = []
     for index, row in enumerate(metrics):
         probe = probes[index] if index < len(probes) else {}
         update = row.get("update_seconds")
-        backward = _first(row.get("backward_seconds"), probe.get("backward_seconds"))
-        fwd_bwd = probe.get("fwd_bwd_seconds")
-        forward = row.get("forward_seconds")
-        if forward is None and fwd_bwd is not None and backward is not None:
-            forward = fwd_bwd - backward
-        if forward is not None and backward is not None:
-            fwd_bwd = forward + backward
-        optimizer = row.get("optimizer_seconds")
-        if optimizer is None and update is not None and fwd_bwd is not None:
-            optimizer = update - fwd_bwd  # clip (+ tepo's own grad-norm) + AdamW + zero_grad
+        shapes = probe.get("update")
+        if shapes is not None:
+            shapes = {**shapes, "source": f"probe ({probe.get('plan', 'plan unknown')})"}
         scoring = row.get("reward_seconds", 0.0) + row.get("score_seconds", 0.0)
-        steps.append(
-            _step(
-                row["step"],
-                row["step_seconds"],
-                row.get("rollout_seconds"),
-                scoring,
-                forward,
-                backward,
-                optimizer,
-                row.get("reward_mean"),
-            )
-        )
+        split = tuple(row.get(f"{part}_seconds") for part in UPDATE_PARTS)
+        parts = (row.get("rollout_seconds"), scoring, *split)
+        steps.append(_step(row, probe, row["step_seconds"], parts, update, shapes))
     return steps
 
 
 def trl_steps(timings: Sequence[dict[str, Any]]) -> list[dict]:
-    """The TRL side's timings.jsonl rows (see benchstep.trl_side for how each is measured)."""
-    return [
-        _step(
-            row["step"],
-            row["step_seconds"],
-            row["generation_seconds"],
-            row["scoring_seconds"],
-            row["forward_seconds"],
-            row["backward_seconds"],
-            row["optimizer_seconds"],
-            row.get("reward_mean"),
-        )
-        for row in timings
-    ]
+    """benchstep.trl_side's timings.jsonl rows (update = loss forward + backward + optimizer)."""
+    steps = []
+    for row in timings:
+        parts = tuple(row[f"{p}_seconds"] for p in ("generation", "scoring", *UPDATE_PARTS))
+        update = sum(row[f"{p}_seconds"] for p in UPDATE_PARTS)
+        shapes = {**row["update"], "source": "TRL's padded batch"} if "update" in row else None
+        steps.append(_step(row, row, row["step_seconds"], parts, update, shapes))
+    return steps
+
+
+UPDATE_PARTS = ("forward", "backward", "optimizer")
 
 
 def _step(
-    step: int,
+    row: dict[str, Any],
+    shapes_row: dict[str, Any],
     total: float,
-    generation: float | None,
-    scoring: float | None,
-    forward: float | None,
-    backward: float | None,
-    optimizer: float | None,
-    reward: float | None,
+    parts: tuple[float | None, ...],
+    update: float | None,
+    shapes: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    parts = (generation, scoring, forward, backward, optimizer)
+    """One normalised step of either trainer (seconds; None where a side cannot measure it)."""
+    generation, scoring, forward, backward, optimizer = parts
     fwd_bwd = forward + backward if forward is not None and backward is not None else None
     other = total - sum(parts) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
     return {
-        "step": step,
+        "step": row["step"],
         "total": total,
         "generation": generation,
         "scoring": scoring,
@@ -112,12 +89,14 @@ def _step(
         "fwd_bwd": fwd_bwd,
         "optimizer": optimizer,
         "other": other,
-        "reward": reward,
+        "reward": row.get("reward_mean"),
+        "update": update,
+        "answer_lengths": shapes_row.get("answer_lengths", []),
+        "max_new_tokens": shapes_row.get("max_new_tokens"),
+        "shapes": shapes,
+        "params": shapes_row.get("params"),
+        "update_flops": row.get("update_flops"),  # the same formula both sides (train/flops.py)
     }
-
-
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
 
 
 def summarize(runs: Sequence[dict[str, Any]], skip: int = 1) -> dict[str, Any]:

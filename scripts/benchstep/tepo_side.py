@@ -1,16 +1,10 @@
-"""The tepo side: `tepo train OVERRIDES` in this process, with timing probes around the update.
+"""The tepo side: `tepo train OVERRIDES` in this process, with a probe around the update.
 
-    python -m benchstep.tepo_side TIMINGS.jsonl OVERRIDE...
+    python -m benchstep.tepo_side PROBES.jsonl OVERRIDE...
 
-tepo's metrics.jsonl already has step, rollout, reward, score and update seconds per step. The
-probes add the split of the update into forward (loss forward), backward and optimizer, one
-JSON line per step in TIMINGS.jsonl; they only wrap calls (a perf_counter each), the loop is
-tepo's own. A metric that tepo itself writes (`forward_seconds`, `backward_seconds`,
-`optimizer_seconds`) is preferred by the report over the probe's value.
-
-Each line also holds what the update forwarded (benchstep.update_shapes): the answer lengths and
-the token slots of the micro-batches, from the rows tepo's `_forward_backward` was called with
-(the run's own micro-batch plan, whatever forms it), and the model's parameter count.
+tepo's metrics.jsonl has the step's seconds and the update's forward / backward / optimizer
+split; the probe adds, per step, one JSON line of what the update forwarded (update_shapes: the
+rows each micro-batch and prompt pass ran, the answer lengths, the parameter count).
 """
 
 from __future__ import annotations
@@ -23,16 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchlib.runner import CallTimes
 
-
-class Probe(CallTimes):
-    """Seconds spent in wrapped calls during the current step's update."""
+class Probe:
+    """The rows the current step's update ran, written as one line per step."""
 
     def __init__(self, sink: Path) -> None:
-        super().__init__()
         self.sink = sink
-        self.engine_wrapped = False
         self.policy_engine: Any = None
         self.micro_batches: list[list[int]] = []
         self.prompt_passes: list[list[int]] = []  # the rows of each minibatch that ran one
@@ -63,11 +53,10 @@ class Probe(CallTimes):
 
         return recorded
 
-    def write_step(self, update_seconds: float, shapes: dict[str, Any] | None = None) -> None:
-        record = {"probe_update_seconds": update_seconds, **self.sums, **(shapes or {})}
+    def write_step(self, update_seconds: float, shapes: dict[str, Any]) -> None:
+        record = {"probe_update_seconds": update_seconds, **shapes}
         with self.sink.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-        self.sums = {}
         self.micro_batches = []
         self.prompt_passes = []
 
@@ -128,16 +117,14 @@ def update_shapes(
 
 
 def install(probe: Probe) -> list[str]:
-    """Wrap tepo's update (one call per step), its micro-batch forward+backward, and the engine's
-    backward and step. Returns what could not be wrapped (a renamed function: no split then)."""
+    """Wrap tepo's update (one call per step), its micro-batch forward+backward and its prompt
+    pass. Returns what could not be wrapped (a renamed function: no recorded rows then)."""
     from tepo_cli.train import recipe
     from tepo_cli.train import update as update_module
 
     missing = []
     if hasattr(update_module, "_forward_backward"):
-        update_module._forward_backward = probe.record_rows(
-            probe.timed(update_module._forward_backward, "fwd_bwd_seconds")
-        )
+        update_module._forward_backward = probe.record_rows(update_module._forward_backward)
     else:
         missing.append("tepo_cli.train.update._forward_backward")
     if hasattr(update_module, "_prompt_pass"):
@@ -149,13 +136,9 @@ def install(probe: Probe) -> list[str]:
     @functools.wraps(original_update)
     def timed_update(cfg: Any, engine: Any, *args: Any, **kwargs: Any) -> Any:
         probe.policy_engine = engine
-        if not probe.engine_wrapped:
-            engine.backward = probe.timed(engine.backward, "backward_seconds")
-            engine.step = probe.timed(engine.step, "engine_step_seconds")
-            probe.engine_wrapped = True
-            probe.params = sum(
-                getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()
-            )
+        if probe.params is None:
+            parameters = engine.module.parameters()
+            probe.params = sum(getattr(p, "ds_numel", p.numel()) for p in parameters)
         start = time.perf_counter()
         result = original_update(cfg, engine, *args, **kwargs)
         seconds = time.perf_counter() - start
@@ -183,7 +166,7 @@ def main(argv: list[str]) -> None:
     record_cuda_memory_at_exit()
     missing = install(Probe(sink))
     for name in missing:
-        print(f"bench_step: {name} not found; no forward/optimizer split for tepo", file=sys.stderr)
+        print(f"bench_step: {name} not found; the update's plan not recorded", file=sys.stderr)
 
     tepo_main(["train", *overrides])
 

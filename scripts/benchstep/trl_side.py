@@ -2,26 +2,12 @@
 
     python -m benchstep.trl_side JOB.json TEPO_CONFIG.json RUN_DIR [generate|vllm]
 
-The last argument picks TRL's generation: its own `generate` (default) or its colocated vLLM
-(`use_vllm=True, vllm_mode="colocate"`, in this process).
-
-Same model directory, same prompts in the same order (tepo's seeded training stream, chat
-template applied by tepo's own renderer's rules and checked token for token), same sampling
-settings, same grader (tepo's `Reward`), same seed value. Writes RUN_DIR/timings.jsonl (one line
-per optimizer step) and the trained model to RUN_DIR/final.
-
-How each number is measured (wall-clock perf_counter, all on the trainer instance):
-  step        TrainerCallback on_step_begin -> on_step_end
-  generation  GRPOTrainer._generate (tokenise prompts, model.generate, decode)
-  reward      GRPOTrainer._calculate_rewards (calls the grader)
-  scoring     _generate_and_score_completions minus generation (reward, padding, advantages,
-              and old/ref log-probs when TRL needs them; with β = 0 and one update it has none)
-  forward     GRPOTrainer.compute_loss (the loss forward: log-probs, entropies, loss)
-  backward    accelerator.backward
-  optimizer   end of training_step -> on_step_end (grad clip, AdamW step, scheduler, zero_grad)
-
-Each line also holds what the update forwarded: the answer lengths (completion_mask sums) and the
-padded tensors' token slots and real tokens of every compute_loss call (benchstep.update_shapes).
+Same model directory, prompts (tepo's stream, checked token for token), sampling, grader (tepo's
+Reward) and seed as tepo. RUN_DIR/timings.jsonl, one line per optimizer step, times wrapped calls:
+step (callback begin -> end), generation (_generate), reward (_calculate_rewards), scoring
+(_generate_and_score_completions - generation), forward (compute_loss), backward
+(accelerator.backward), optimizer (end of training_step -> step end); and the padded tensors each
+compute_loss ran (update_shapes). The trained model goes to RUN_DIR/final.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""What an update forwards: answer lengths and the token slots of its micro-batches (pure, no torch).
+"""What an update forwards: answer lengths and its micro-batches' token slots (pure, no torch).
 
-The padding share of an update is the share of the token slots its forward/backward computes on
-that hold padding: slots = Σ over micro-batches of the tensor shapes the model runs,
-real = the tokens that are not padding in them. Both sides are counted the same way:
-
-  tepo  with packing (model.packing, the default) a micro-batch is its real tokens in one row:
-        no padding, each distinct prompt once with shared prompts (model.share_prompts) — or,
-        when the minibatch ran a prompt pass (model.prompt_pass, models/prompt_pass.py), its
-        answers only, each distinct prompt of the minibatch counted once, in the pass. Padded
-        (model.packing=false): each micro-batch is cut to its own longest answer
-        (SequenceBatch.select); with shared prompts (no gradient checkpointing) each distinct
-        prompt runs once, [P] left-padded columns, and its answers [rows, width] attend to its
-        cache; otherwise every row is [P + width].
-  TRL   every micro-batch is [rows, P + C]: prompts left-padded to the batch's longest, answers
-        right-padded to the generation batch's longest (its padded tensors, counted as they are).
-
-Truncated = an answer that reached the max_new_tokens cap.
+Padding share = padded slots / all slots the forward/backward computes. tepo packed: the real
+tokens in one row (each distinct prompt once when shared, or in the minibatch's prompt pass);
+padded: each micro-batch cut to its longest answer, shared prompts [P] once, else [P + width] per
+row. TRL: every micro-batch is its padded [rows, P + C] tensors. Truncated: length at the cap.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-"""scripts/gpu_check.py's parts."""
