@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tepo_cli.config import reference_page as reference
+from tepo_cli import reference_page as reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_the_committed_reference_page_is_what_the_code_renders():
     stale when a key, default or comment changes."""
     assert reference.PAGE.read_text() == reference.render(), (
         "docs/reference/configuration.md is stale: run `make docs` (or "
-        '`python -c "from tepo_cli.config import reference_page; reference_page.write()"`) and commit it'
+        '`python -c "from tepo_cli import reference_page; reference_page.write()"`) and commit it'
     )
 
 
@@ -45,11 +45,7 @@ def test_the_reference_holds_each_keys_schema_facts_and_yaml_comment():
     assert "| `auto` | auto, true, false |" in rows["rollout.engine.sleep"]
     assert "the next sync, which rebuilds the weights" in rows["rollout.engine.sleep"]  # wrapped
     assert "| `[1, 5, 10]` |" in rows["eval.pass_k"]
-    keys = [
-        name
-        for group in reference.GROUPS
-        for name, _ in reference.schema_keys(group.model, group.prefix)
-    ]
+    keys = [name for group in reference.GROUPS for name, _ in reference.group_schema_keys(group)]
     assert len(keys) == len(set(keys)) and all(key in rows for key in keys)
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tepo_cli.benchmarks import build_task
-from tepo_cli.config.schema import BenchmarkConfig
+from tepo_cli.benchmarks import build_task, check_benchmark
+from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 from tepo_cli.data.tasks import DatasetTask
@@ -93,8 +93,8 @@ def test_dataset_benchmarks_refuse_training_on_the_test_split(tmp_path):
 
 
 def test_arith_only_keys_are_rejected_for_datasets():
-    with pytest.raises(ValueError, match=r"benchmark\.digits only apply to benchmark=arith"):
-        BenchmarkConfig(name="gsm8k", digits=2)
+    with pytest.raises(ConfigError, match=r"^benchmark\.digits: benchmark=gsm8k has no knobs"):
+        check_benchmark(BenchmarkConfig(name="gsm8k", digits=2), RewardConfig(name="auto"))
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,11 @@ from collections import Counter
 
 import pytest
 
-from tepo_cli.benchmarks import build_task, get_benchmark
-from tepo_cli.config.schema import BenchmarkConfig
+from tepo_cli.benchmarks import build_task, check_benchmark, get_benchmark
+from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.data.word_math_problems import WordMathTask
+from tepo_cli.data.word_math_problems import WordMathOptions, WordMathTask
 from tepo_cli.data.word_problems import draw_problem
 from tepo_cli.eval.eval_job import run_eval
 from tepo_cli.rewards.word_math_grader import is_correct
@@ -44,17 +44,18 @@ def test_default_config_is_the_yaml(compose_config):
     """The schema's defaults of the word_math keys are the YAML's (the configuration reference
     shows the schema's), and `benchmark=word_math` builds this task."""
     composed = load_eval_config(compose_config("eval", ["benchmark=word_math"])).benchmark
-    own = ("steps", "step_weights", "step_ops", "start_range", "operand_range", "factor_range")
-    for key in (*own, "max_value", "eval_size", "eval_seed"):
-        assert getattr(composed, key) == getattr(word_math(), key), key
+    options = composed.own(WordMathOptions)
+    assert options == WordMathOptions()  # every own knob: the YAML's value is the schema's
+    assert set(composed.model_extra) == set(WordMathOptions.model_fields)  # and the YAML sets each
     assert composed.max_new_tokens == 320 and composed.system_prompt
     assert build_task(composed).eval_problems() == WordMathTask(composed).eval_problems()
-    assert len(WordMathTask(composed).eval_problems()) == composed.eval_size == 100
+    assert len(WordMathTask(composed).eval_problems()) == options.eval_size == 100
 
 
 def test_every_answer_is_right_and_every_step_stays_whole_and_in_range():
-    cfg = word_math(max_value=120)
-    task = WordMathTask(cfg)
+    task = WordMathTask(word_math(max_value=120))
+    cfg = task.cfg  # the validated options, defaults filled in
+    assert cfg.max_value == 120
     problems = task.eval_problems() + list(itertools.islice(task.train_stream(0), 3000))
     ops = Counter()
     for problem in problems:
@@ -189,17 +190,27 @@ def test_too_small_a_space_is_a_config_error(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_schema_errors_name_the_key(compose_config):
+    config = load_eval_config(
+        compose_config("eval", ["benchmark=word_math", "benchmark.steps=[1,7]"])
+    )
     with pytest.raises(ConfigError) as caught:
-        load_eval_config(compose_config("eval", ["benchmark=word_math", "benchmark.steps=[1,7]"]))
+        check_benchmark(config.benchmark, config.reward)
     message = str(caught.value)
     assert "benchmark.steps.1: input should be less than or equal to 6" in message
     assert "\n" not in message
-    with pytest.raises(ValueError, match=r"benchmark\.steps only apply to benchmark=word_math"):
-        BenchmarkConfig(name="gsm8k", steps=[1])
-    with pytest.raises(ValueError, match=r"benchmark\.digits only apply to benchmark=arith"):
-        word_math(digits=2)
-    dumped = word_math().model_dump()  # a run's config.yaml validates again
-    assert "digits" not in dumped and BenchmarkConfig(**dumped) == word_math()
+    # a benchmark's own knobs are checked by its own options model, before any model loads
+    gsm8k_steps = BenchmarkConfig(name="gsm8k", steps=[1])
+    with pytest.raises(ConfigError, match=r"^benchmark\.steps: benchmark=gsm8k has no knobs of"):
+        check_benchmark(gsm8k_steps, RewardConfig(name="auto"))
+    with pytest.raises(ConfigError) as caught:
+        check_benchmark(word_math(digits=2), RewardConfig(name="auto"))
+    assert str(caught.value).startswith(
+        "benchmark.digits: benchmark=word_math has no such knob (its own: steps, step_weights"
+    )
+    with pytest.raises(ConfigError, match=r"benchmark\.digits: benchmark=word_math has no such"):
+        WordMathTask(word_math(digits=2))
+    dumped = word_math(steps=[2]).model_dump()  # a run's config.yaml validates again
+    assert dumped["steps"] == [2] and BenchmarkConfig(**dumped) == word_math(steps=[2])
     assert "steps" not in BenchmarkConfig(name="arith").model_dump()
 
 

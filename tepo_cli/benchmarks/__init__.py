@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 
+from pydantic import BaseModel
+
 from tepo_cli.config.schema import BenchmarkConfig, RewardConfig
 from tepo_cli.core.discovery import Registry
 from tepo_cli.core.errors import ConfigError
@@ -43,6 +45,9 @@ class Benchmark:
     reference: Callable[[Problem], str] = _answer  # the completion `model=reference` answers with
     hub_id: str | None = None  # the hub dataset of its splits (`owner/name[:config,...]`)
     task: Callable[[BenchmarkConfig], Task] | None = None  # a generated benchmark's own task
+    # its own knobs (benchmark.<key> beyond BenchmarkConfig's shared ones): the model that
+    # validates them (BenchmarkConfig.own); None: it has none
+    options: type[BaseModel] | None = None
 
 
 def _defined(module: ModuleType) -> list[Benchmark]:
@@ -64,8 +69,9 @@ get_benchmark = _BENCHMARKS.get
 
 
 def check_benchmark(benchmark: BenchmarkConfig, reward: RewardConfig) -> None:
-    """Before any model loads: the benchmark and the grader exist (after the plugins' import)."""
-    get_benchmark(benchmark.name)
+    """Before any model loads: the benchmark and the grader exist (after the plugins' import),
+    and the benchmark's own knobs validate."""
+    benchmark.check_own(get_benchmark(benchmark.name).options)
     if reward.name != "auto":
         get_grader(reward.name)
 

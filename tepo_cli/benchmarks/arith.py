@@ -4,6 +4,6 @@ graded by the last number of the completion."""
 from __future__ import annotations
 
 from tepo_cli.benchmarks import Benchmark
-from tepo_cli.data.arith_problems import ArithTask
+from tepo_cli.data.arith_problems import ArithOptions, ArithTask
 
-BENCHMARK = Benchmark("arith", grader="arith", task=ArithTask)
+BENCHMARK = Benchmark("arith", grader="arith", task=ArithTask, options=ArithOptions)

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from tepo_cli.benchmarks import Benchmark
 from tepo_cli.core.records import Problem
-from tepo_cli.data.word_math_problems import WordMathTask
+from tepo_cli.data.word_math_problems import WordMathOptions, WordMathTask
 
 
 def worked_solution(problem: Problem) -> str:
     return str(problem.extra["solution"])
 
 
-BENCHMARK = Benchmark("word_math", grader="word_math", reference=worked_solution, task=WordMathTask)
+BENCHMARK = Benchmark(
+    "word_math",
+    grader="word_math",
+    reference=worked_solution,
+    task=WordMathTask,
+    options=WordMathOptions,
+)

@@ -1,57 +1,26 @@
-"""Typed schema of the `benchmark` group (conf/benchmark/): the knobs every benchmark shares and
-those of the generated ones, arith and word_math (schema.py re-exports BenchmarkConfig)."""
+"""Typed schema of the `benchmark` group (conf/benchmark/): the knobs every benchmark shares
+(schema.py re-exports BenchmarkConfig). A benchmark's own knobs (arith's `digits`, word_math's
+`steps`, a plugin's) are the group's other keys: its registered `Benchmark.options` model
+validates them (`BenchmarkConfig.own`), so a plugin benchmark can have knobs of its own."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TypeVar
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tepo_cli.config.strict import Strict, without
+from tepo_cli.config.strict import Strict
+from tepo_cli.core.errors import ConfigError
 
-# The knobs of the generated benchmarks, and which benchmarks each applies to: set for another
-# benchmark they would be read by nothing, so they are refused (and left out of a dump).
-_GENERATED_KEYS: dict[str, tuple[str, ...]] = {
-    "operations": ("arith",),
-    "digits": ("arith",),
-    "steps": ("word_math",),
-    "step_weights": ("word_math",),
-    "step_ops": ("word_math",),
-    "start_range": ("word_math",),
-    "operand_range": ("word_math",),
-    "factor_range": ("word_math",),
-    "max_value": ("word_math",),
-    "eval_size": ("arith", "word_math"),
-    "eval_seed": ("arith", "word_math"),
-}
-
-WordOp = Literal["add", "sub", "mul", "div"]
-StepCount = Annotated[int, Field(ge=1, le=6)]
-NumberRange = tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
+Options = TypeVar("Options", bound=BaseModel)
 
 
 class BenchmarkConfig(Strict):
+    model_config = ConfigDict(extra="allow")  # the benchmark's own knobs: see `own`
+
     name: str = Field(
         min_length=1
     )  # a registered benchmark (tepo_cli.benchmarks, checked at start)
-    # arith (generated)
-    operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+"], min_length=1)
-    digits: int = Field(default=1, ge=1, le=6)
-    # word_math (generated); data/word_math_problems.py checks how the values fit together
-    steps: list[StepCount] = Field(default_factory=lambda: [1, 2, 3, 4], min_length=1)
-    step_weights: list[Annotated[float, Field(ge=0.0)]] = Field(
-        default_factory=lambda: [0.4, 0.3, 0.2, 0.1], min_length=1
-    )
-    step_ops: list[WordOp] = Field(
-        default_factory=lambda: ["add", "sub", "mul", "div"], min_length=1
-    )
-    start_range: NumberRange = (2, 12)
-    operand_range: NumberRange = (1, 6)
-    factor_range: NumberRange = (2, 3)
-    max_value: int = Field(default=60, ge=1)
-    # both generated benchmarks
-    eval_size: int = Field(default=100, ge=1)
-    eval_seed: int = 1234
     # datasets
     split: str = "test"
     train_split: str = "train"
@@ -68,21 +37,41 @@ class BenchmarkConfig(Strict):
     def _check_fields(self) -> BenchmarkConfig:
         if "{question}" not in self.prompt:
             raise ValueError("benchmark.prompt must contain the placeholder {question}")
-        misplaced: dict[tuple[str, ...], list[str]] = {}
-        for key in sorted(self.model_fields_set & set(_GENERATED_KEYS)):
-            if self.name not in _GENERATED_KEYS[key]:
-                misplaced.setdefault(_GENERATED_KEYS[key], []).append(f"benchmark.{key}")
-        if misplaced:
-            raise ValueError(
-                "; ".join(
-                    f"{', '.join(keys)} only apply to benchmark={' or '.join(owners)}"
-                    for owners, keys in misplaced.items()
-                )
-            )
         return self
 
-    @model_serializer(mode="wrap")
-    def _applicable_knobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A dump (a run's config.yaml) holds the knobs that apply, so it validates again."""
-        foreign = [key for key, owners in _GENERATED_KEYS.items() if self.name not in owners]
-        return without(handler(self), foreign)
+    def own(self, options: type[Options]) -> Options:
+        """The benchmark's own knobs (the keys beyond the shared ones) as `options`, its
+        registered model, validates them; a ConfigError naming the key where one does not
+        validate or is not the benchmark's."""
+        knobs = dict(self.model_extra or {})
+        try:
+            return options.model_validate(knobs)
+        except ValidationError as error:
+            own = [key for key in options.model_fields]
+            problems = []
+            for item in error.errors():
+                key = ".".join(str(part) for part in item["loc"])
+                if item["type"] == "extra_forbidden":
+                    problems.append(
+                        f"benchmark.{key}: benchmark={self.name} has no such knob (its own: "
+                        f"{', '.join(own)}; shared: {', '.join(self.shared_keys())})"
+                    )
+                else:
+                    problems.append(f"benchmark.{key}: {item['msg'][:1].lower()}{item['msg'][1:]}")
+            raise ConfigError("; ".join(problems) + ".") from None
+
+    @classmethod
+    def shared_keys(cls) -> list[str]:
+        return list(cls.model_fields)
+
+    def check_own(self, options: type[BaseModel] | None) -> None:
+        """`own`'s check, and for a benchmark without knobs of its own (`options` None), a
+        ConfigError naming any key set beyond the shared ones."""
+        if options is not None:
+            self.own(options)
+        elif self.model_extra:
+            raise ConfigError(
+                f"{', '.join(f'benchmark.{key}' for key in sorted(self.model_extra))}: benchmark="
+                f"{self.name} has no knobs of its own; its keys are "
+                f"{', '.join(self.shared_keys())}."
+            )

@@ -75,14 +75,26 @@ def config_groups() -> set[str]:
     }
 
 
+def _own_knobs(group: str) -> set[str]:
+    """The keys any preset of `group` sets (its presets' own knobs: word_math's `steps`, ...)."""
+    from tepo_cli.config.added_keys import preset_keys
+
+    folder = resources.files("tepo_cli.conf").joinpath(group)
+    names = [e.name[: -len(".yaml")] for e in folder.iterdir() if e.name.endswith(".yaml")]
+    return {key for name in names for key in preset_keys(group, name)}
+
+
 def _check_path(model: type[BaseModel], parts: list[str], config_name: str) -> None:
     current: Any = model
     for depth, part in enumerate(parts):
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
             return  # a free-form mapping (e.g. deepspeed.extra): any key is allowed
+        own = _own_knobs(parts[0]) if current.model_config.get("extra") == "allow" else set()
+        if part in own:
+            return  # a preset's own knob (benchmark.steps): its own options model checks it
         if part not in current.model_fields:
             parent = ".".join(parts[:depth])
-            allowed = sorted(current.model_fields)
+            allowed = sorted({*current.model_fields, *own})
             close = difflib.get_close_matches(part, allowed, n=1)
             hint = f" Did you mean '{'.'.join([*parts[:depth], close[0]])}'?" if close else ""
             scope = f"under '{parent}'" if parent else "at the top level"

@@ -8,18 +8,31 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from tepo_cli.config.schema import BenchmarkConfig
+from tepo_cli.config.strict import Strict
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
+class ArithOptions(Strict):
+    """arith's own knobs (benchmark.<key>, conf/benchmark/arith.yaml says what each does)."""
+
+    operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+"], min_length=1)
+    digits: int = Field(default=1, ge=1, le=6)
+    eval_size: int = Field(default=100, ge=1)
+    eval_seed: int = 1234
+
+
 class ArithTask:
-    def __init__(self, cfg: BenchmarkConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, benchmark: BenchmarkConfig) -> None:
+        self.name = benchmark.name
+        self.cfg = cfg = benchmark.own(ArithOptions)
         self.operand_count = 10**cfg.digits
         self.space = len(cfg.operations) * self.operand_count**2
         if cfg.eval_size * 2 > self.space:
@@ -38,7 +51,7 @@ class ArithTask:
     def describe_data(self) -> dict[str, Any]:
         """What `tepo train` trains and evaluates on (summary.json's `data`)."""
         return {
-            "benchmark": self.cfg.name,
+            "benchmark": self.name,
             "train_split": "generated",
             "train_from": "generated, never a held-out problem",
             "train_problems": self.space - len(self._eval),

@@ -13,9 +13,12 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from tepo_cli.config.schema import BenchmarkConfig
+from tepo_cli.config.strict import Strict
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.records import Problem
 from tepo_cli.data.word_problems import Settings, WordProblem, draw_problem
@@ -29,7 +32,31 @@ _RANGES = (
 _DRAWS_PER_PROBLEM = 20  # draws allowed per distinct problem wanted before the space is "too small"
 
 
-def settings(cfg: BenchmarkConfig) -> Settings:
+WordOp = Literal["add", "sub", "mul", "div"]
+StepCount = Annotated[int, Field(ge=1, le=6)]
+NumberRange = tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
+
+
+class WordMathOptions(Strict):
+    """word_math's own knobs (benchmark.<key>, conf/benchmark/word_math.yaml says what each does);
+    `settings` checks how their values fit together."""
+
+    steps: list[StepCount] = Field(default_factory=lambda: [1, 2, 3, 4], min_length=1)
+    step_weights: list[Annotated[float, Field(ge=0.0)]] = Field(
+        default_factory=lambda: [0.4, 0.3, 0.2, 0.1], min_length=1
+    )
+    step_ops: list[WordOp] = Field(
+        default_factory=lambda: ["add", "sub", "mul", "div"], min_length=1
+    )
+    start_range: NumberRange = (2, 12)
+    operand_range: NumberRange = (1, 6)
+    factor_range: NumberRange = (2, 3)
+    max_value: int = Field(default=60, ge=1)
+    eval_size: int = Field(default=100, ge=1)
+    eval_seed: int = 1234
+
+
+def settings(cfg: WordMathOptions) -> Settings:
     """The generator's settings, or a ConfigError naming the key whose value does not fit."""
     if len(cfg.step_weights) != len(cfg.steps):
         raise ConfigError(
@@ -83,9 +110,10 @@ def to_problem(drawn: WordProblem, problem_id: str) -> Problem:
 
 
 class WordMathTask:
-    def __init__(self, cfg: BenchmarkConfig) -> None:
-        self.cfg = cfg
-        self.settings = settings(cfg)
+    def __init__(self, benchmark: BenchmarkConfig) -> None:
+        self.name = benchmark.name
+        self.cfg = benchmark.own(WordMathOptions)
+        self.settings = settings(self.cfg)
         self._eval = self._sample_eval()
         self._eval_keys = {p.question for p in self._eval}
 
@@ -95,7 +123,7 @@ class WordMathTask:
     def describe_data(self) -> dict[str, Any]:
         """What `tepo train` trains and evaluates on (summary.json's `data`)."""
         return {
-            "benchmark": self.cfg.name,
+            "benchmark": self.name,
             "train_split": "generated",
             "train_from": "generated word problems, never a held-out question",
             "eval_split": "held-out",
