@@ -4,16 +4,16 @@ loss (algos/objectives.py) and MPO's MTP terms. `train/update.py` runs its backw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
-from tepo_cli.algos import policy_loss
+from tepo_cli.algos import get_policy_loss, objective_reads
+from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
+from tepo_cli.algos.inputs import OLD
 from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
+from tepo_cli.models.policy import Scores
 from tepo_cli.train.experience import Experience
 
 
@@ -22,7 +22,7 @@ def micro_batch_objective(
     experience: Experience,
     rows: torch.Tensor,
     part: SequenceBatch,
-    scores: Any,
+    scores: Scores,
     num_tokens: float,
     num_seqs: float,
     tally: MismatchTally | None,
@@ -30,32 +30,40 @@ def micro_batch_objective(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of the micro-batch `part` (these `rows` of the step) from the policy's `scores`,
     normalised by the minibatch's global token and sequence counts, and its metrics. `selected`
-    [N, T]: KL-Cov / Clip-Cov's pick over the step's rows (train/cov_selection.py)."""
+    [N, T]: KL-Cov / Clip-Cov's pick over the step's rows (train/cov_selection.py).
+
+    The batch holds the inputs the objective declared (algos/inputs.py), by name, from the
+    current forward's scores, π_old's, the reference's and the pick; the registered loss gets
+    the run's already validated `cfg.algo`."""
     width = part.completion_mask.shape[1]
     trained_mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
     old = _old_scores(experience, rows, width, scores)
     advantages = experience.advantages  # [N], or [N, T] from a critic
     advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
-    weights = _mismatch_weights(cfg, experience, rows, old.logp, trained_mask, tally)
-    loss, metrics = policy_loss(
-        cfg.algo,
-        scores.logp,
-        old.logp,
-        advantages,
-        trained_mask,  # PolicyBatch.mask: the loss plugins' name for it
-        ref_logp=_rows(experience.ref_logp, rows, width),
-        entropy=scores.entropy,
-        old_entropy=old.entropy,
-        mtp_logp=scores.mtp_logp,
-        old_mtp_logp=old.mtp_logp,
-        old_entropy_term=old.entropy_term,
-        token_weights=weights,
-        turns=part.turns,
-        cov_selected=_rows(selected, rows, width),
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        max_len=cfg.completion_tokens,
+    weights = _mismatch_weights(cfg, experience, rows, old["old_logp"], trained_mask, tally)
+    available = {
+        **scores,
+        **old,
+        "ref_logp": _rows(experience.ref_logp, rows, width),
+        "cov_selected": _rows(selected, rows, width),
+    }
+    reads = objective_reads(cfg.algo)
+    batch = checked_batch(
+        PolicyBatch(
+            scores["logp"],
+            old["old_logp"],
+            advantages,
+            trained_mask,  # PolicyBatch.mask: the loss plugins' name for it
+            token_weights=weights,
+            turns=part.turns,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            max_len=cfg.completion_tokens,
+            **{name: available.get(name) for name in reads},
+        )
     )
+    require_inputs(batch, cfg.algo)
+    loss, metrics = get_policy_loss(cfg.algo.name)(batch, cfg.algo)
     metrics = dict(metrics)
     if scores.mtp_logp is not None:
         loss = _with_mtp_terms(cfg, loss, scores, trained_mask, num_tokens, metrics)
@@ -82,37 +90,21 @@ def _mismatch_weights(
     return None if mode == "none" else weights
 
 
-@dataclass
-class _OldScores:
-    logp: torch.Tensor
-    entropy: torch.Tensor | None
-    entropy_term: torch.Tensor | None
-    mtp_logp: torch.Tensor | None
-
-
-def _old_scores(experience: Experience, rows: torch.Tensor, width: int, scores: Any) -> _OldScores:
-    """π_old's scores of the micro-batch: the rollout pass's (off-policy), or the current
-    forward's, detached (on-policy: π_old is the current policy)."""
+def _old_scores(
+    experience: Experience, rows: torch.Tensor, width: int, scores: Scores
+) -> dict[str, torch.Tensor]:
+    """π_old's scores of the micro-batch by input name (old_logp, old_entropy, ...): the rollout
+    pass's (off-policy), or the current forward's, detached (on-policy: π_old is the current
+    policy)."""
     if experience.old_logp is None:
-        mtp = scores.mtp_logp
-        return _OldScores(
-            scores.logp.detach(),
-            scores.entropy,
-            scores.entropy_term,
-            None if mtp is None else mtp.detach(),
-        )
-    return _OldScores(
-        experience.old_logp[rows, :width],
-        _rows(experience.old_entropy, rows, width),
-        _rows(experience.old_entropy_term, rows, width),
-        _rows(experience.old_mtp_logp, rows, width),
-    )
+        return {OLD + name: value.detach() for name, value in scores.items()}
+    return {name: value[rows, :width] for name, value in experience.old.items()}
 
 
 def _with_mtp_terms(
     cfg: TrainConfig,
     loss: torch.Tensor,
-    scores: Any,
+    scores: Scores,
     mask: torch.Tensor,
     num_tokens: float,
     metrics: dict[str, float],

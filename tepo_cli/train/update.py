@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
+from tepo_cli.algos import objective_reads
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.gae import value_loss
+from tepo_cli.algos.inputs import scored
 from tepo_cli.algos.mismatch import MismatchTally
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
@@ -334,15 +336,8 @@ def _forward_backward(
     began = time.perf_counter()
     rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
-    algo = cfg.algo
-    scores = engine(
-        part,
-        cfg.rollout.temperature,
-        with_entropy=True,
-        with_entropy_term=algo.needs_old_entropy_term and experience.old_logp is None,
-        with_mtp=algo.mtp_depths > 0,
-        prompts=prompts.read(index),
-    )
+    make = scored(objective_reads(cfg.algo), rollout=False, on_policy=experience.old_logp is None)
+    scores = engine(part, cfg.rollout.temperature, make=make, prompts=prompts.read(index))
     loss, metrics = micro_batch_objective(
         cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
     )
