@@ -8,13 +8,20 @@ import torch
 
 from tepo_cli.algos import get_policy_loss, objective_reads
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
-from tepo_cli.algos.inputs import OLD
+from tepo_cli.algos.inputs import OLD, scored
 from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.models.policy import Scores
 from tepo_cli.train.experience import Experience
+
+
+def forward_scores(cfg: TrainConfig, experience: Experience) -> frozenset[str]:
+    """What the update's forward makes besides logp (algos/inputs.py): the entropy, the inputs
+    the objective reads of the current policy, and on-policy π_old's as well."""
+    on_policy = experience.old_logp is None
+    return scored(objective_reads(cfg.algo), rollout=False, on_policy=on_policy)
 
 
 def micro_batch_objective(
@@ -29,12 +36,33 @@ def micro_batch_objective(
     selected: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of the micro-batch `part` (these `rows` of the step) from the policy's `scores`,
-    normalised by the minibatch's global token and sequence counts, and its metrics. `selected`
-    [N, T]: KL-Cov / Clip-Cov's pick over the step's rows (train/cov_selection.py).
+    normalised by the minibatch's global token and sequence counts, and its metrics: the
+    registered loss on `objective_batch`, with the run's already validated `cfg.algo`."""
+    batch = objective_batch(
+        cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
+    )
+    loss, metrics = get_policy_loss(cfg.algo.name)(batch, cfg.algo)
+    metrics = dict(metrics)
+    if scores.mtp_logp is not None:
+        loss = _with_mtp_terms(cfg, loss, scores, part.trained_mask, num_tokens, metrics)
+    return loss, metrics
 
-    The batch holds the inputs the objective declared (algos/inputs.py), by name, from the
-    current forward's scores, π_old's, the reference's and the pick; the registered loss gets
-    the run's already validated `cfg.algo`."""
+
+def objective_batch(
+    cfg: TrainConfig,
+    experience: Experience,
+    rows: torch.Tensor,
+    part: SequenceBatch,
+    scores: Scores,
+    num_tokens: float,
+    num_seqs: float,
+    tally: MismatchTally | None,
+    selected: torch.Tensor | None = None,
+) -> PolicyBatch:
+    """The checked `PolicyBatch` of the micro-batch: its rows' advantages and mismatch weights,
+    and the inputs the objective declared (algos/inputs.py), by name, from the current forward's
+    `scores`, π_old's, the reference's and `selected` [N, T], KL-Cov / Clip-Cov's pick over the
+    step's rows (train/cov_selection.py)."""
     width = part.completion_mask.shape[1]
     trained_mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
     old = _old_scores(experience, rows, width, scores)
@@ -47,7 +75,6 @@ def micro_batch_objective(
         "ref_logp": _rows(experience.ref_logp, rows, width),
         "cov_selected": _rows(selected, rows, width),
     }
-    reads = objective_reads(cfg.algo)
     batch = checked_batch(
         PolicyBatch(
             scores["logp"],
@@ -59,15 +86,11 @@ def micro_batch_objective(
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_len=cfg.completion_tokens,
-            **{name: available.get(name) for name in reads},
+            **{name: available.get(name) for name in objective_reads(cfg.algo)},
         )
     )
     require_inputs(batch, cfg.algo)
-    loss, metrics = get_policy_loss(cfg.algo.name)(batch, cfg.algo)
-    metrics = dict(metrics)
-    if scores.mtp_logp is not None:
-        loss = _with_mtp_terms(cfg, loss, scores, trained_mask, num_tokens, metrics)
-    return loss, metrics
+    return batch
 
 
 def _mismatch_weights(

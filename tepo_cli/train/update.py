@@ -21,10 +21,8 @@ from typing import Any
 
 import torch
 
-from tepo_cli.algos import objective_reads
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.gae import value_loss
-from tepo_cli.algos.inputs import scored
 from tepo_cli.algos.mismatch import MismatchTally
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
@@ -36,7 +34,7 @@ from tepo_cli.train.cov_selection import selection_seed, step_selection
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
 from tepo_cli.train.left_out_entropy import entropy_sum, left_out_rows
-from tepo_cli.train.micro_batch_objective import micro_batch_objective
+from tepo_cli.train.micro_batch_objective import forward_scores, micro_batch_objective
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 from tepo_cli.train.zero_advantage import may_skip, rows_with_gradient
@@ -336,7 +334,7 @@ def _forward_backward(
     began = time.perf_counter()
     rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
-    make = scored(objective_reads(cfg.algo), rollout=False, on_policy=experience.old_logp is None)
+    make = forward_scores(cfg, experience)
     scores = engine(part, cfg.rollout.temperature, make=make, prompts=prompts.read(index))
     loss, metrics = micro_batch_objective(
         cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
