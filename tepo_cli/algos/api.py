@@ -35,22 +35,14 @@ def policy_loss(
     mask:        [B, T] bool / 0-1 response tokens; padding may be on either side.
     ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
     entropy, old_entropy: [B, T], for TEPO's KL mask (entropy too: mask_criterion=entropy_drop).
-    named:       any other field of `PolicyBatch` by name, keyword only:
-                 mtp_logp, old_mtp_logp [B, T, K−1], required by MPO with future=mtp: [b, t, n−2]
-                 is MTP depth n's log-prob at anchor t of the token n−1 valid positions after t;
-                 old_entropy_term [B, T] S = Σ_j p_j²(log p_j + H) of the rollout policy (TEPO
-                 first_order); token_weights [B, T] ≥ 0, detached: each token's policy term is
-                 multiplied by its weight (mismatch correction, tepo_cli.algos.mismatch), not the
-                 KL term, None = 1; turns [B, T] int64 turn of each token (episodes only): no block
-                 or window spans two; cov_selected [B, T] bool, KL-Cov / Clip-Cov only: the
-                 tokens already picked by covariance over a larger set (the trainer picks over
-                 the optimizer step's rows), None: pick among these rows; generator: Clip-Cov's
-                 random draw (None: seeded with 0); the normalisers of the whole optimizer step:
-                 `num_tokens` (valid tokens, token-mean), `num_seqs` (responses, seq-mean modes),
-                 `max_len` (seq-mean-token-sum-norm; default T). With global normalisers, the sum
-                 of the micro-batch losses is the loss of one big batch.
-                 The other keywords are AlgoConfig knobs (k=4, loss_agg="token-mean",
-                 eps_high=0.28, ...). A ValueError names the argument missing or misshapen.
+    named:       keyword only, the other `PolicyBatch` fields (its docstring says what each
+                 holds): mtp_logp, old_mtp_logp [B, T, K−1] (MPO, future=mtp), old_entropy_term
+                 (TEPO first_order), token_weights (mismatch correction), turns (episodes),
+                 cov_selected and generator (KL-Cov / Clip-Cov), and the optimizer step's global
+                 normalisers num_tokens, num_seqs, max_len (§0.5: the micro-batch losses then
+                 sum to the loss of one big batch); any other keyword is an AlgoConfig knob
+                 (k=4, loss_agg="token-mean", ...). A ValueError names the argument missing or
+                 misshapen.
 
     Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac;
     KL-Cov / Clip-Cov: cov_loss, cov_abs_kl, and (when they pick here) cov_selected,

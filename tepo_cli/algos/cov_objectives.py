@@ -44,8 +44,7 @@ from tepo_cli.algos.registry import register_policy_loss
 
 
 def cov_reads(cfg: AlgoConfig) -> frozenset[str]:
-    """The inputs KL-Cov and Clip-Cov read: the trainer's pick, and the KL term's."""
-    return kl_term_reads(cfg) | {"cov_selected"}
+    return kl_term_reads(cfg) | {"cov_selected"}  # the trainer's pick, and the KL term's inputs
 
 
 @register_policy_loss("kl_cov", reads=cov_reads)

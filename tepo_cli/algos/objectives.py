@@ -90,8 +90,7 @@ def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, floa
     tokens count in the normaliser, so an empty mask gives exactly 0 (§0.6).
 
     The `kl` metric is the plain token mean of D (unmasked) whenever the target is available,
-    even with β = 0; 0.0 when it is not. TEPO's mask is built where it acts (β > 0, or the
-    entropy-free advantage_only test), from the inputs `kl_term_reads` declares.
+    even with β = 0; 0.0 when it is not. TEPO's mask is built from the inputs `kl_term_reads` names.
     """
     target = batch.ref_logp if cfg.kl_target == "ref" else batch.old_logp
     metrics: dict[str, float] = {"kl": 0.0, "kl_loss": 0.0}
@@ -124,22 +123,16 @@ def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, floa
 
 
 def kl_term_reads(cfg: AlgoConfig) -> frozenset[str]:
-    """The inputs `kl_term` reads (algos/inputs.py): the reference's log-probs when the KL
-    targets it (the `kl` metric reads them even at β = 0, where a run has none), and the rollout
-    policy's entropies (TEPO's mask, as its criterion needs them)."""
-    needed = {
-        "ref_logp": cfg.kl_target == "ref",
-        "old_entropy": cfg.needs_old_entropy,
-        "entropy": cfg.needs_entropy,
-        "old_entropy_term": cfg.needs_old_entropy_term,
-    }
+    """`kl_term`'s inputs: the reference's log-probs when the KL targets it (the `kl` metric reads
+    them even at β = 0, where a run has none), π_old's entropies as TEPO's mask needs them."""
+    needed = {"ref_logp": cfg.kl_target == "ref", "old_entropy": cfg.needs_old_entropy}
+    needed |= {"entropy": cfg.needs_entropy, "old_entropy_term": cfg.needs_old_entropy_term}
     return frozenset(name for name, read in needed.items() if read)
 
 
 def clipped_reads(cfg: AlgoConfig) -> frozenset[str]:
-    """The inputs `clipped_policy_loss` reads: the KL term's, and MPO's MTP log-probs."""
-    mtp = {"mtp_logp", "old_mtp_logp"} if cfg.mtp_depths else set()
-    return kl_term_reads(cfg) | mtp
+    """`clipped_policy_loss`'s inputs: the KL term's, and MPO's MTP log-probs."""
+    return kl_term_reads(cfg) | ({"mtp_logp", "old_mtp_logp"} if cfg.mtp_depths else set())
 
 
 def clipped_policy_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:

@@ -15,7 +15,7 @@ PolicyLossFn = Callable[[PolicyBatch, AlgoConfig], tuple[Tensor, dict[str, float
 F = TypeVar("F", bound=PolicyLossFn)
 
 _REGISTRY: dict[str, PolicyLossFn] = {}
-_READS: dict[str, Reads] = {}  # the inputs each objective reads (algos/inputs.py)
+_READS: dict[str, Reads] = {}  # what each objective reads (algos/inputs.py)
 # Objectives whose policy term is a multiple of each token's advantage (train/zero_advantage.py).
 _ADVANTAGE_PROPORTIONAL: set[str] = set()
 
@@ -25,10 +25,8 @@ def register_policy_loss(
 ) -> Callable[[F], F]:
     """Decorator: make `fn` the loss of objective `name` (the `name` key of an algo config).
 
-    `reads` declares the inputs beyond logp, old_logp, advantages, mask, token_weights and turns
-    that `fn` reads (names from `tepo_cli.algos.inputs.DECLARABLE`, e.g. "old_entropy",
-    "mtp_logp"), fixed or as a function of the config: the trainer scores and passes exactly
-    those, and every other one is None in the batch `fn` gets from it.
+    `reads` declares the inputs of `tepo_cli.algos.inputs.DECLARABLE` that `fn` reads, fixed or
+    from the config: the trainer scores and passes those, every other one is None.
 
     `advantage_proportional=True` declares that, the KL term aside, a response whose advantages
     are all 0 adds nothing to the loss's gradient: the update may then leave such rows out
@@ -72,15 +70,13 @@ def advantage_proportional(name: str) -> bool:
 
 
 def objective_reads(cfg: AlgoConfig) -> frozenset[str]:
-    """The inputs objective `cfg.name` declared it reads under `cfg`; ValueError naming an
-    undeclarable one."""
-    get_policy_loss(cfg.name)
+    """The inputs objective `cfg.name` declared it reads under `cfg`."""
+    get_policy_loss(cfg.name)  # a ValueError listing the registered names
     declared = _READS[cfg.name]
     reads = frozenset(declared(cfg) if callable(declared) else declared)
-    unknown = sorted(reads - DECLARABLE)
-    if unknown:
+    if unknown := ", ".join(sorted(reads - DECLARABLE)):
         raise ValueError(
-            f"objective {cfg.name!r} declares unknown inputs {', '.join(unknown)}; an objective "
-            f"can read: {', '.join(sorted(DECLARABLE))}"
+            f"objective {cfg.name!r} declares unknown inputs {unknown}; known: "
+            f"{', '.join(sorted(DECLARABLE))}"
         )
     return reads

@@ -35,13 +35,11 @@ class Scores(dict[str, torch.Tensor]):
     """What one scoring pass returns for N completions, by name (all zero on padding).
 
     logp:         [N, T] log-probs of the completion tokens (with grad when enabled), always;
-    and those asked for (`Policy.forward(make=)`, the names of algos/inputs.SCORED):
+    and those asked for (`Policy.forward(make=)`, algos/inputs.SCORED), None by attribute if not:
     entropy:      [N, T] entropies of the next-token distributions.
     entropy_term: [N, T] S = Σ_j p_j²(log p_j + H), no grad (TEPO's first_order mask).
     mtp_logp:     [N, T, K−1] MTP depth n's log-prob, at anchor column t, of completion token
                   t + n − 1 (0 where it does not exist).
-    A mapping, so that the score stage and the update carry whatever the objective reads by
-    name; an absent score reads as None by attribute (`scores.entropy`).
     """
 
     def __getattr__(self, name: str) -> torch.Tensor | None:
@@ -107,7 +105,6 @@ class Policy(nn.Module):
         batch: SequenceBatch,
         temperature: float = 1.0,
         with_entropy: bool = False,
-        with_entropy_term: bool = False,
         with_mtp: bool = False,
         prompts: ExternalPrompts | None = None,
         make: Collection[str] = (),
@@ -121,7 +118,6 @@ class Policy(nn.Module):
         batch: SequenceBatch,
         temperature: float = 1.0,
         with_entropy: bool = False,
-        with_entropy_term: bool = False,
         with_mtp: bool = False,
         prompts: ExternalPrompts | None = None,
         prompt_pass_rows: torch.Tensor | None = None,
@@ -129,7 +125,7 @@ class Policy(nn.Module):
     ) -> Scores | PromptPass:
         """Score the completions of `batch` (see `Scores`): logp, and the scores named in `make`
         (the trainer's, from the objective's declared inputs, algos/inputs.py) or by the flags
-        `with_entropy`, `with_entropy_term`, `with_mtp` (the latter needs the MTP modules);
+        `with_entropy`, `with_mtp` (which needs the MTP modules);
         `prompts`: the rows' prompts from a prompt pass (models/prompt_pass.py), packing only.
         `prompt_pass_rows` is `prompt_pass`'s way in: the pass is a call of the module, as
         DeepSpeed's engine and ZeRO-3's hooks expect of every forward (`through_engine`), so the
@@ -140,11 +136,7 @@ class Policy(nn.Module):
                 return run_prompt_pass(
                     self.lm, batch, prompt_pass_rows, self.lm.get_input_embeddings()
                 )
-            flags = {
-                "entropy": with_entropy,
-                "entropy_term": with_entropy_term,
-                "mtp_logp": with_mtp,
-            }
+            flags = {"entropy": with_entropy, "mtp_logp": with_mtp}
             wanted = {*make, *(name for name, on in flags.items() if on)}
             return self._score(batch, temperature, wanted, prompts)
 

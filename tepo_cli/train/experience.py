@@ -37,8 +37,7 @@ class Experience:
     rewards: torch.Tensor  # [N] shaped rewards
     correct: torch.Tensor  # [N] bool
     advantages: torch.Tensor  # [N], or [N, T] from a critic
-    # π_old's scores by input name (old_logp and the objective's declared old_* inputs,
-    # algos/inputs.py), [N, T] or [N, T, K-1]; empty when the update is on-policy
+    # π_old's scores by input name (old_logp, the declared old_* ones); empty when on-policy
     old: dict[str, torch.Tensor] = field(default_factory=dict)
     selection_logp: torch.Tensor | None = None  # [N, T] on-policy KL-Cov / Clip-Cov's pick only
     ref_logp: torch.Tensor | None = None

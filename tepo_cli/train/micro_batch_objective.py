@@ -18,34 +18,27 @@ from tepo_cli.train.experience import Experience
 
 
 def forward_scores(cfg: TrainConfig, experience: Experience) -> frozenset[str]:
-    """What the update's forward makes besides logp (algos/inputs.py): the entropy, the inputs
-    the objective reads of the current policy, and on-policy π_old's as well."""
+    """What the update's forward scores besides logp (algos/inputs.py)."""
     on_policy = experience.old_logp is None
     return scored(objective_reads(cfg.algo), rollout=False, on_policy=on_policy)
 
 
 def micro_batch_objective(
-    cfg: TrainConfig,
-    experience: Experience,
-    rows: torch.Tensor,
-    part: SequenceBatch,
-    scores: Scores,
-    num_tokens: float,
-    num_seqs: float,
-    tally: MismatchTally | None,
-    selected: torch.Tensor | None = None,
+    cfg: TrainConfig, batch: PolicyBatch, scores: Scores
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of the micro-batch `part` (these `rows` of the step) from the policy's `scores`,
-    normalised by the minibatch's global token and sequence counts, and its metrics: the
-    registered loss on `objective_batch`, with the run's already validated `cfg.algo`."""
-    batch = objective_batch(
-        cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
-    )
+    """The micro-batch's loss and metrics: the registered objective on its `objective_batch`,
+    with the run's already validated `cfg.algo`; MPO's MTP metrics from the forward's `scores`,
+    and its auxiliary prediction loss added when `algo.mtp.aux_coef` > 0."""
     loss, metrics = get_policy_loss(cfg.algo.name)(batch, cfg.algo)
-    metrics = dict(metrics)
-    if scores.mtp_logp is not None:
-        loss = _with_mtp_terms(cfg, loss, scores, part.trained_mask, num_tokens, metrics)
-    return loss, metrics
+    metrics, mtp, mtp_logp = dict(metrics), cfg.algo.mtp, scores.mtp_logp
+    if mtp_logp is None:
+        return loss, metrics
+    metrics.update(mtp_metrics(mtp_logp.detach(), scores.logp.detach(), batch.mask))
+    if mtp.aux_coef <= 0:
+        return loss, metrics
+    aux = mtp_prediction_loss(mtp_logp, batch.mask, mtp.warmup.alpha_decay, batch.num_tokens)
+    metrics["mtp_aux_loss"] = float(aux.detach())
+    return loss + mtp.aux_coef * aux, metrics
 
 
 def objective_batch(
@@ -59,13 +52,15 @@ def objective_batch(
     tally: MismatchTally | None,
     selected: torch.Tensor | None = None,
 ) -> PolicyBatch:
-    """The checked `PolicyBatch` of the micro-batch: its rows' advantages and mismatch weights,
-    and the inputs the objective declared (algos/inputs.py), by name, from the current forward's
-    `scores`, π_old's, the reference's and `selected` [N, T], KL-Cov / Clip-Cov's pick over the
-    step's rows (train/cov_selection.py)."""
+    """The checked `PolicyBatch` of micro-batch `part` (these `rows` of the step) under the
+    minibatch's global counts: the inputs the objective declared, by name, from the forward's
+    `scores`, π_old's, the reference's and `selected` (KL-Cov / Clip-Cov's pick, [N, T])."""
     width = part.completion_mask.shape[1]
     trained_mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
-    old = _old_scores(experience, rows, width, scores)
+    if experience.old_logp is None:  # on-policy: π_old is the current forward, detached
+        old = {OLD + name: value.detach() for name, value in scores.items()}
+    else:  # the score stage's pass
+        old = {name: value[rows, :width] for name, value in experience.old.items()}
     advantages = experience.advantages  # [N], or [N, T] from a critic
     advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
     weights = _mismatch_weights(cfg, experience, rows, old["old_logp"], trained_mask, tally)
@@ -111,35 +106,6 @@ def _mismatch_weights(
     if tally is not None:
         tally.add(old_logp, rollout_logp, mask, weights, mode, cap)
     return None if mode == "none" else weights
-
-
-def _old_scores(
-    experience: Experience, rows: torch.Tensor, width: int, scores: Scores
-) -> dict[str, torch.Tensor]:
-    """π_old's scores of the micro-batch by input name (old_logp, old_entropy, ...): the rollout
-    pass's (off-policy), or the current forward's, detached (on-policy: π_old is the current
-    policy)."""
-    if experience.old_logp is None:
-        return {OLD + name: value.detach() for name, value in scores.items()}
-    return {name: value[rows, :width] for name, value in experience.old.items()}
-
-
-def _with_mtp_terms(
-    cfg: TrainConfig,
-    loss: torch.Tensor,
-    scores: Scores,
-    mask: torch.Tensor,
-    num_tokens: float,
-    metrics: dict[str, float],
-) -> torch.Tensor:
-    """MPO's MTP metrics, and its auxiliary prediction loss added when `algo.mtp.aux_coef` > 0."""
-    mtp = cfg.algo.mtp
-    metrics.update(mtp_metrics(scores.mtp_logp.detach(), scores.logp.detach(), mask))
-    if mtp.aux_coef <= 0:
-        return loss
-    aux = mtp_prediction_loss(scores.mtp_logp, mask, mtp.warmup.alpha_decay, num_tokens)
-    metrics["mtp_aux_loss"] = float(aux.detach())
-    return loss + mtp.aux_coef * aux
 
 
 def _rows(values: torch.Tensor | None, rows: torch.Tensor, width: int) -> torch.Tensor | None:
