@@ -1,18 +1,19 @@
-"""The per-token inputs an objective declares it reads (`register_policy_loss(name, reads=)`),
-beyond logp, old_logp, advantages, mask, token_weights and turns, which every objective gets; what
-each scoring pass makes comes from that one declaration (docs/objectives.md §3)."""
+"""The inputs an objective declares it reads (`register_policy_loss(name, reads=)`), beyond those
+every objective gets; what each scoring pass makes comes from that one declaration (§3)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 
 from tepo_cli.algos.algo_config import AlgoConfig
+from tepo_cli.algos.batch import PolicyBatch
 
 SCORED = ("entropy", "entropy_term", "mtp_logp")  # a policy pass's scores besides logp
 OLD = "old_"  # the rollout policy's score `name` is the input `old_<name>`
-DECLARABLE = frozenset({"ref_logp", "entropy", "mtp_logp", "cov_selected"}) | {
-    OLD + name for name in SCORED
-}
+GIVEN = {"logp", "old_logp", "advantages", "mask", "token_weights", "turns", "generator"}
+GIVEN |= {"num_tokens", "num_seqs", "max_len"}  # PolicyBatch fields every objective gets
+DECLARABLE = frozenset(f.name for f in fields(PolicyBatch)) - GIVEN  # the others, if declared
 Reads = frozenset[str] | Callable[[AlgoConfig], frozenset[str]]  # fixed, or from the knobs
 
 

@@ -70,9 +70,9 @@ def advantage_proportional(name: str) -> bool:
 
 
 def objective_reads(cfg: AlgoConfig) -> frozenset[str]:
-    """The inputs objective `cfg.name` declared it reads under `cfg`."""
-    get_policy_loss(cfg.name)  # a ValueError listing the registered names
-    declared = _READS[cfg.name]
+    """The inputs objective `cfg.name` declared it reads under `cfg` (an unknown name: the
+    ValueError of `get_policy_loss`)."""
+    declared = _READS[cfg.name] if cfg.name in _READS else get_policy_loss(cfg.name)
     reads = frozenset(declared(cfg) if callable(declared) else declared)
     if unknown := ", ".join(sorted(reads - DECLARABLE)):
         raise ValueError(

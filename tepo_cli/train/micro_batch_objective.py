@@ -64,12 +64,8 @@ def objective_batch(
     advantages = experience.advantages  # [N], or [N, T] from a critic
     advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
     weights = _mismatch_weights(cfg, experience, rows, old["old_logp"], trained_mask, tally)
-    available = {
-        **scores,
-        **old,
-        "ref_logp": _rows(experience.ref_logp, rows, width),
-        "cov_selected": _rows(selected, rows, width),
-    }
+    available = {**scores, **old, "ref_logp": _rows(experience.ref_logp, rows, width)}
+    available["cov_selected"] = _rows(selected, rows, width)
     batch = checked_batch(
         PolicyBatch(
             scores["logp"],
