@@ -8,6 +8,7 @@ also carries the MTP modules (models/mtp.py), scored through the same kernel pat
 
 from __future__ import annotations
 
+from collections import UserDict
 from collections.abc import Collection
 from typing import overload
 
@@ -31,7 +32,7 @@ from tepo_cli.models.shared_prompts import distinct_prompts
 MTP_PREFIX = "mtp."
 
 
-class Scores(dict[str, torch.Tensor]):
+class Scores(UserDict[str, torch.Tensor]):
     """What one scoring pass returns for N completions, by name (all zero on padding).
 
     logp:         [N, T] log-probs of the completion tokens (with grad when enabled), always;
@@ -40,12 +41,13 @@ class Scores(dict[str, torch.Tensor]):
     entropy_term: [N, T] S = Σ_j p_j²(log p_j + H), no grad (TEPO's first_order mask).
     mtp_logp:     [N, T, K−1] MTP depth n's log-prob, at anchor column t, of completion token
                   t + n − 1 (0 where it does not exist).
+    A mapping but not a dict, which ZeRO-3's module hooks would rewrap tensor by tensor.
     """
 
     def __getattr__(self, name: str) -> torch.Tensor | None:
-        if name.startswith("__"):
+        if name == "data" or name.startswith("_"):
             raise AttributeError(name)
-        return self.get(name)
+        return self.data.get(name)
 
 
 class Policy(nn.Module):
