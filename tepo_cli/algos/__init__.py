@@ -21,6 +21,7 @@ _EXPORTS = {
     "rloo_advantages": "tepo_cli.algos.advantage",
     "informative_groups": "tepo_cli.algos.filtering",
     "load_preset": "tepo_cli.algos.presets",
+    "objective_reads": "tepo_cli.algos.registry",
     "checked_batch": "tepo_cli.algos.batch",
     "overlong_penalty": "tepo_cli.algos.overlong",
     "policy_loss": "tepo_cli.algos.api",
@@ -40,6 +41,7 @@ __all__ = [
     "group_advantages",
     "informative_groups",
     "load_preset",
+    "objective_reads",
     "overlong_penalty",
     "policy_loss",
     "preset_names",
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from tepo_cli.algos.presets import load_preset, preset_names, resolve_algo
     from tepo_cli.algos.registry import (
         get_policy_loss,
+        objective_reads,
         register_policy_loss,
         registered_policy_losses,
     )

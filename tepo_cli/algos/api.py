@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from tepo_cli.algos import cov_objectives as _cov_objectives  # noqa: F401  (kl_cov, clip_cov)
@@ -12,8 +12,6 @@ from tepo_cli.algos import objectives as _objectives  # noqa: F401  (registers t
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
 from tepo_cli.algos.presets import AlgoSpec, resolve_algo
 from tepo_cli.algos.registry import get_policy_loss
-
-NORMALISERS = ("num_tokens", "num_seqs", "max_len")
 
 
 def policy_loss(
@@ -25,15 +23,7 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
     old_entropy: Tensor | None = None,
-    *,
-    mtp_logp: Tensor | None = None,
-    old_mtp_logp: Tensor | None = None,
-    old_entropy_term: Tensor | None = None,
-    token_weights: Tensor | None = None,
-    turns: Tensor | None = None,
-    cov_selected: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    **overrides: Any,
+    **named: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Loss (0-dim: policy term + KL term) and float metrics of objective `algo` on B responses.
 
@@ -45,26 +35,21 @@ def policy_loss(
     mask:        [B, T] bool / 0-1 response tokens; padding may be on either side.
     ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
     entropy, old_entropy: [B, T], for TEPO's KL mask (entropy too: mask_criterion=entropy_drop).
-    mtp_logp, old_mtp_logp: [B, T, K−1], required by MPO with future=mtp: [b, t, n−2] is MTP
-                 depth n's log-prob at anchor t of the token n−1 valid positions after t.
-    old_entropy_term: [B, T] S = Σ_j p_j²(log p_j + H) of the rollout policy (TEPO first_order).
-    token_weights: [B, T] ≥ 0, detached: each token's policy term is multiplied by its weight
-                 (mismatch correction, tepo_cli.algos.mismatch); not the KL term. None = 1.
-    turns:       [B, T] int64 turn of each token (episodes only): no block or window spans two.
-    cov_selected: [B, T] bool, KL-Cov / Clip-Cov only: the tokens already picked by covariance
-                 over a larger set (the trainer picks over the optimizer step's rows); None:
-                 pick among these rows. generator: Clip-Cov's random draw (None: seeded with 0).
-    overrides:   any AlgoConfig knob (k=4, loss_agg="token-mean", eps_high=0.28, ...) and the
-                 normalisers of the whole optimizer step: `num_tokens` (valid tokens, token-mean),
-                 `num_seqs` (responses, seq-mean modes), `max_len` (seq-mean-token-sum-norm;
-                 default T). With global normalisers, the sum of the micro-batch losses is the
-                 loss of one big batch. A ValueError names the argument missing or misshapen.
+    named:       keyword only, the other `PolicyBatch` fields (its docstring says what each
+                 holds): mtp_logp, old_mtp_logp [B, T, K−1] (MPO, future=mtp), old_entropy_term
+                 (TEPO first_order), token_weights (mismatch correction), turns (episodes),
+                 cov_selected and generator (KL-Cov / Clip-Cov), and the optimizer step's global
+                 normalisers num_tokens, num_seqs, max_len (§0.5: the micro-batch losses then
+                 sum to the loss of one big batch); any other keyword is an AlgoConfig knob
+                 (k=4, loss_agg="token-mean", ...). A ValueError names the argument missing or
+                 misshapen.
 
     Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac;
     KL-Cov / Clip-Cov: cov_loss, cov_abs_kl, and (when they pick here) cov_selected,
     cov_selected_frac, cov_selected_mean, cov_candidates (docs/objectives.md §1.6)."""
-    normalisers = {name: overrides.pop(name) for name in NORMALISERS if name in overrides}
-    cfg = resolve_algo(algo, overrides)
+    fields = {field.name for field in dataclasses.fields(PolicyBatch)}
+    inputs = {name: named.pop(name) for name in list(named) if name in fields}
+    cfg = resolve_algo(algo, named)
     raw = PolicyBatch(
         logp,
         old_logp,
@@ -73,14 +58,7 @@ def policy_loss(
         ref_logp=ref_logp,
         entropy=entropy,
         old_entropy=old_entropy,
-        mtp_logp=mtp_logp,
-        old_mtp_logp=old_mtp_logp,
-        old_entropy_term=old_entropy_term,
-        token_weights=token_weights,
-        turns=turns,
-        cov_selected=cov_selected,
-        generator=generator,
-        **normalisers,
+        **inputs,
     )
     batch = checked_batch(raw)
     require_inputs(batch, cfg)

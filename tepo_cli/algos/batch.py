@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from numbers import Real
 
@@ -64,8 +65,7 @@ _DETACHED = ("old_logp", "ref_logp", "old_entropy", "old_entropy_term", "token_w
 def checked_batch(raw: PolicyBatch) -> PolicyBatch:
     """`raw`'s inputs checked (ValueError naming the argument), as every loss plugin receives them:
     bool mask, 0 on padding, detached where the objective reads no gradient."""
-    logp, advantages, entropy = raw.logp, raw.advantages, raw.entropy
-    mtp_logp, old_mtp_logp = raw.mtp_logp, raw.old_mtp_logp
+    logp, advantages = raw.logp, raw.advantages
     mask = _checked_mask(logp, raw.mask)
     shape = tuple(logp.shape)
     if not isinstance(advantages, Tensor) or tuple(advantages.shape) not in (shape[:1], shape):
@@ -75,43 +75,30 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
         )
     if raw.old_logp is None:
         raise ValueError("old_logp is required (the rollout policy's token log-probs)")
-    detached = {name: getattr(raw, name) for name in _DETACHED}
-    for name, tensor in {**detached, "entropy": entropy}.items():
+    for name in (*_DETACHED, "entropy", "turns", "cov_selected"):
+        tensor = getattr(raw, name)
         if tensor is not None and (not isinstance(tensor, Tensor) or tuple(tensor.shape) != shape):
             raise ValueError(
                 f"{name} must be [B, T] shaped like logp {shape}, got {_describe(tensor)}"
             )
-    _check_mtp(mtp_logp, old_mtp_logp, shape)
-    counts = raw.normalisers
-    for name, count in counts.items():
+    _check_mtp(raw.mtp_logp, raw.old_mtp_logp, shape)
+    for name, count in raw.normalisers.items():
         _check_count(name, count)
-    token_advantages = advantages.dim() == 2
-    turns = raw.turns
-    if turns is not None and (not isinstance(turns, Tensor) or tuple(turns.shape) != shape):
-        raise ValueError(f"turns must be [B, T] shaped like logp {shape}, got {_describe(turns)}")
     selected = raw.cov_selected
-    if selected is not None:
-        if not isinstance(selected, Tensor) or tuple(selected.shape) != shape:
-            raise ValueError(
-                f"cov_selected must be [B, T] shaped like logp {shape}, got {_describe(selected)}"
-            )
-        selected = selected.bool() & mask
-    return PolicyBatch(
-        logp=_zero_padding(logp, mask, detach=False),  # type: ignore[arg-type]
+    return dataclasses.replace(
+        raw,
+        logp=_zero_padding(logp, mask, detach=False),
         advantages=(
-            _zero_padding(advantages.to(logp.dtype), mask, detach=True)  # type: ignore[arg-type]
-            if token_advantages
+            _zero_padding(advantages.to(logp.dtype), mask, detach=True)
+            if advantages.dim() == 2
             else advantages.detach().to(logp.dtype)
         ),
         mask=mask,
-        entropy=_zero_padding(entropy, mask, detach=False),
-        mtp_logp=_zero_padding(mtp_logp, mask, detach=False),
-        old_mtp_logp=_zero_padding(old_mtp_logp, mask, detach=True),
-        **{name: _zero_padding(t, mask, detach=True) for name, t in detached.items()},  # type: ignore[arg-type]
-        turns=turns,
-        cov_selected=selected,
-        generator=raw.generator,
-        **counts,
+        entropy=_zero_padding(raw.entropy, mask, detach=False),
+        mtp_logp=_zero_padding(raw.mtp_logp, mask, detach=False),
+        old_mtp_logp=_zero_padding(raw.old_mtp_logp, mask, detach=True),
+        **{name: _zero_padding(getattr(raw, name), mask, detach=True) for name in _DETACHED},
+        cov_selected=None if selected is None else selected.bool() & mask,
     )
 
 

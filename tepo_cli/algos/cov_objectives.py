@@ -36,13 +36,18 @@ from tepo_cli.algos.objectives import (
     clip_metrics,
     clipped_tokens,
     kl_term,
+    kl_term_reads,
     token_ratios,
     unit_advantages,
 )
 from tepo_cli.algos.registry import register_policy_loss
 
 
-@register_policy_loss("kl_cov")
+def cov_reads(cfg: AlgoConfig) -> frozenset[str]:
+    return kl_term_reads(cfg) | {"cov_selected"}  # the trainer's pick, and the KL term's inputs
+
+
+@register_policy_loss("kl_cov", reads=cov_reads)
 def kl_cov_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
     """−A·ρ on every valid token (no clip), + `cov_coef`·|ℓ − ℓ_old| on the selected tokens.
 
@@ -71,7 +76,7 @@ def kl_cov_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, 
     return pg_loss + cov_loss + kl_loss, metrics
 
 
-@register_policy_loss("clip_cov", advantage_proportional=True)
+@register_policy_loss("clip_cov", reads=cov_reads, advantage_proportional=True)
 def clip_cov_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
     """max(−Aρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)) on every valid token but the selected ones,
     whose term is dropped: they get exactly zero gradient."""

@@ -90,20 +90,14 @@ def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, floa
     tokens count in the normaliser, so an empty mask gives exactly 0 (§0.6).
 
     The `kl` metric is the plain token mean of D (unmasked) whenever the target is available,
-    even with β = 0; 0.0 when it is not.
+    even with β = 0; 0.0 when it is not. TEPO's mask is built from the inputs `kl_term_reads` names.
     """
     target = batch.ref_logp if cfg.kl_target == "ref" else batch.old_logp
     metrics: dict[str, float] = {"kl": 0.0, "kl_loss": 0.0}
     zero = batch.logp.new_zeros(())
     mask = batch.mask
     kl_mask = mask
-    has_entropies = {
-        "covariance": batch.old_entropy is not None,
-        "entropy_drop": batch.old_entropy is not None and batch.entropy is not None,
-        "advantage_only": True,
-        "first_order": batch.old_entropy is not None and batch.old_entropy_term is not None,
-    }[cfg.mask_criterion]
-    if cfg.kl_mask == "tepo" and has_entropies:
+    if cfg.kl_mask == "tepo" and (cfg.needs_old_entropy or cfg.mask_criterion == "advantage_only"):
         kl_mask = tepo_kl_mask(
             batch.advantages,
             mask,
@@ -128,6 +122,19 @@ def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, floa
     return loss, metrics
 
 
+def kl_term_reads(cfg: AlgoConfig) -> frozenset[str]:
+    """`kl_term`'s inputs: the reference's log-probs when the KL targets it (the `kl` metric reads
+    them even at β = 0, where a run has none), π_old's entropies as TEPO's mask needs them."""
+    needed = {"ref_logp": cfg.kl_target == "ref", "old_entropy": cfg.needs_old_entropy}
+    needed |= {"entropy": cfg.needs_entropy, "old_entropy_term": cfg.needs_old_entropy_term}
+    return frozenset(name for name, read in needed.items() if read)
+
+
+def clipped_reads(cfg: AlgoConfig) -> frozenset[str]:
+    """`clipped_policy_loss`'s inputs: the KL term's, and MPO's MTP log-probs."""
+    return kl_term_reads(cfg) | ({"mtp_logp", "old_mtp_logp"} if cfg.mtp_depths else set())
+
+
 def clipped_policy_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:
     """Policy term + KL term, everything set by the knobs of `cfg`."""
     pg_loss, pg_metrics = policy_term(batch, cfg)
@@ -147,7 +154,9 @@ SHIPPED: dict[str, str] = {
 """The shipped objectives and what their presets' knobs make of `clipped_policy_loss`."""
 
 for _name in SHIPPED:  # every term but the KL is (clipped ratio) x advantage
-    register_policy_loss(_name, advantage_proportional=True)(clipped_policy_loss)
+    register_policy_loss(_name, reads=clipped_reads, advantage_proportional=True)(
+        clipped_policy_loss
+    )
 
 
 def _share(flags: Tensor, mask: Tensor) -> float:

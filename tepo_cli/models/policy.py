@@ -8,7 +8,8 @@ also carries the MTP modules (models/mtp.py), scored through the same kernel pat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import UserDict
+from collections.abc import Collection
 from typing import overload
 
 import torch
@@ -31,21 +32,22 @@ from tepo_cli.models.shared_prompts import distinct_prompts
 MTP_PREFIX = "mtp."
 
 
-@dataclass
-class Scores:
-    """What one scoring pass returns for N completions (all zero on padding).
+class Scores(UserDict[str, torch.Tensor]):
+    """What one scoring pass returns for N completions, by name (all zero on padding).
 
-    logp:         [N, T] log-probs of the completion tokens (with grad when enabled).
-    entropy:      [N, T] entropies of the next-token distributions, or None.
-    entropy_term: [N, T] S = Σ_j p_j²(log p_j + H), no grad (TEPO's first_order mask), or None.
+    logp:         [N, T] log-probs of the completion tokens (with grad when enabled), always;
+    and those asked for (`Policy.forward(make=)`, algos/inputs.SCORED), None by attribute if not:
+    entropy:      [N, T] entropies of the next-token distributions.
+    entropy_term: [N, T] S = Σ_j p_j²(log p_j + H), no grad (TEPO's first_order mask).
     mtp_logp:     [N, T, K−1] MTP depth n's log-prob, at anchor column t, of completion token
-                  t + n − 1 (0 where it does not exist), or None.
+                  t + n − 1 (0 where it does not exist).
+    A mapping but not a dict, which ZeRO-3's module hooks would rewrap tensor by tensor.
     """
 
-    logp: torch.Tensor
-    entropy: torch.Tensor | None = None
-    entropy_term: torch.Tensor | None = None
-    mtp_logp: torch.Tensor | None = None
+    def __getattr__(self, name: str) -> torch.Tensor | None:
+        if name == "data" or name.startswith("_"):
+            raise AttributeError(name)
+        return self.data.get(name)
 
 
 class Policy(nn.Module):
@@ -105,9 +107,9 @@ class Policy(nn.Module):
         batch: SequenceBatch,
         temperature: float = 1.0,
         with_entropy: bool = False,
-        with_entropy_term: bool = False,
         with_mtp: bool = False,
         prompts: ExternalPrompts | None = None,
+        make: Collection[str] = (),
     ) -> Scores: ...
 
     @overload
@@ -118,12 +120,14 @@ class Policy(nn.Module):
         batch: SequenceBatch,
         temperature: float = 1.0,
         with_entropy: bool = False,
-        with_entropy_term: bool = False,
         with_mtp: bool = False,
         prompts: ExternalPrompts | None = None,
         prompt_pass_rows: torch.Tensor | None = None,
+        make: Collection[str] = (),
     ) -> Scores | PromptPass:
-        """Score the completions of `batch` (see `Scores`); `with_mtp` needs the MTP modules;
+        """Score the completions of `batch` (see `Scores`): logp, and the scores named in `make`
+        (the trainer's, from the objective's declared inputs, algos/inputs.py) or by the flags
+        `with_entropy`, `with_mtp` (which needs the MTP modules);
         `prompts`: the rows' prompts from a prompt pass (models/prompt_pass.py), packing only.
         `prompt_pass_rows` is `prompt_pass`'s way in: the pass is a call of the module, as
         DeepSpeed's engine and ZeRO-3's hooks expect of every forward (`through_engine`), so the
@@ -134,21 +138,20 @@ class Policy(nn.Module):
                 return run_prompt_pass(
                     self.lm, batch, prompt_pass_rows, self.lm.get_input_embeddings()
                 )
-            return self._score(
-                batch, temperature, with_entropy, with_entropy_term, with_mtp, prompts
-            )
+            flags = {"entropy": with_entropy, "mtp_logp": with_mtp}
+            wanted = {*make, *(name for name, on in flags.items() if on)}
+            return self._score(batch, temperature, wanted, prompts)
 
     def _score(
         self,
         batch: SequenceBatch,
         temperature: float,
-        with_entropy: bool,
-        with_entropy_term: bool,
-        with_mtp: bool,
-        prompts: ExternalPrompts | None = None,
+        make: set[str],
+        prompts: ExternalPrompts | None,
     ) -> Scores:
+        with_mtp = "mtp_logp" in make
         if with_mtp and self.mtp is None:
-            raise ValueError("with_mtp=True needs a policy built with MTP modules (mtp_depths)")
+            raise ValueError("mtp_logp (with_mtp=True) needs a policy built with MTP modules")
         # The sequence is embedded once for the backbone and the MTP modules: every lookup's
         # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
@@ -166,17 +169,17 @@ class Policy(nn.Module):
         response_hidden = hidden[:, batch.prompt_width - 1 :] if with_mtp else hidden
         targets = batch.completion_ids[:, :width][valid]
         logp_flat, entropy_flat = self.head(
-            response_hidden[valid], targets, temperature, with_entropy
+            response_hidden[valid], targets, temperature, "entropy" in make
         )
-        scores = Scores(_scatter(valid, logp_flat))
+        scores = Scores(logp=_scatter(valid, logp_flat))
         if entropy_flat is not None:
-            scores.entropy = _scatter(valid, entropy_flat)
-        if with_entropy_term:
+            scores["entropy"] = _scatter(valid, entropy_flat)
+        if "entropy_term" in make:
             with torch.no_grad():
                 term = self.head.entropy_terms(response_hidden[valid], targets, temperature)
-            scores.entropy_term = _scatter(valid, term)
+            scores["entropy_term"] = _scatter(valid, term)
         if with_mtp:
-            scores.mtp_logp, _ = self.mtp_logprobs(batch, hidden, temperature, embedded=embedded)
+            scores["mtp_logp"], _ = self.mtp_logprobs(batch, hidden, temperature, embedded=embedded)
         return scores
 
     def mtp_logprobs(

@@ -6,11 +6,14 @@ no-grad scores the objective needs are added, and the update never reaches back.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
+from tepo_cli.algos import objective_reads
+from tepo_cli.algos.inputs import OLD, scored
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout_record import Rollout
@@ -34,11 +37,9 @@ class Experience:
     rewards: torch.Tensor  # [N] shaped rewards
     correct: torch.Tensor  # [N] bool
     advantages: torch.Tensor  # [N], or [N, T] from a critic
-    old_logp: torch.Tensor | None = None  # [N, T]; None when the update is on-policy
+    # π_old's scores by input name (old_logp, the declared old_* ones); empty when on-policy
+    old: dict[str, torch.Tensor] = field(default_factory=dict)
     selection_logp: torch.Tensor | None = None  # [N, T] on-policy KL-Cov / Clip-Cov's pick only
-    old_entropy: torch.Tensor | None = None
-    old_entropy_term: torch.Tensor | None = None  # [N, T] TEPO's first_order mask
-    old_mtp_logp: torch.Tensor | None = None  # [N, T, K-1] MPO's MTP depths (future=mtp)
     ref_logp: torch.Tensor | None = None
     old_values: torch.Tensor | None = None  # [N, T] the critic's V at rollout (advantage=gae)
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets
@@ -49,6 +50,11 @@ class Experience:
     env_sums: dict[str, float] = field(default_factory=dict)  # multi-turn metric sums
     episode_records: list[dict[str, Any]] = field(default_factory=list)  # per row, multi-turn
     env_errors: list[str] = field(default_factory=list)  # the step's environment errors
+
+    @property
+    def old_logp(self) -> torch.Tensor | None:
+        """[N, T] π_old's log-probs from the score stage; None when the update is on-policy."""
+        return self.old.get("old_logp")
 
 
 def on_policy(cfg: TrainConfig) -> bool:
@@ -91,13 +97,8 @@ def _add_scores(
     if not need_old and not need_selection and reference is None:
         return
     batch, width = experience.batch, experience.batch.completion_mask.shape[1]
-    parts: dict[str, list[torch.Tensor]] = {
-        "logp": [],
-        "entropy": [],
-        "entropy_term": [],
-        "mtp_logp": [],
-        "ref": [],
-    }
+    make = scored(objective_reads(cfg.algo), rollout=True)
+    parts: dict[str, list[torch.Tensor]] = defaultdict(list)
     all_rows = torch.arange(len(batch), device="cpu")
     plan = micro_batches_for(cfg, batch, all_rows, policy)
     # Each distinct prompt once for all the micro-batches (models/prompt_pass.py), per model.
@@ -114,27 +115,17 @@ def _add_scores(
         part = batch.select(rows)
         if need_old or need_selection:
             scores = policy(
-                part,
-                cfg.rollout.temperature,
-                with_entropy=cfg.algo.needs_old_entropy,
-                with_entropy_term=cfg.algo.needs_old_entropy_term,
-                with_mtp=cfg.algo.mtp_depths > 0,
-                prompts=old_prompts.read(index),
+                part, cfg.rollout.temperature, make=make, prompts=old_prompts.read(index)
             )
-            for name in ("logp", "entropy", "entropy_term", "mtp_logp"):
-                value = getattr(scores, name)
-                if value is not None:
-                    parts[name].append(widen(value, width))
+            for name, value in scores.items():
+                parts[OLD + name].append(widen(value, width))
         if reference is not None:
             scores = reference(part, cfg.rollout.temperature, prompts=ref_prompts.read(index))
-            parts["ref"].append(widen(scores.logp, width))
+            parts["ref_logp"].append(widen(scores.logp, width))
     back = torch.argsort(torch.cat(plan.rows))  # the plan's row order back to the batch's
-    joined = {name: torch.cat(values)[back] if values else None for name, values in parts.items()}
+    joined = {name: torch.cat(values)[back] for name, values in parts.items()}
+    experience.ref_logp = joined.pop("ref_logp", None)
     if need_old:
-        experience.old_logp = joined["logp"]
+        experience.old = joined
     else:
-        experience.selection_logp = joined["logp"]
-    experience.old_entropy = joined["entropy"]
-    experience.old_entropy_term = joined["entropy_term"]
-    experience.old_mtp_logp = joined["mtp_logp"]
-    experience.ref_logp = joined["ref"]
+        experience.selection_logp = joined.get("old_logp")

@@ -50,7 +50,7 @@ def entropy_sum(
     for index, part_rows in enumerate(plan.rows):
         part = batch.select(part_rows)
         scores = policy(
-            part, cfg.rollout.temperature, with_entropy=True, prompts=prompts.read(index)
+            part, cfg.rollout.temperature, make=("entropy",), prompts=prompts.read(index)
         )
         assert scores.entropy is not None
         valid = part.trained_mask

@@ -34,7 +34,11 @@ from tepo_cli.train.cov_selection import selection_seed, step_selection
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
 from tepo_cli.train.left_out_entropy import entropy_sum, left_out_rows
-from tepo_cli.train.micro_batch_objective import micro_batch_objective
+from tepo_cli.train.micro_batch_objective import (
+    forward_scores,
+    micro_batch_objective,
+    objective_batch,
+)
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 from tepo_cli.train.zero_advantage import may_skip, rows_with_gradient
@@ -334,18 +338,12 @@ def _forward_backward(
     began = time.perf_counter()
     rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
-    algo = cfg.algo
-    scores = engine(
-        part,
-        cfg.rollout.temperature,
-        with_entropy=True,
-        with_entropy_term=algo.needs_old_entropy_term and experience.old_logp is None,
-        with_mtp=algo.mtp_depths > 0,
-        prompts=prompts.read(index),
-    )
-    loss, metrics = micro_batch_objective(
+    make = forward_scores(cfg, experience)
+    scores = engine(part, cfg.rollout.temperature, make=make, prompts=prompts.read(index))
+    batch = objective_batch(
         cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
     )
+    loss, metrics = micro_batch_objective(cfg, batch, scores)
     loss = hooks.loss(loss)
     loss = prompts.carry_grads(index, loss)
     forward_done = time.perf_counter()

@@ -1,9 +1,9 @@
 """`python compare_runs.py BEFORE AFTER`: two run directories of the same command compared.
 
 Every metrics.jsonl record (keys measuring seconds, rates, MFU and memory aside), every
-samples.jsonl row, eval.jsonl (seconds aside) and eval_samples.jsonl, summary.json (times and
-paths aside) and the bytes of every file under final/. A run cut short is compared over the
-records both have.
+samples.jsonl row, eval.jsonl (seconds aside) and eval_samples.jsonl, summary.json (times aside,
+paths relative to the run) and the bytes of every file under final/ (and of MPO's
+mtp_modules.safetensors). A run cut short is compared over the records both have.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ def summary(run: Path) -> dict | None:
     if not path.is_file():
         return None
     kept = untimed(json.loads(path.read_text()))
-    return {k: v for k, v in kept.items() if k not in ("run_dir", "final_model")}
+    # paths into the run directory (final_model, mtp_modules) compared relative to it
+    kept = {k: v.replace(str(run), "RUN") if isinstance(v, str) else v for k, v in kept.items()}
+    return {k: v for k, v in kept.items() if k != "run_dir"}
 
 
 def final_files(run: Path) -> dict[str, str]:
     files = sorted(p for p in (run / "final").rglob("*") if p.is_file())
+    files += [p for p in [run / "mtp_modules.safetensors"] if p.is_file()]  # MPO's modules
     return {
         p.relative_to(run).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files
     }
