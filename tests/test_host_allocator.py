@@ -40,12 +40,12 @@ def test_auto_takes_jemalloc_then_tcmalloc_then_glibc_with_a_hint() -> None:
     assert (minimal.name, minimal.library) == ("tcmalloc", "libtcmalloc_minimal.so.9")
     full = host_allocator.resolve("auto", finder("tcmalloc"))
     assert (full.name, full.library) == ("tcmalloc", "libtcmalloc.so.9")
+    pip_only = host_allocator.resolve("auto", finder("mimalloc"))  # its wheel, no apt
+    assert (pip_only.name, pip_only.library) == ("mimalloc", "libmimalloc.so.9")
+    assert host_allocator.resolve("auto", finder("mimalloc", "tcmalloc")).name == "tcmalloc"
     none = host_allocator.resolve("auto", finder())
     assert (none.name, none.library) == ("glibc", None)
-    assert "apt install libjemalloc2" in none.note
-    # mimalloc only when named, until it is measured against glibc on the long job
-    assert host_allocator.resolve("auto", finder("mimalloc")).name == "glibc"
-    assert host_allocator.resolve("mimalloc", finder("mimalloc")).library == "libmimalloc.so.9"
+    assert "pip install cmeel-mimalloc" in none.note and "apt install libjemalloc2" in none.note
 
 
 def test_mimalloc_is_found_in_its_wheel_without_ldconfig(monkeypatch: pytest.MonkeyPatch) -> None:

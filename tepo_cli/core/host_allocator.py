@@ -14,8 +14,9 @@ called: `LD_PRELOAD`. So `tepo train` resolves the choice before anything else h
 the library is installed and not already loaded, starts itself again (`os.execv`, same process
 id, same arguments) with the library preloaded. The environment carries it to every process the
 run starts (the deepspeed launcher and its ranks). A rank started on another node without it does
-the same for itself. `auto` takes jemalloc, else tcmalloc, else stays with glibc and says how to
-install one, on a CPU run; mimalloc, whose wheel pip installs with tepo, when named; a GPU run keeps glibc (`for_device`). Naming one that is not installed
+the same for itself. `auto` takes jemalloc, else tcmalloc, else mimalloc (its wheel is a dependency
+of tepo on Linux, so a pip-only set-up has it), else stays with glibc and says how to install
+one, on a CPU run; a GPU run keeps glibc (`for_device`). Naming one that is not installed
 is refused.
 
 A change outside tepo's own objects: listed in docs/patches.md.
@@ -51,10 +52,10 @@ PACKAGES = {  # how to install each: Debian and Ubuntu's packages, mimalloc's wh
 WHEELS = {"mimalloc": ("cmeel-mimalloc", "cmeel.prefix/lib/libmimalloc.so")}
 # jemalloc first: on the long-answer job both make the update faster than glibc's malloc, and
 # jemalloc's peak is below tcmalloc's (docs/guides/performance.md, "The host allocator")
-# mimalloc is not in it yet: its wheel comes with tepo, but it has not been measured against glibc
-# at tepo's 4 MiB mmap threshold on the long job (scripts/bench_update.py's mimalloc variants).
-AUTO_ORDER = ("jemalloc", "tcmalloc")
-AUTO_TEXT = "jemalloc, else tcmalloc, else glibc"
+# mimalloc last: its wheel comes with tepo (no apt), and on the long job's update it ran at
+# jemalloc's speed within 3 % and 0.5 GB under glibc's peak (docs/results/bench_update/allocators_pip.md)
+AUTO_ORDER = ("jemalloc", "tcmalloc", "mimalloc")
+AUTO_TEXT = "jemalloc, else tcmalloc, else mimalloc, else glibc"
 # Set in the environment of the process started again: a second start would be a loop.
 STARTED_AGAIN = "TEPO_HOST_ALLOCATOR_PRELOADED"
 
@@ -102,9 +103,9 @@ def resolve(choice: str, find: Callable[[str], str | None] | None = None) -> All
             GLIBC,
             None,
             note=(
-                "no jemalloc or tcmalloc installed: `apt install libjemalloc2` (Debian, Ubuntu) "
-                "makes a CPU update with long answers faster (trainer.host_allocator; "
-                "docs/guides/performance.md)"
+                "no jemalloc, tcmalloc or mimalloc installed: `pip install cmeel-mimalloc` (or "
+                "`apt install libjemalloc2` on Debian, Ubuntu) makes a CPU update with long "
+                "answers leaner and faster (trainer.host_allocator; docs/guides/performance.md)"
             ),
         )
     raise ConfigError(
