@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from small_experience import ROWS, small_experience
 
 import tepo_cli.train.experience as exp
 from tepo_cli.algos import (
@@ -18,16 +19,13 @@ from tepo_cli.algos import (
     register_policy_loss,
     resolve_algo,
 )
-from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.algos.batch import PolicyBatch, checked_batch
 from tepo_cli.algos.inputs import DECLARABLE, scored
 from tepo_cli.algos.tepo_mask import CRITERIA
 from tepo_cli.config.validate import load_train_config
-from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import build_reference
-from tepo_cli.rollout.backend import Rollout
 from tepo_cli.train.cov_selection import step_selection
 from tepo_cli.train.micro_batch_objective import forward_scores, objective_batch
 
@@ -135,30 +133,8 @@ def test_an_objective_reading_an_undeclared_input_is_caught() -> None:
         objective_reads(resolve_algo("grpo", {"name": "test_declares_unknown"}))
 
 
-ROWS, WIDTH = 8, 7
-
-
 def _experience() -> exp.Experience:
-    generator = torch.Generator().manual_seed(0)
-    completion = torch.randint(10, 500, (ROWS, WIDTH), generator=generator)
-    lengths = torch.tensor([7, 3, 5, 6, 2, 7, 4, 5])
-    rollout = Rollout(
-        prompt_ids=torch.randint(10, 500, (ROWS, 4), generator=generator),
-        prompt_mask=torch.ones(ROWS, 4, dtype=torch.long),
-        completion_ids=completion,
-        completion_mask=torch.arange(WIDTH) < lengths[:, None],
-        texts=[""] * ROWS,
-        truncated=torch.zeros(ROWS, dtype=torch.bool),
-    )
-    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    return exp.Experience(
-        problems=[],
-        rollout=rollout,
-        batch=SequenceBatch.from_rollout(rollout),
-        rewards=rewards,
-        correct=rewards.bool(),
-        advantages=group_advantages(rewards, 4),
-    )
+    return small_experience(torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0]))
 
 
 TRAINER = [

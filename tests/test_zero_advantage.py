@@ -8,42 +8,15 @@ import copy
 
 import pytest
 import torch
+from small_experience import ROWS, small_experience
 
-import tepo_cli.train.experience as exp
-from tepo_cli.algos.advantage import group_advantages
 from tepo_cli.config.validate import load_train_config
-from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
-from tepo_cli.rollout.backend import Rollout
 from tepo_cli.runtime.distributed import setup_topology, teardown
 from tepo_cli.runtime.engine import build_engine
 from tepo_cli.train.flops import model_shape, update_work
 from tepo_cli.train.update import accumulation_steps, update
 from tepo_cli.train.zero_advantage import may_skip, rows_with_gradient
-
-ROWS, WIDTH = 8, 7
-
-
-def _experience(rewards: torch.Tensor) -> exp.Experience:
-    generator = torch.Generator().manual_seed(0)
-    completion = torch.randint(10, 500, (ROWS, WIDTH), generator=generator)
-    lengths = torch.tensor([7, 3, 5, 6, 2, 7, 4, 5])
-    rollout = Rollout(
-        prompt_ids=torch.randint(10, 500, (ROWS, 4), generator=generator),
-        prompt_mask=torch.ones(ROWS, 4, dtype=torch.long),
-        completion_ids=completion,
-        completion_mask=torch.arange(WIDTH) < lengths[:, None],
-        texts=[""] * ROWS,
-        truncated=torch.zeros(ROWS, dtype=torch.bool),
-    )
-    return exp.Experience(
-        problems=[],
-        rollout=rollout,
-        batch=SequenceBatch.from_rollout(rollout),
-        rewards=rewards,
-        correct=rewards.bool(),
-        advantages=group_advantages(rewards, 4),
-    )
 
 
 @pytest.fixture()
@@ -91,7 +64,7 @@ def test_the_gradient_is_the_same_with_and_without_the_skip(make_engine):
     for skip in ("true", "false"):
         overrides = [f"trainer.skip_zero_advantage={skip}", "trainer.micro_batch_tokens=16"]
         cfg, engine, grads = make_engine(overrides)
-        metrics = update(cfg, engine, _experience(rewards), torch.Generator().manual_seed(0))
+        metrics = update(cfg, engine, small_experience(rewards), torch.Generator().manual_seed(0))
         results.append((metrics, grads))
     (skipped, skipped_grads), (full, full_grads) = results
     assert skipped["zero_advantage_rows"] == 4 and skipped["zero_advantage_minibatches"] == 0
@@ -103,7 +76,7 @@ def test_the_gradient_is_the_same_with_and_without_the_skip(make_engine):
     assert any(g.abs().sum() > 0 for g in full_grads[0].values())  # a real gradient
     assert skipped["loss"] == pytest.approx(full["loss"], rel=1e-10, abs=1e-14)
     # The needed work counts the rows that ran (train/flops.py): group 1's four, not all eight.
-    batch, shape = _experience(rewards).batch, model_shape(engine.module.lm)
+    batch, shape = small_experience(rewards).batch, model_shape(engine.module.lm)
     assert skipped["update_flops"] == update_work(shape, batch, torch.arange(4))[0]
     assert full["update_flops"] == update_work(shape, batch, torch.arange(ROWS))[0]
     assert skipped["trained_tokens"] == 4 * 4 + (7 + 3 + 5 + 6)  # distinct prompts + answers
@@ -113,7 +86,9 @@ def test_the_gradient_is_the_same_with_and_without_the_skip(make_engine):
 def test_a_step_with_no_advantage_anywhere_takes_no_optimizer_step(make_engine):
     cfg, engine, grads = make_engine([])
     weights = [p.detach().clone() for p in engine.module.parameters()]
-    metrics = update(cfg, engine, _experience(torch.zeros(ROWS)), torch.Generator().manual_seed(0))
+    metrics = update(
+        cfg, engine, small_experience(torch.zeros(ROWS)), torch.Generator().manual_seed(0)
+    )
     assert metrics["zero_advantage_rows"] == ROWS and metrics["zero_advantage_minibatches"] == 1
     assert grads == [] and metrics["skipped_optimizer_steps"] == 0
     assert metrics["update_flops"] == 0 and metrics["trained_tokens"] == 0  # no work, no MFU
@@ -154,7 +129,7 @@ def test_rows_with_gradient_reads_per_token_advantages_on_trained_tokens_only():
 def _entropy_of_every_row(cfg, policy: Policy, rewards: torch.Tensor) -> float:
     """The reference: one float64 forward over all the rows, the token-mean entropy of their
     trained tokens."""
-    batch = _experience(rewards).batch
+    batch = small_experience(rewards).batch
     with torch.no_grad():
         scores = policy(batch, cfg.rollout.temperature, with_entropy=True)
     valid = batch.trained_mask
@@ -177,7 +152,7 @@ def test_the_logged_entropy_covers_every_row_whatever_the_skip(make_engine, over
         overrides_ = [f"trainer.skip_zero_advantage={skip}", "trainer.micro_batch_tokens=16"]
         cfg, engine, _ = make_engine([*overrides_, *overrides])
         reference.append(_entropy_of_every_row(cfg, engine.module, rewards))
-        metrics = update(cfg, engine, _experience(rewards), torch.Generator().manual_seed(0))
+        metrics = update(cfg, engine, small_experience(rewards), torch.Generator().manual_seed(0))
         logged.append(metrics)
     skipped, full = logged
     assert skipped["zero_advantage_rows"] >= 4  # the skip did leave rows out
