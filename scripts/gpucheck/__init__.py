@@ -1,0 +1,1 @@
+"""scripts/gpu_check.py's parts."""
