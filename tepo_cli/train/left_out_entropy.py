@@ -16,6 +16,8 @@ and the micro-batch plan agrees on a count over ranks (train/micro_batches.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tepo_cli.config.schema import TrainConfig
@@ -23,7 +25,9 @@ from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.prompt_pass import MinibatchPrompts
+from tepo_cli.train.experience import Experience
 from tepo_cli.train.micro_batches import micro_batches_for
+from tepo_cli.train.zero_advantage import may_skip
 
 
 def left_out_rows(minibatch: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
@@ -58,3 +62,20 @@ def entropy_sum(
     if not len(rows):
         return 0.0, 0
     return float(total), int(batch.trained_mask[rows].sum())
+
+
+def left_out_entropy(
+    cfg: TrainConfig,
+    engine: Any,
+    critic_engine: Any,
+    experience: Experience,
+    everything: torch.Tensor,
+    trained: torch.Tensor | None,
+    num_tokens: float,
+) -> tuple[float, int]:
+    """(Σ entropy, tokens) of the minibatch's rows the zero-advantage skip leaves out of the
+    update; (0.0, 0) where nothing can be skipped (the same on every rank)."""
+    if not (num_tokens > 0 and critic_engine is None and may_skip(cfg)):
+        return 0.0, 0
+    left_out = left_out_rows(everything, trained)
+    return entropy_sum(cfg, engine.module, experience.batch, left_out, int(everything[0]))

@@ -33,7 +33,7 @@ from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.train.cov_selection import selection_seed, step_selection
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
-from tepo_cli.train.left_out_entropy import entropy_sum, left_out_rows
+from tepo_cli.train.left_out_entropy import left_out_entropy
 from tepo_cli.train.micro_batch_objective import (
     forward_scores,
     micro_batch_objective,
@@ -141,24 +141,6 @@ def update(
     return result
 
 
-def _left_out_entropy(
-    cfg: TrainConfig,
-    engine: Any,
-    critic_engine: Any,
-    experience: Experience,
-    everything: torch.Tensor,
-    trained: torch.Tensor | None,
-    num_tokens: float,
-) -> tuple[float, int]:
-    """(Σ entropy, tokens) of the minibatch's rows the zero-advantage skip leaves out of the
-    update (train/left_out_entropy.py); (0.0, 0) where nothing can be skipped (the same on
-    every rank)."""
-    if not (num_tokens > 0 and critic_engine is None and may_skip(cfg)):
-        return 0.0, 0
-    left_out = left_out_rows(everything, trained)
-    return entropy_sum(cfg, engine.module, experience.batch, left_out, int(everything[0]))
-
-
 def _optimizer_step(
     cfg: TrainConfig,
     engine: Any,
@@ -181,7 +163,7 @@ def _optimizer_step(
         selected, pick_metrics = step_selection(cfg.algo, experience, minibatch, seed)
     everything = minibatch
     minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
-    left_sum, left_tokens = _left_out_entropy(
+    left_sum, left_tokens = left_out_entropy(
         cfg, engine, critic_engine, experience, everything, minibatch, num_tokens
     )
     if minibatch is None:
