@@ -62,6 +62,18 @@ def test_the_probe_runs_once_per_machine_then_reads_its_cache(fresh, monkeypatch
     assert precision.cpu_precision().dtype == "bfloat16"
 
 
+def test_an_earlier_probes_answer_is_measured_again(fresh, monkeypatch):
+    """The one-layer probe's cached 0.894 (its key had no probe version) must not decide."""
+    monkeypatch.setattr(precision, "bf16_instructions", lambda: ["AMX"])
+    old_key = precision._machine_key().rsplit(" | probe ", 1)[0]
+    (fresh / "precision.json").write_text(json.dumps({old_key: 0.894}))
+    monkeypatch.setattr(precision, "probe_speedup", lambda: 1.7)
+    choice = precision.cpu_precision()
+    assert choice.dtype == "bfloat16" and "1.7x" in choice.reason
+    cached = json.loads((fresh / "precision.json").read_text())
+    assert cached == {old_key: 0.894, precision._machine_key(): 1.7}
+
+
 @pytest.mark.parametrize(("forced", "expected"), [("0", "float32"), ("1", "bfloat16")])
 def test_the_environment_forces_the_answer(fresh, monkeypatch, forced, expected):
     monkeypatch.setenv(precision.FORCE_VARIABLE, forced)
@@ -72,7 +84,7 @@ def test_the_environment_forces_the_answer(fresh, monkeypatch, forced, expected)
 
 def test_the_probe_measures_a_ratio():
     """The real probe: a positive, finite float32/bf16 time ratio (its size is the hardware's)."""
-    speedup = precision.probe_speedup(lengths=(5, 9))
+    speedup = precision.probe_speedup(lengths=(5, 9), rounds=2)
     assert 0 < speedup < float("inf")
 
 
