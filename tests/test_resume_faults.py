@@ -244,6 +244,24 @@ def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
     assert_same_run(run_dir, reference)
 
 
+def bf16_args(tmp: Path, run_dir: Path) -> list[str]:
+    """bf16 weights rounded stochastically from their masters after every step: the draw is
+    seeded by the step, so a resume must draw what the uninterrupted run drew."""
+    return [*base_args(tmp, run_dir), "model.dtype=bfloat16", "model.weight_rounding=stochastic"]
+
+
+def test_a_bf16_run_killed_then_resumed_rounds_as_the_uninterrupted_one(tmp_path, tmp_path_factory):
+    reference = uninterrupted(tmp_path_factory, "bf16_reference", bf16_args)
+    run_dir = tmp_path / "run"
+    args = bf16_args(tmp_path, run_dir)
+    killed = tepo(args, cwd=tmp_path, fault="update:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "weights rounded stochastically" in resumed.stderr
+    assert_same_run(run_dir, reference)
+
+
 def test_sigterm_then_kill_9_then_resume_true_loses_nothing(tmp_path, reference):
     """In the default run directory (outputs/train/<date>/<time>): SIGTERM after step 1 with
     periodic saves off, so the step finishes, its checkpoint is written, and the run exits

@@ -36,6 +36,7 @@ SMOKE_TESTS = {
     "bench_step.py": "tests/test_scripts.py::test_bench_step_short_smoke",
     "bench_update.py": "tests/test_scripts.py::test_bench_update_smoke",
     "bench_vllm.py": "tests/test_scripts.py::test_bench_vllm_smoke",
+    "bench_weight_rounding.py": "tests/test_scripts.py::test_bench_weight_rounding_smoke",
     "check_references.py": "tests/test_scripts.py::test_check_references_smoke",
     "compare_objectives.py": "tests/test_scripts.py::test_compare_objectives_smoke",
     "device_check.sh": (
@@ -196,6 +197,26 @@ def test_bench_precision_smoke(tmp_path):
     config = (tmp_path / "runs" / "bfloat16-round1" / "config.yaml").read_text()
     assert "dtype: bfloat16" in config
     assert "| bf16 / float32 |" in (tmp_path / "results.md").read_text()
+
+
+def test_bench_weight_rounding_smoke(tmp_path):
+    """float32, nearest and stochastic bf16 weights, one step each on the tiny model."""
+    run_script(
+        "scripts/bench_weight_rounding.py",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(row["mode"], row["step"]) for row in rows] == [
+        (mode, step) for mode in ("float32", "nearest", "stochastic") for step in (0, 1)
+    ]
+    assert all(finite(row["loss"]) and row["kl_from_start"] >= 0 for row in rows)
+    assert rows[0]["kl_from_start"] == 0.0  # float32 at step 0 is the starting model
+    assert "| stochastic |" in (tmp_path / "results.md").read_text()
 
 
 def test_bench_lora_smoke(tmp_path):

@@ -61,6 +61,8 @@ class ModelConfig(Strict):
     gguf_file: str | None = None
     tokenizer: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # how bf16 weights follow their float32 masters after each step (runtime/weight_rounding.py)
+    weight_rounding: Literal["stochastic", "nearest"] = "stochastic"
     # auto: only micro-batches over trainer.micro_batch_tokens (train/recompute.py)
     gradient_checkpointing: AutoBool = "auto"
     share_prompts: bool = True

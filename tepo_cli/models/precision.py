@@ -180,16 +180,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def precision_line(name: str, device_type: str) -> str:
-    """The start line that says which precision a run trains in and why."""
+def precision_line(name: str, device_type: str, rounding: str | None = None) -> str:
+    """The start line that says which precision a run trains in and why; `rounding`
+    (`model.weight_rounding`, None where nothing is trained) how its bf16 weights follow the
+    float32 masters (runtime/weight_rounding.py)."""
     if device_type == "cuda":
         chosen = "bfloat16" if name == "auto" else name
         why = "auto on CUDA" if name == "auto" else "as set"
-        return f"model.dtype={name}: {chosen} ({why}){_mixed(chosen)}"
+        return f"model.dtype={name}: {chosen} ({why}){_mixed(chosen, rounding)}"
     if name == "auto":
         choice = cpu_precision()
-        return f"model.dtype=auto: {choice.dtype} ({choice.reason}){_mixed(choice.dtype)}"
-    return f"model.dtype={name}: as set{_mixed(name)}"
+        return f"model.dtype=auto: {choice.dtype} ({choice.reason}){_mixed(choice.dtype, rounding)}"
+    return f"model.dtype={name}: as set{_mixed(name, rounding)}"
 
 
 def slow_bf16_warning(name: str, device_type: str) -> str | None:
@@ -206,7 +208,11 @@ def slow_bf16_warning(name: str, device_type: str) -> str | None:
     )
 
 
-def _mixed(dtype: str) -> str:
+def _mixed(dtype: str, rounding: str | None) -> str:
     if dtype == "float32":
         return ""
-    return "; float32 master weights, optimizer state and softmax statistics"
+    said = "; float32 master weights, optimizer state and softmax statistics"
+    if rounding is None:
+        return said
+    how = "stochastically" if dtype == "bfloat16" and rounding == "stochastic" else "to nearest"
+    return f"{said}; the {dtype} weights rounded {how} from the masters after each step"

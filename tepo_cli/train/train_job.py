@@ -51,7 +51,7 @@ def train_job(cfg: DictConfig) -> None:
         warmup = settle_warmup_steps(config)
         _check_registered_names(config)
         if dry_run(config, "train"):
-            _say_precision(dtype_name, device.type)
+            _say_precision(dtype_name, device.type, config.model.weight_rounding)
             _say_warmup(config, warmup)
             discard_if_unused(run_dir)
             return
@@ -66,7 +66,7 @@ def train_job(cfg: DictConfig) -> None:
             return
         topo = _join_ranks(config, device)
         if topo.is_main:
-            _say_precision(dtype_name, device.type)
+            _say_precision(dtype_name, device.type, config.model.weight_rounding)
             _say_warmup(config, warmup)
         _prepare_on_rank0(config, run_dir, topo)
         if topo.is_main:
@@ -211,11 +211,11 @@ def _prepare_on_rank0(config: TrainConfig, run_dir: Path, topo: Topology) -> Non
         raise (ConfigError if kind == "ConfigError" else RunError)(message)
 
 
-def _say_precision(name: str, device_type: str) -> None:
+def _say_precision(name: str, device_type: str, rounding: str) -> None:
     """The start line naming the precision and why, and the slow-bf16 paragraph where due."""
     from tepo_cli.models.precision import precision_line, slow_bf16_warning
 
-    print(f"tepo train: {precision_line(name, device_type)}", file=sys.stderr)
+    print(f"tepo train: {precision_line(name, device_type, rounding)}", file=sys.stderr)
     warning = slow_bf16_warning(name, device_type)
     if warning:
         print(f"tepo train: {warning}", file=sys.stderr)

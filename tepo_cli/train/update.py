@@ -33,6 +33,7 @@ from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.train.cov_selection import selection_seed, step_selection
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
+from tepo_cli.train.learner import Learner
 from tepo_cli.train.left_out_entropy import left_out_entropy
 from tepo_cli.train.micro_batch_objective import (
     forward_scores,
@@ -158,6 +159,7 @@ def _optimizer_step(
     world = collective.world_size()
     num_tokens = _global_sum(experience.batch.trained_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
+    counts = (num_tokens, num_seqs, world)
     selected = pick_metrics = None
     if cfg.algo.covariance_selection and num_tokens > 0:  # over all rows, before any is skipped
         selected, pick_metrics = step_selection(cfg.algo, experience, minibatch, seed)
@@ -175,38 +177,58 @@ def _optimizer_step(
         tally.sums[key] += value
     tally.count_work(experience.batch, minibatch)
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
-    prompts = _prompt_pass(cfg, engine, experience, minibatch, plan, tally.seconds)
+    mismatch = tally.mismatch if first_epoch else None  # each row counted once
+
+    def policy_micro_batch(prompts: MinibatchPrompts, index: int) -> dict[str, float]:
+        with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
+            return _forward_backward(
+                cfg, engine, experience, prompts, index, *counts, tally.seconds, hooks,
+                mismatch, selected,
+            )  # fmt: skip
+
+    def critic_micro_batch(prompts: MinibatchPrompts, index: int) -> dict[str, float]:
+        return _critic_backward(cfg, critic_engine, experience, prompts, index, *counts)
+
+    rounding = cfg.seed if cfg.model.weight_rounding == "stochastic" else None
+    learners = [Learner(engine, policy_micro_batch, tally.grad_norms, rounding)]
+    if critic_engine is not None:
+        learners.append(Learner(critic_engine, critic_micro_batch, tally.critic_norms, rounding))
+    for learner in learners:
+        learner.prompts = _prompt_pass(
+            cfg, learner.engine, experience, minibatch, plan, tally.seconds
+        )
+    _accumulate(learners, plan, experience, minibatch, (left_sum, left_tokens), tally, hooks)
+    for learner in learners:
+        learner.keep_norm()
+
+
+def _accumulate(
+    learners: list[Learner],
+    plan: Plan,
+    experience: Experience,
+    minibatch: torch.Tensor,
+    left_out: tuple[float, int],
+    tally: _Tally,
+    hooks: RunHooks,
+) -> None:
+    """Each micro-batch of the plan through every learner, then each learner's step (DeepSpeed
+    steps the optimizer at the last micro-batch's boundary only); the metrics tallied per
+    optimizer step. `left_out`: (Σ entropy, tokens) of the rows the zero-advantage skip left
+    out, so the logged entropy covers every row of the minibatch."""
+    prompts = learners[0].prompts
     tally.sums["prompt_pass_tokens"] += prompts.tokens
-    critic_prompts = _prompt_pass(cfg, critic_engine, experience, minibatch, plan, tally.seconds)
     mask = experience.batch.trained_mask
     own_tokens = int(mask[minibatch].sum())
+    left_sum, left_tokens = left_out
     seen_tokens = own_tokens + left_tokens  # the entropy's: every row of the minibatch
     if left_tokens:
         tally.sums["entropy"] += left_sum / seen_tokens
-    own_norm = critic_own_norm = None
-    counts = (num_tokens, num_seqs, world)
     for index, rows in enumerate(plan.rows):
         boundary = prompts.last(index)
-        mismatch = tally.mismatch if first_epoch else None  # each row counted once
-        engine.set_gradient_accumulation_boundary(boundary)
-        with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
-            metrics = _forward_backward(
-                cfg,
-                engine,
-                experience,
-                prompts,
-                index,
-                *counts,
-                tally.seconds,
-                hooks,
-                mismatch,
-                selected,
-            )
-        if critic_engine is not None:
-            critic_engine.set_gradient_accumulation_boundary(boundary)
-            metrics.update(
-                _critic_backward(cfg, critic_engine, experience, critic_prompts, index, *counts)
-            )
+        metrics: dict[str, float] = {}
+        for learner in learners:
+            learner.engine.set_gradient_accumulation_boundary(boundary)
+            metrics.update(learner.micro_batch(learner.prompts, index))
         share = int(mask[rows].sum()) / own_tokens if own_tokens else 1 / len(plan.rows)
         entropy_share = int(mask[rows].sum()) / seen_tokens if seen_tokens else share
         for key, value in metrics.items():
@@ -214,19 +236,11 @@ def _optimizer_step(
             tally.sums[key] += value if key in ADDITIVE else value * weight
         hooks.reached("update")
         began = time.perf_counter()
-        if boundary and engine.zero_optimization_stage() == 0:
-            own_norm = _grad_norm(engine.module)  # ZeRO-0 clips without keeping the norm
-            if critic_engine is not None:
-                critic_own_norm = _grad_norm(critic_engine.module)
-        engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
-        if critic_engine is not None:
-            critic_engine.step()
+        for learner in learners:
+            learner.step(boundary)
         tally.seconds["optimizer_seconds"] += time.perf_counter() - began
     tally.optimizer_steps += 1
     tally.entropy_steps += 1
-    _keep_norm(tally.grad_norms, engine.get_global_grad_norm(), own_norm)
-    if critic_engine is not None:
-        _keep_norm(tally.critic_norms, critic_engine.get_global_grad_norm(), critic_own_norm)
 
 
 def _rows_to_train(
@@ -283,13 +297,6 @@ def _prompt_pass(
         )
     seconds["forward_seconds"] += time.perf_counter() - began
     return prompts
-
-
-def _keep_norm(norms: list[float], reported: float | None, own: float | None) -> None:
-    """DeepSpeed's gradient norm of the step, or ours where it keeps none (ZeRO-0)."""
-    norm = own if reported is None else reported
-    if norm is not None:
-        norms.append(float(norm))
 
 
 def _mismatch_metrics(tally: MismatchTally) -> dict[str, float]:
@@ -378,11 +385,6 @@ def _critic_backward(
         "value_loss": float(loss.detach()),
         "value_clip_frac": int((clipped & mask).sum()) / count if count else 0.0,
     }
-
-
-def _grad_norm(model: torch.nn.Module) -> float:
-    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
-    return float(torch.stack(norms).norm()) if norms else 0.0
 
 
 def _global_sum(value: float, device: torch.device) -> float:
