@@ -16,8 +16,9 @@ from tepo_cli.models import precision
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """No forced answer, an empty cache, and no remembered decision."""
+    """No forced answer, an empty cache, no remembered decision, and a quiet machine."""
     monkeypatch.delenv(precision.FORCE_VARIABLE, raising=False)
+    monkeypatch.setattr(precision, "_busy", lambda: None)
     monkeypatch.setenv("TEPO_CACHE", str(tmp_path))
     precision.cpu_precision.cache_clear()
     yield tmp_path
@@ -60,6 +61,16 @@ def test_the_probe_runs_once_per_machine_then_reads_its_cache(fresh, monkeypatch
     precision.cpu_precision.cache_clear()
     monkeypatch.setattr(precision, "probe_speedup", _no_probe)  # a second process: cache only
     assert precision.cpu_precision().dtype == "bfloat16"
+
+
+def test_a_probe_on_a_busy_machine_serves_its_run_and_is_not_cached(fresh, monkeypatch):
+    monkeypatch.setattr(precision, "bf16_instructions", lambda: ["AMX"])
+    monkeypatch.setattr(precision, "_busy", lambda: 3.2)
+    monkeypatch.setattr(precision, "probe_speedup", lambda: 0.95)
+    choice = precision.cpu_precision()
+    assert choice.dtype == "float32"
+    assert "0.95x" in choice.reason and "not cached: the load average was 3.2" in choice.reason
+    assert not (fresh / "precision.json").exists()
 
 
 def test_an_earlier_probes_answer_is_measured_again(fresh, monkeypatch):

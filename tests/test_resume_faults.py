@@ -94,6 +94,21 @@ def uninterrupted(tmp_path_factory, name: str, make_args) -> Path:
     return run_dir
 
 
+def killed_resumed_as_uninterrupted(
+    tmp_path: Path, tmp_path_factory, make_args, fault: str
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """A run killed (SIGKILL) at `fault`, resumed, and equal to an uninterrupted one."""
+    reference_dir = uninterrupted(tmp_path_factory, f"{make_args.__name__}_reference", make_args)
+    run_dir = tmp_path / "run"
+    args = make_args(tmp_path, run_dir)
+    killed = tepo(args, cwd=tmp_path, fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(run_dir, reference_dir)
+    return run_dir, resumed
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     return uninterrupted(tmp_path_factory, "reference", base_args)
@@ -175,14 +190,9 @@ def test_a_multi_turn_run_killed_mid_episode_then_resumed_loses_nothing(tmp_path
     """kill -9 in step 3, after a turn of its episodes was sampled and before the environment
     answered: the resumed run samples step 3's episodes again from step 2's checkpoint and ends
     with the uninterrupted run's metrics (episode metrics included) and weights."""
-    reference_dir = uninterrupted(tmp_path_factory, "episode_reference", episode_args)
-    run_dir = tmp_path / "run"
-    args = episode_args(tmp_path, run_dir)
-    killed = tepo(args, cwd=tmp_path, fault="episode:3")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_run(run_dir, reference_dir)
+    run_dir, _ = killed_resumed_as_uninterrupted(
+        tmp_path, tmp_path_factory, episode_args, "episode:3"
+    )
     assert "env_turns_mean" in comparable_metrics(run_dir)[-1]
 
 
@@ -241,24 +251,6 @@ def test_sigkill_at_each_point_then_resume_loses_nothing(tmp_path, reference):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step_00000002 is unusable" in resumed.stderr and "after step 1" in resumed.stderr
     assert not list((run_dir / "checkpoints").glob(".step_*"))
-    assert_same_run(run_dir, reference)
-
-
-def bf16_args(tmp: Path, run_dir: Path) -> list[str]:
-    """bf16 weights rounded stochastically from their masters after every step: the draw is
-    seeded by the step, so a resume must draw what the uninterrupted run drew."""
-    return [*base_args(tmp, run_dir), "model.dtype=bfloat16", "model.weight_rounding=stochastic"]
-
-
-def test_a_bf16_run_killed_then_resumed_rounds_as_the_uninterrupted_one(tmp_path, tmp_path_factory):
-    reference = uninterrupted(tmp_path_factory, "bf16_reference", bf16_args)
-    run_dir = tmp_path / "run"
-    args = bf16_args(tmp_path, run_dir)
-    killed = tepo(args, cwd=tmp_path, fault="update:3")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "weights rounded stochastically" in resumed.stderr
     assert_same_run(run_dir, reference)
 
 

@@ -5,10 +5,13 @@ rounding to nearest loses, moves the weights."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import deepspeed
 import pytest
 import torch
 from deepspeed.utils import safe_get_full_fp32_param
+from test_resume_faults import base_args, killed_resumed_as_uninterrupted
 
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.models.precision import precision_line
@@ -109,3 +112,15 @@ def test_the_start_line_says_how_bf16_weights_are_rounded():
     assert "rounded to nearest" in precision_line("bfloat16", "cuda", "nearest")
     assert "rounded" not in precision_line("float32", "cpu", "stochastic")
     assert "rounded" not in precision_line("bfloat16", "cpu")  # tepo eval trains nothing
+
+
+def bf16_args(tmp: Path, run_dir: Path) -> list[str]:
+    """bf16 weights rounded stochastically from their masters after every step: the draw is
+    seeded by the step, so a resume must draw what the uninterrupted run drew."""
+    return [*base_args(tmp, run_dir), "model.dtype=bfloat16", "model.weight_rounding=stochastic"]
+
+
+@pytest.mark.slow
+def test_a_bf16_run_killed_then_resumed_rounds_as_the_uninterrupted_one(tmp_path, tmp_path_factory):
+    _, resumed = killed_resumed_as_uninterrupted(tmp_path, tmp_path_factory, bf16_args, "update:3")
+    assert "weights rounded stochastically" in resumed.stderr
