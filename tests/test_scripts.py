@@ -251,6 +251,12 @@ def test_bench_vllm_smoke(tmp_path):
     ]
     assert [r["samples"] for r in rows] == [2, 10]
     assert all(finite(r["samples_per_second"]) and 0 <= r["accuracy"] <= 1 for r in rows)
+    # knobs: one setting, one that reaches vLLM through rollout.engine.engine_kwargs
+    knob_args = ["knobs", "--smoke", "--knobs", "no_chunked", "--out", str(tmp_path / "knobs")]
+    run_script("scripts/bench_vllm.py", *knob_args)
+    (row,) = json.loads((tmp_path / "knobs" / "results.json").read_text())["rows"]
+    assert row["setting"] == "no_chunked" and row["answers"] == 32 and row["decode_batch"] == 32
+    assert 0 < row["mean_tokens"] <= 32 * 16 and finite(row["tokens_per_second"]), row
 
 
 @needs_trl

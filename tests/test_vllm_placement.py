@@ -60,6 +60,20 @@ def test_outside_a_process_group_the_engine_is_vllms_single_process_one():
     assert arguments["seed"] == 7
 
 
+def test_engine_kwargs_reach_the_engine_and_cannot_set_tepos_own_arguments():
+    """Any other vLLM argument passes as is; one tepo sets (every key engine_arguments writes,
+    under every placement) is refused with the knob that sets it."""
+    from tepo_cli.config.rollout_schema import TEPO_ENGINE_ARGUMENTS
+
+    cfg = EngineConfig(engine_kwargs={"enable_chunked_prefill": False, "block_size": 32})
+    arguments = engine_arguments(cfg, "/m", torch.float32, 7, None, CPU_MODES)
+    assert (arguments["enable_chunked_prefill"], arguments["block_size"]) == (False, 32)
+    placed = engine_arguments(EngineConfig(), "/m", torch.float32, 7, Placement(0, 0), CPU_MODES)
+    assert set(placed) == set(TEPO_ENGINE_ARGUMENTS)
+    with pytest.raises(ValidationError, match=r"max_num_seqs \(rollout.engine.max_num_seqs\)"):
+        EngineConfig(engine_kwargs={"max_num_seqs": 8, "block_size": 32})
+
+
 @pytest.fixture()
 def one_rank_group():
     """A one-rank gloo group for the test (or the one an earlier in-process run kept)."""

@@ -3,9 +3,9 @@ engine's knobs (conf/rollout/vllm.yaml documents each one; schema.py re-exports 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.config.strict import Strict
@@ -23,6 +23,40 @@ class EngineConfig(Strict):
     prefix_caching: bool = True
     sleep: AutoBool = "auto"  # auto: on CUDA (vLLM's sleep mode is CUDA-only)
     per_request_seeds: bool = False
+    # any other `vllm.LLM` keyword argument, passed as is (e.g. enable_chunked_prefill)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_tepos_own(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(kwargs) & set(TEPO_ENGINE_ARGUMENTS))
+        if taken:
+            owners = ", ".join(f"{key} ({TEPO_ENGINE_ARGUMENTS[key]})" for key in taken)
+            raise ValueError(
+                f"rollout.engine.engine_kwargs sets {owners}, which tepo sets itself from the "
+                f"knob named in brackets: set that knob instead. engine_kwargs takes the other "
+                f"vllm.LLM arguments (e.g. enable_chunked_prefill, max_num_batched_tokens)."
+            )
+        return kwargs
+
+
+# vllm.LLM's arguments tepo sets (rollout/vllm_engine.py), and the knob or fact each comes from
+TEPO_ENGINE_ARGUMENTS = {
+    "model": "the trainer's own weights",
+    "skip_tokenizer_init": "tepo tokenizes",
+    "load_format": "the trainer's own weights",
+    "dtype": "model.dtype",
+    "seed": "seed",
+    "max_model_len": "rollout.engine.max_model_len",
+    "max_num_seqs": "rollout.engine.max_num_seqs",
+    "enable_prefix_caching": "rollout.engine.prefix_caching",
+    "gpu_memory_utilization": "rollout.engine.gpu_memory_utilization",
+    "logprobs_mode": "the mismatch correction needs processed log-probs",
+    "enforce_eager": "rollout.engine.enforce_eager",
+    "enable_sleep_mode": "rollout.engine.sleep",
+    "distributed_executor_backend": "trainer.nproc",
+    "tensor_parallel_size": "trainer.nproc",
+}
 
 
 PROMPT_ROOM = 2048  # tokens of prompt an auto max_model_len leaves beside the answers

@@ -270,6 +270,7 @@ def engine_arguments(
         logprobs_mode="processed_logprobs",
         **mode_arguments(modes),
     )
+    arguments.update(cfg.engine_kwargs)  # never one of the above (EngineConfig checks)
     if placement is not None:
         arguments.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
     return arguments
