@@ -17,7 +17,6 @@ from tepo_cli.kernels.lean_layers import SAVED_OUTPUTS, make_lean
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.packing import pack
 from tepo_cli.models.policy import Policy
-from tepo_cli.models.shared_prompts import distinct_prompts
 
 
 def _scores_and_grads(policy: Policy, batch: SequenceBatch, with_mtp: bool):
@@ -82,14 +81,8 @@ def test_layout_holds_each_prompt_once_and_only_real_tokens(tiny_model, tiny_tok
     batch = _batch(tiny_model, tiny_tokenizer, n=3)
     prompt_width = batch.prompt_width
     prompts = batch.attention_mask[:, :prompt_width]
-    layout = pack(
-        batch.attention_mask,
-        batch.position_ids,
-        batch.input_ids[:, :prompt_width],
-        prompt_width,
-        share_prompts=True,
-    )
-    first, _ = distinct_prompts(batch.input_ids[:, :prompt_width], prompts)
+    first, owner = batch.distinct_prompts()
+    layout = pack(batch.attention_mask, batch.position_ids, prompt_width, (first, owner))
     assert len(first) == 3 < len(batch)
     distinct_tokens = int(prompts[first].sum())
     real_answers = int(batch.completion_mask.sum())

@@ -16,7 +16,6 @@ from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.prompt_pass import MinibatchPrompts
-from tepo_cli.models.shared_prompts import distinct_prompts
 from tepo_cli.train.recompute import checkpointed
 
 # Micro-batches of the 9 rows (3 prompts x 3 answers): mixed prompts, a single row, and a last
@@ -134,7 +133,7 @@ def test_the_prompt_pass_holds_each_distinct_prompt_once(tiny_model, tiny_tokeni
     with torch.no_grad():
         prompts = policy.prompt_pass(batch, torch.arange(len(batch)))
     width = batch.prompt_width
-    first, owner = distinct_prompts(batch.input_ids[:, :width], batch.attention_mask[:, :width])
+    first, owner = batch.distinct_prompts()
     assert len(first) == 3 and len(batch) == 9  # three prompts, three answers each
     lengths = batch.attention_mask[first, :width].sum(dim=1).tolist()
     assert len(set(lengths)) > 1, "the prompts must differ in length"

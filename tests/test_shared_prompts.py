@@ -10,13 +10,16 @@ import pytest
 import torch
 
 from tepo_cli.config.schema import KernelConfig
-from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.core.sequences import SequenceBatch, first_appearance, prompt_labels
 from tepo_cli.models.policy import Policy
-from tepo_cli.models.shared_prompts import distinct_prompts
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
 
 PROMPTS = ["Hi", "What is 7*8? Answer with just the number, please.", "What is 2+2?"]
+
+
+def distinct_prompts(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return first_appearance(prompt_labels(ids, mask))
 
 
 def test_distinct_prompts_compares_padding_as_padding_and_keeps_first_appearance():
@@ -36,6 +39,26 @@ def test_distinct_prompts_compares_padding_as_padding_and_keeps_first_appearance
         ids_pad_is_token, torch.tensor([[1] * 3, [0, 1, 1], [1] * 3, [1] * 3, [0, 1, 1]])
     )
     assert owner.tolist() == [0, 1, 0, 2, 1]
+
+
+def test_the_prompt_owner_found_once_travels_with_the_rows():
+    """A batch's rows keep their prompts' labels through `select`: the distinct prompts of any
+    rows, numbered in order of first appearance, equal those found afresh from those rows'
+    tokens (what every consumer computed before the owner travelled with the batch)."""
+    pad = 0
+    ids = torch.tensor([[5, 6, 7, 1], [pad, 8, 9, 2], [5, 6, 7, 3], [9, 8, 9, 4], [pad, 8, 9, 5]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
+    batch = SequenceBatch(ids, mask, mask.cumsum(1), mask[:, 3:].bool(), 3)
+    assert batch.prompt_owner.tolist() == prompt_labels(ids[:, :3], mask[:, :3]).tolist()
+    for rows in ([4, 3, 1], [2, 0], [3], [1, 2, 3, 4, 0]):
+        rows = torch.tensor(rows)
+        fresh = distinct_prompts(ids[rows, :3], mask[rows, :3])
+        for carried in (batch.distinct_prompts(rows), batch.select(rows).distinct_prompts()):
+            assert [t.tolist() for t in carried] == [t.tolist() for t in fresh]
+    assert [t.tolist() for t in batch.distinct_prompts(torch.tensor([4, 3, 1]))] == [
+        [0, 1],
+        [0, 1, 0],
+    ]
 
 
 def _batch(model, tokenizer, n: int, seed: int = 1) -> SequenceBatch:

@@ -75,13 +75,12 @@ def update_shapes(
     where the rows could not be recorded."""
     from benchstep.update_shapes import UpdateShapes, fixed_plan, tepo_shapes
     from tepo_cli.models.packing import supports_packing
-    from tepo_cli.models.shared_prompts import distinct_prompts
 
     batch = experience.batch
     width = batch.prompt_width
     answers = [int(n) for n in batch.completion_mask.sum(dim=1).tolist()]
-    prompt_ids, prompt_mask = batch.input_ids[:, :width], batch.attention_mask[:, :width]
-    first, owner = distinct_prompts(prompt_ids, prompt_mask)
+    prompt_mask = batch.attention_mask[:, :width]
+    first, owner = batch.distinct_prompts()
     prompt_lengths = [int(n) for n in prompt_mask[first].sum(dim=1).tolist()]
     recorded = bool(micro_batches)
     if recording and not micro_batches:

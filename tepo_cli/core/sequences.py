@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,17 @@ class SequenceBatch:
     # observations between turns are context only). None: every completion token. Its path from
     # the episode to the loss: `Rollout.trained_mask` (core/rollout_record.py).
     model_mask: torch.Tensor | None = None
+    # [N] int64: which distinct prompt each row holds (rows with equal labels share a prompt),
+    # found once where the batch is made and carried by `select`, so the prompt pass, the
+    # shared-prompt forward, the micro-batch planner and the FLOPs count never compare prompts
+    # again. Found from the prompt tokens when not given.
+    prompt_owner: torch.Tensor = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.prompt_owner is None:
+            width = self.prompt_width
+            ids, mask = self.input_ids[:, :width], self.attention_mask[:, :width]
+            self.prompt_owner = prompt_labels(ids, mask)
 
     @classmethod
     def from_rollout(cls, rollout: Rollout) -> SequenceBatch:
@@ -76,7 +87,36 @@ class SequenceBatch:
             completion_mask[:, :width],
             self.prompt_width,
             None if self.model_mask is None else self.model_mask[rows, :width],
+            self.prompt_owner[rows],
         )
+
+    def distinct_prompts(
+        self, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the first row of each distinct prompt, each row's index into those), numbered in
+        order of first appearance, for the whole batch or for `rows` of it."""
+        return first_appearance(self.prompt_owner if rows is None else self.prompt_owner[rows])
+
+
+def prompt_labels(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """[N] int64 labels of [N, P] left-padded prompts, equal for equal prompts: padding compares
+    as padding, whatever its token id."""
+    key = torch.where(prompt_mask.bool(), prompt_ids, -1)
+    return torch.unique(key, dim=0, return_inverse=True)[1]
+
+
+def first_appearance(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the first position of each distinct label, each position's index into those), the
+    distinct labels numbered in order of first appearance."""
+    number: dict[int, int] = {}
+    owner = [number.setdefault(label, len(number)) for label in labels.tolist()]
+    first = [0] * len(number)
+    for row in reversed(range(len(owner))):
+        first[owner[row]] = row
+    device = labels.device
+    return torch.tensor(first, dtype=torch.long, device=device), torch.tensor(
+        owner, dtype=torch.long, device=device
+    )
 
 
 def turn_index(mask: torch.Tensor) -> torch.Tensor:

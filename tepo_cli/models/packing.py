@@ -29,7 +29,6 @@ import torch
 from transformers import PreTrainedModel
 
 from tepo_cli.models.packed_attention import route_attention, supports_packing
-from tepo_cli.models.shared_prompts import distinct_prompts
 
 __all__ = [
     "ExternalPrompts",
@@ -122,13 +121,13 @@ class KeyCapture:
 def pack(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
-    prompt_ids: torch.Tensor,
     prompt_width: int,
-    share_prompts: bool,
+    owners: tuple[torch.Tensor, torch.Tensor] | None,
     prompts: ExternalPrompts | None = None,
 ) -> PackedLayout:
     """The layout of a left-padded-prompt, right-padded-completion batch [N, P + T]; with
-    `prompts` (a prompt pass's), of its answers only, attending to those prompts.
+    `owners` (`SequenceBatch.distinct_prompts`), each distinct prompt once; with `prompts` (a
+    prompt pass's, and its `owners`), of its answers only, attending to those prompts.
 
     One host synchronisation (the rows' token counts and prompt owners); the index tensors are
     built on the host, where they are small, and cross to the batch's device once.
@@ -136,8 +135,8 @@ def pack(
     device = attention_mask.device
     rows, width = attention_mask.shape
     prompt_mask = attention_mask[:, :prompt_width]
-    if share_prompts:
-        first, owner = distinct_prompts(prompt_ids, prompt_mask)
+    if owners is not None:  # (first row of each distinct prompt, each row's): shared prompts
+        first, owner = owners
     else:
         first = owner = torch.arange(rows, device=device)
     lengths = torch.stack([prompt_mask.sum(dim=1), attention_mask[:, prompt_width:].sum(dim=1)])

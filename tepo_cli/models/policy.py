@@ -27,7 +27,6 @@ from tepo_cli.models.mtp_loss import mtp_present
 from tepo_cli.models.packing import ExternalPrompts
 from tepo_cli.models.prompt_pass import PromptPass, run_prompt_pass
 from tepo_cli.models.sequence_hidden import sequence_hidden
-from tepo_cli.models.shared_prompts import distinct_prompts
 
 MTP_PREFIX = "mtp."
 
@@ -199,9 +198,7 @@ class Policy(nn.Module):
         prompts = None
         if self.share_prompts:
             width = batch.prompt_width
-            first, owner = distinct_prompts(
-                batch.input_ids[:, :width], batch.attention_mask[:, :width]
-            )
+            first, owner = batch.distinct_prompts()
             prompts = SharedPrompts(first, owner, width)
         depth_hidden = self.mtp(
             self.lm,

@@ -47,7 +47,6 @@ from tepo_cli.models.packing import (
     supports_packing,
 )
 from tepo_cli.models.sequence_hidden import checkpointing_on, layers_in_train_mode
-from tepo_cli.models.shared_prompts import distinct_prompts
 
 if TYPE_CHECKING:
     from tepo_cli.core.sequences import SequenceBatch
@@ -220,10 +219,10 @@ def run_prompt_pass(
     index = rows.to(device)
     ids = batch.input_ids.index_select(0, index)[:, :width]
     mask = batch.attention_mask.index_select(0, index)[:, :width]
-    first, owner = distinct_prompts(ids, mask)
+    first, owner = batch.distinct_prompts(rows)
     ids, mask = ids.index_select(0, first), mask.index_select(0, first)
     positions = batch.position_ids.index_select(0, index)[:, :width].index_select(0, first)
-    layout = pack(mask, positions, ids, width, share_prompts=False)
+    layout = pack(mask, positions, width, owners=None)
     capture = KeyCapture()
     layout = dataclasses.replace(layout, capture=capture)
     grad = torch.is_grad_enabled()

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from tepo_cli.models.packing import ExternalPrompts, pack, packed_forward, supports_packing
-from tepo_cli.models.shared_prompts import distinct_prompts, prefill
+from tepo_cli.models.shared_prompts import prefill
 
 if TYPE_CHECKING:
     from tepo_cli.core.sequences import SequenceBatch
@@ -93,14 +93,8 @@ def _packed_hidden(
     full: bool,
     prompts: ExternalPrompts | None = None,
 ) -> torch.Tensor:
-    layout = pack(
-        batch.attention_mask,
-        batch.position_ids,
-        batch.input_ids[:, : batch.prompt_width],
-        batch.prompt_width,
-        share_prompts or prompts is not None,
-        prompts,
-    )
+    owners = batch.distinct_prompts() if share_prompts or prompts is not None else None
+    layout = pack(batch.attention_mask, batch.position_ids, batch.prompt_width, owners, prompts)
     if prompts is not None and layout.length == 0:
         # No answer token to run: the prompts themselves run instead, so that every rank still
         # runs one forward here (under ZeRO-3 each layer's forward is a collective).
@@ -118,9 +112,7 @@ def _shared_prompt_hidden(
     model: PreTrainedModel, batch: SequenceBatch, embedded: torch.Tensor, full: bool
 ) -> torch.Tensor:
     prompt_width, width = batch.prompt_width, batch.completion_mask.shape[1]
-    first, owner = distinct_prompts(
-        batch.input_ids[:, :prompt_width], batch.attention_mask[:, :prompt_width]
-    )
+    first, owner = batch.distinct_prompts()
     if len(first) == len(batch):
         return _per_row_hidden(model, batch, embedded, checkpointing=False, full=full)
     prompt_hidden, cache = prefill(

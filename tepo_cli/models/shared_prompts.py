@@ -15,24 +15,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 
-def distinct_prompts(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first row of each distinct prompt, each row's index into those) for [N, P] left-padded
-    prompts. Padding is compared as padding, whatever its token id."""
-    key = torch.where(prompt_mask.bool(), prompt_ids, -1)
-    _, owner = torch.unique(key, dim=0, return_inverse=True)
-    count = int(owner.max()) + 1 if owner.numel() else 0
-    rows = torch.arange(len(owner), device=owner.device)
-    first = torch.full((count,), len(owner), dtype=torch.long, device=owner.device)
-    first = first.scatter_reduce(0, owner, rows, reduce="amin")
-    # Renumber the distinct prompts in order of first appearance (torch.unique sorts by content).
-    order = torch.argsort(first)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(count, device=owner.device)
-    return first[order], rank[owner]
-
-
 def prefill(
     model: PreTrainedModel,
     input_ids: torch.Tensor,

@@ -39,7 +39,6 @@ from typing import Any
 import torch
 
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.models.shared_prompts import distinct_prompts
 from tepo_cli.train.cpu_peak import cpu_peak
 
 # Dense peak FLOP/s by GPU name fragment (first match wins: the specific names first), per dtype.
@@ -108,11 +107,11 @@ def update_work(shape: ModelShape, batch: SequenceBatch, rows: torch.Tensor) -> 
     (host indices into `batch`, this rank's): the update counts every step it runs
     (train/update.py), so rows it leaves out (no gradient) and steps it skips count nothing."""
     width = batch.prompt_width
-    ids, mask = batch.input_ids[rows, :width].cpu(), batch.attention_mask[rows].cpu()
+    mask = batch.attention_mask[rows].cpu()
     prompt_mask = mask[:, :width]
     prompts = prompt_mask.sum(dim=1).double()
     answers = batch.completion_mask[rows].sum(dim=1).double().cpu()
-    first, _ = distinct_prompts(ids, prompt_mask)
+    first = batch.distinct_prompts(rows)[0].cpu()
     return needed_flops(shape, prompts[first], answers, prompts)
 
 

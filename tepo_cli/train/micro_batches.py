@@ -34,15 +34,14 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.prompt_pass import reads_prompt_pass
-from tepo_cli.models.shared_prompts import distinct_prompts
 
 
 def row_tokens(batch: SequenceBatch, rows: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
     """(completion tokens of each row, each row's distinct-prompt index, tokens of each distinct
     prompt) for these rows of the batch: what the planner weighs."""
     width = batch.prompt_width
-    prompt_ids, prompt_mask = batch.input_ids[rows, :width], batch.attention_mask[rows, :width]
-    first, owner = distinct_prompts(prompt_ids, prompt_mask)
+    prompt_mask = batch.attention_mask[rows, :width]
+    first, owner = batch.distinct_prompts(rows)
     completion = batch.completion_mask[rows].sum(dim=1)
     return completion.tolist(), owner.tolist(), prompt_mask[first].sum(dim=1).tolist()
 
