@@ -13,9 +13,9 @@ import torch
 from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.core.records import Problem
 from tepo_cli.core.user_code import import_user_code
+from tepo_cli.envs.env_start import environment_line
 from tepo_cli.runtime.metrics import RunLog
 from tepo_cli.train.env_errors import report_env_errors
-from tepo_cli.train.env_start import environment_line
 from tepo_cli.train.step_records import _episode_metrics
 
 
@@ -34,7 +34,7 @@ def test_the_start_line_says_the_turns_and_the_held_out_evaluation_s_size(compos
 
     def line(*overrides: str, problems: int = 100) -> str:
         cfg = load_train_config(compose_config("train", ["model=tiny", *overrides]))
-        return environment_line(cfg, problems)
+        return environment_line(cfg.env, cfg.trainer, problems)
 
     assert line("env.name=guess_number", "trainer.eval_every=10", "env.eval_size=20") == (
         "env.name=guess_number: up to 3 turns per episode (env.max_turns not set: 3, the "

@@ -1,5 +1,6 @@
-"""`tepo eval env=...` (eval/episode_samples.py): every sample an episode run by its environment, as in
-training, graded by it; its records say how it went and the summary adds up the episodes."""
+"""`tepo eval env=...` (envs/episode_sampler.py): every sample an episode run by its
+environment, as in training, graded by it; its records say how it went and the summary adds up
+the episodes."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_eval_config
 from tepo_cli.core.records import Problem
+from tepo_cli.envs.episode_sampler import episode_summary
 from tepo_cli.envs.episodes import SampledTurn
-from tepo_cli.eval.episode_samples import episode_records, episode_summary
+from tepo_cli.envs.sampler import build_sampler
 from tepo_cli.rewards import make_reward
 from tepo_cli.rollout import Sampling
 
@@ -40,11 +42,9 @@ def test_an_episode_record_holds_the_turns_the_tool_output_and_the_environments_
     problems = [Problem("a", "6*7", "42"), Problem("b", "40+2", "42"), Problem("c", "1+1", "2")]
     backend = ScriptedTurns(tiny_tokenizer, ["```python\nprint(6*7)\n```", "The answer is 42."])
     reward = make_reward(RewardConfig(name="arith"), "arith")
-    batches = list(
-        episode_records(
-            config, backend, tiny_tokenizer, problems, reward, Sampling(n=1, greedy=True)
-        )
-    )
+    sampler = build_sampler(config.env, config.benchmark, config.turn_tokens)
+    sampling = Sampling(n=1, greedy=True, batch_size=config.eval.batch_size)  # as eval_job's
+    batches = list(sampler.records(backend, tiny_tokenizer, problems, reward, sampling))
     assert [len(batch) for batch in batches] == [2, 1]  # eval.batch_size // eval.n problems each
     records = [record for batch in batches for record in batch]
     assert [r["id"] for r in records] == ["a", "b", "c"]

@@ -14,6 +14,7 @@ from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import RewardResult
 from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.data.arith_problems import ArithTask
+from tepo_cli.envs.sampler import Sampler, build_sampler
 from tepo_cli.models.policy import Policy
 from tepo_cli.rewards import Reward, one_by_one
 from tepo_cli.rollout.hf import HfBackend
@@ -35,6 +36,11 @@ def mixed_on_even_answers(completion: str, problem) -> RewardResult:
 
 
 never = as_reward(lambda completion, problem: RewardResult(0.0, False, None))
+
+
+def sampler(cfg) -> Sampler:
+    """The run's sampler, as train/setup.py builds it (answers: these configurations' env)."""
+    return build_sampler(cfg.env, cfg.benchmark, cfg.turn_tokens)
 
 
 def config(compose_config, *overrides: str):
@@ -69,7 +75,7 @@ def test_dynamic_sampling_keeps_only_mixed_groups(compose_config, tiny_model, ti
     problems = [next(stream) for _ in range(2)]
     backend = HfBackend(tiny_model, tiny_tokenizer, True)
     result = rollout_and_grade(
-        cfg, backend, tiny_tokenizer, problems, mixed_on_even_answers, stream
+        cfg, sampler(cfg), backend, tiny_tokenizer, problems, mixed_on_even_answers, stream
     )
     assert len(result.problems) == 2
     assert all(int(p.answer) % 2 == 0 for p in result.problems)
@@ -90,6 +96,7 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(compose_config, tiny_model
     ):
         rollout_and_grade(
             cfg,
+            sampler(cfg),
             HfBackend(tiny_model, tiny_tokenizer, True),
             tiny_tokenizer,
             problems,
@@ -101,9 +108,8 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(compose_config, tiny_model
 def test_without_dynamic_sampling_every_group_is_kept(compose_config, tiny_model, tiny_tokenizer):
     cfg = config(compose_config, "algo=grpo", "algo.beta=0", "rollout.n=2")
     problems = ArithTask(cfg.benchmark).eval_problems()[:3]
-    groups = rollout_and_grade(
-        cfg, HfBackend(tiny_model, tiny_tokenizer, True), tiny_tokenizer, problems, never
-    )
+    backend = HfBackend(tiny_model, tiny_tokenizer, True)
+    groups = rollout_and_grade(cfg, sampler(cfg), backend, tiny_tokenizer, problems, never)
     advantages = estimate(cfg, groups, None)
     result = score(cfg, Policy(tiny_model, cfg.kernel), None, groups, advantages)
     assert result.problems == problems and result.refill_rounds == 0

@@ -55,6 +55,11 @@ class EnvConfig(Strict):
         """Whether episodes run (any environment but `single`, today's one answer per prompt)."""
         return self.name != "single"
 
+    def row_tokens(self, turn_tokens: int) -> int:
+        """The most tokens a row holds after its prompt: one answer (`turn_tokens`), or a whole
+        episode of turns and observations (`episode_tokens`)."""
+        return self.episode_tokens(turn_tokens) if self.multi_turn else turn_tokens
+
     def episode_tokens(self, turn_tokens: int) -> int:
         """Tokens after the prompt an episode may hold: `max_episode_tokens`, or room for every
         turn (`turn_tokens` each, rollout.max_new_tokens) and the observations between them."""

@@ -46,10 +46,8 @@ class EvalConfig(Strict):
 
     @model_validator(mode="after")
     def _engine_length(self) -> EvalConfig:
-        answers = self.turn_tokens
-        if self.env.multi_turn:  # the engine holds a whole episode after the prompt
-            answers = self.env.episode_tokens(answers)
-        resolve_engine_length(self.rollout.engine, answers)
+        # the engine holds one answer, or a whole episode, after the prompt
+        resolve_engine_length(self.rollout.engine, self.env.row_tokens(self.turn_tokens))
         return self
 
     @property

@@ -289,12 +289,16 @@ class TrainConfig(Strict):
         return value
 
     @property
-    def completion_tokens(self) -> int:
-        """The most tokens a row holds after its prompt: one answer (rollout.max_new_tokens),
-        or a whole episode of turns and observations (env.episode_tokens)."""
+    def turn_tokens(self) -> int:
+        """The most tokens one answer (one turn of an episode) may hold: rollout.max_new_tokens."""
         turn = self.rollout.max_new_tokens
         assert turn is not None  # resolved from the benchmark below
-        return self.env.episode_tokens(turn) if self.env.multi_turn else turn
+        return turn
+
+    @property
+    def completion_tokens(self) -> int:
+        """The most tokens a row holds after its prompt (env.row_tokens)."""
+        return self.env.row_tokens(self.turn_tokens)
 
     @model_validator(mode="after")
     def _check_episodes(self) -> TrainConfig:

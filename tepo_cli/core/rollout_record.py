@@ -40,7 +40,7 @@ class Rollout:
 
         The observation mask has two names on its way to the loss. `model_mask`, the "the model
         wrote this token" flag: built token by token in envs/episodes.py (`Episode.add`, one
-        flag per id, `Episode.model_mask`), laid out as rows in train/multi_turn.py
+        flag per id, `Episode.model_mask`), laid out as rows in envs/episode_sampler.py
         (`episodes_rollout` -> `Rollout.model_mask`), carried by `SequenceBatch.from_rollout`
         (core/sequences.py, `SequenceBatch.model_mask`). `trained_mask`, the loss's mask: this
         property (and `SequenceBatch.trained_mask`), `completion_mask` where there is no
@@ -84,7 +84,7 @@ class Rollout:
         with_logprobs = [p.logprobs is not None for p in parts]
         if any(with_logprobs) and not all(with_logprobs):
             raise ValueError("cannot concatenate rollouts with and without engine log-probs")
-        multi_turn = any(p.model_mask is not None for p in parts)
+        masked = any(p.model_mask is not None for p in parts)
         return Rollout(
             torch.cat([pad_left(p.prompt_ids, prompt_width, pad_id) for p in parts]),
             torch.cat([pad_left(p.prompt_mask, prompt_width, 0) for p in parts]),
@@ -95,9 +95,7 @@ class Rollout:
             torch.cat([pad_right(p.logprobs, width, 0.0) for p in parts])  # type: ignore[arg-type]
             if all(with_logprobs)
             else None,
-            torch.cat([pad_right(p.trained_mask, width, False) for p in parts])
-            if multi_turn
-            else None,
+            torch.cat([pad_right(p.trained_mask, width, False) for p in parts]) if masked else None,
         )
 
 

@@ -1,6 +1,6 @@
 """Episodes for a list of problems: each problem's benchmark prompt with the environment's
 instructions after the question, n episodes per problem, each with an environment of its own —
-what `tepo train` (train/multi_turn.py) and `tepo eval env=...` (eval/episode_samples.py) both run."""
+what `tepo train` and `tepo eval env=...` both run (envs/episode_sampler.py)."""
 
 from __future__ import annotations
 

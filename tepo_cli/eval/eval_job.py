@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -30,6 +30,9 @@ from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
 from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY, discard_if_unused
 from tepo_cli.rewards import Reward
+
+if TYPE_CHECKING:
+    from tepo_cli.envs.samples import Sampler
 
 
 def eval_job(cfg: DictConfig) -> None:
@@ -107,6 +110,7 @@ def refuse_training_sampling_keys(overrides: list[str]) -> None:
 
 def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     from tepo_cli.benchmarks import build_reward, build_task, get_benchmark
+    from tepo_cli.envs.sampler import build_sampler
     from tepo_cli.eval.summary import summarize
     from tepo_cli.rollout import Sampling
 
@@ -126,13 +130,14 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         batch_size=options.batch_size,
         seed=config.seed,
     )
+    sampler = build_sampler(config.env, benchmark, config.turn_tokens)  # answers or episodes
     start = time.perf_counter()
     replay_note: dict[str, Any] = {}
     if todo and config.model.source in ("reference", "replay"):
         batch, replay_note = _offline_records(config, todo, reward, options.n)
         _append(run_dir / SAMPLES, batch, done)
     elif todo:
-        for batch in _model_records(config, todo, reward, sampling):
+        for batch in _model_records(config, sampler, todo, reward, sampling):
             _append(run_dir / SAMPLES, batch, done)
     seconds = time.perf_counter() - start
     records = [r for p in problems for r in done[p.id]]
@@ -151,20 +156,15 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,
         **({"replay": replay_note} if replay_note else {}),
     }
-    if config.env.multi_turn:
-        from tepo_cli.eval.episode_samples import episode_summary
-
-        env = {"name": config.env.name, "max_turns": config.env.max_turns}
-        summary["env"] = {**env, **episode_summary(records)}
+    summary.update(sampler.summary(records))  # an environment's: its episodes' turns and ends
     _write_json(run_dir / SUMMARY, summary)
     return summary
 
 
 def _model_records(
-    config: EvalConfig, todo: list[Any], reward: Any, sampling: Any
+    config: EvalConfig, sampler: Sampler, todo: list[Any], reward: Any, sampling: Any
 ) -> Iterator[list[dict[str, Any]]]:
     """The graded samples of the model itself, batch by batch, from the rollout back-end."""
-    from tepo_cli.eval.accuracy import sample_and_grade
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.models.precision import precision_line
     from tepo_cli.rollout import build_backend
@@ -183,14 +183,7 @@ def _model_records(
     rollout = config.rollout.model_copy(update={"engine": without_updates(config.rollout.engine)})
     backend = build_backend(rollout, model, tokenizer, config.model.share_prompts, device)
     with contextlib.closing(backend):
-        if config.env.multi_turn:
-            from tepo_cli.eval.episode_samples import episode_records
-
-            yield from episode_records(config, backend, tokenizer, todo, reward, sampling)
-        else:
-            yield from sample_and_grade(
-                backend, tokenizer, todo, config.benchmark, reward, sampling
-            )
+        yield from sampler.records(backend, tokenizer, todo, reward, sampling)
 
 
 def _append(path: Path, batch: list[dict[str, Any]], done: dict[str, list[dict[str, Any]]]) -> None:

@@ -24,10 +24,13 @@ _logger.propagate = False  # the file only: the console gets one line per step, 
 _logger.setLevel(logging.WARNING)
 
 
-def report_env_errors(errors: list[str], where: str, log: RunLog | None) -> None:
+def report_env_errors(errors: list[str] | None, where: str, log: RunLog | None) -> None:
     """Gather every rank's `errors` (each rank enters: a collective on several ranks); on rank 0
     (the one with the run's `log`) write each into the run directory's train.log and print the
-    first with their count. `where` names the moment ("step 3", "eval before (step 0)")."""
+    first with their count. `where` names the moment ("step 3", "eval before (step 0)"). None
+    (a sampler without environments, the same on every rank): nothing to gather."""
+    if errors is None:
+        return
     every = [line for rank in collective.from_every_rank(errors) for line in rank]
     if log is None or not every:
         return

@@ -47,9 +47,9 @@ class Experience:
     sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
     refill_rounds: int = 0
     overlong_mean: float = 0.0
-    env_sums: dict[str, float] = field(default_factory=dict)  # multi-turn metric sums
-    episode_records: list[dict[str, Any]] = field(default_factory=list)  # per row, multi-turn
-    env_errors: list[str] = field(default_factory=list)  # the step's environment errors
+    env_sums: dict[str, float] = field(default_factory=dict)  # episodes' metric sums
+    episode_records: list[dict[str, Any]] = field(default_factory=list)  # per row, the sampler's
+    env_errors: list[str] | None = None  # the step's environment errors (None: no environment)
 
     @property
     def old_logp(self) -> torch.Tensor | None:

@@ -54,6 +54,7 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     seed = rollout_seed(cfg.seed, step, run.topo.rank)
     groups = rollout_and_grade(
         cfg,
+        run.sampler,
         run.backend,
         run.tokenizer,
         problems,
@@ -63,8 +64,7 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
         clock,
         run.hooks,
     )
-    if cfg.env.multi_turn:  # every rank enters: the errors are gathered on rank 0
-        report_env_errors(groups.env_errors, f"step {step}", run.log)
+    report_env_errors(groups.env_errors, f"step {step}", run.log)  # gathered on rank 0, if any
     with clock("sync"):  # the engine's device memory to the update until the sync (vllm's sleep)
         run.backend.sleep()
         release_free_memory()  # what generation freed leaves the allocator: no drift across phases

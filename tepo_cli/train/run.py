@@ -21,6 +21,7 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.errors import RunError, StopRequested
 from tepo_cli.core.run_dir import EVALS
+from tepo_cli.envs.sampler import Sampler
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import Reference
@@ -68,6 +69,7 @@ class Run:
     tokenizer: PreTrainedTokenizerBase
     task: Any  # data.tasks: the training stream and held-out split
     reward: Reward
+    sampler: Sampler  # answers or episodes (envs/sampler.py): the rollout and the held-out split's
     models: Models
     backend: RolloutBackend
     prompts: Prompts
@@ -197,6 +199,7 @@ class Run:
         with collective_timeout.phase(f"held-out evaluation ({when})"):
             accuracy = held_out_accuracy(
                 self.cfg,
+                self.sampler,
                 self.backend,
                 self.tokenizer,
                 self.task,

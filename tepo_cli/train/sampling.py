@@ -8,6 +8,7 @@ Groups never straddle ranks (each rank owns whole prompts), so group statistics 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 from collections.abc import Iterator
@@ -25,12 +26,13 @@ from tepo_cli.core.records import Problem
 from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompt_templates import render_prompt
+from tepo_cli.envs.sampler import Sampler
+from tepo_cli.envs.samples import Samples
 from tepo_cli.rewards import Reward
 from tepo_cli.rollout import RolloutBackend, Sampling
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.train.grading import Graded, grade
-from tepo_cli.train.multi_turn import EpisodeRollout, sample_episodes
 
 
 @dataclass
@@ -45,15 +47,17 @@ class Groups:
     overlong_mean: float  # mean overlong term included in the rewards (0 when off)
     sampled_groups: int  # groups generated (more than kept under dynamic sampling)
     refill_rounds: int
-    env_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # multi-turn metrics
-    # Multi-turn: each kept row's episode account (`episode_fields`), and every environment
-    # error of the step's rounds (dropped groups' too), one line each.
+    env_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # episodes' metrics
+    # Each kept row's account from the sampler (an episode's `episode_fields`, {} for an
+    # answer), and every environment error of the step's rounds (dropped groups' too), one
+    # line each; None where the sampler has no environment (`Samples.errors`).
     episode_records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    env_errors: list[str] = dataclasses.field(default_factory=list)
+    env_errors: list[str] | None = None
 
 
 def rollout_and_grade(
     cfg: TrainConfig,
+    sampler: Sampler,
     backend: RolloutBackend,
     tokenizer: PreTrainedTokenizerBase,
     problems: list[Problem],
@@ -64,34 +68,37 @@ def rollout_and_grade(
     hooks: RunHooks = NO_HOOKS,
 ) -> Groups:
     """Sample and grade this rank's groups, refilling dropped ones under dynamic sampling. `seed`
-    seeds engines with per-request seeds (`rollout_seed`); hf draws from torch's generator."""
+    seeds engines with per-request seeds (`rollout_seed`); hf draws from torch's generator.
+    `sampler` (envs/sampler.py) makes the rows: answers or episodes."""
     clock = clock or StepClock()
     wanted = len(problems)
     kept: list[tuple[Rollout, Graded, list[Problem]]] = []
     kept_groups, sampled, rounds, env_sums = 0, 0, 0, dict[str, float]()
     records: list[dict[str, Any]] = []
-    errors: list[str] = []
+    errors: list[str] | None = None
     batch_problems = problems
+    after_turn = functools.partial(hooks.reached, "episode")  # the kill tests' mid-episode point
     for round_index in itertools.count():
         if batch_problems:
             with clock("rollout"):
                 round_seed = None if seed is None else seed + sampled * cfg.rollout.n
-                rollout, episodes = _sample(
-                    cfg, backend, tokenizer, batch_problems, round_seed, reward, hooks
+                sampling = training_sampling(cfg, round_seed)
+                samples = sampler.sample(
+                    backend, tokenizer, batch_problems, reward, sampling, after_turn
                 )
-                _add_sums(env_sums, episodes)
-                errors += episodes.errors if episodes is not None else []
+                rollout = samples.rollout
+                _add_sums(env_sums, samples.sums)
+                errors = _with_errors(errors, samples)
             hooks.reached("rollout")
             with clock("reward"):
-                graded = grade(cfg, rollout, batch_problems, reward, episodes and episodes.results)
+                graded = grade(cfg, rollout, batch_problems, reward, samples.results)
             sampled += len(batch_problems)
             keep = _keep(cfg, graded, len(batch_problems), wanted - kept_groups)
             if keep.any():
                 rows = _group_rows(keep, cfg.rollout.n)
                 part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
                 kept.append((rollout.take(rows), _take_graded(graded, rows), part))
-                if episodes is not None:
-                    records += [episodes.records[row] for row in rows.tolist()]
+                records += [samples.records[row] for row in rows.tolist()]
                 kept_groups += len(part)
         else:
             with clock("rollout"):
@@ -153,29 +160,18 @@ def rollout_seed(run_seed: int, step: int, rank: int) -> int:
     return int.from_bytes(digest[:5], "big")
 
 
-def _sample(
-    cfg: TrainConfig,
-    backend: RolloutBackend,
-    tokenizer: PreTrainedTokenizerBase,
-    problems: list[Problem],
-    seed: int | None,
-    reward: Reward,
-    hooks: RunHooks,
-) -> tuple[Rollout, EpisodeRollout | None]:
-    """The round's rollout; with a multi-turn environment also its episodes, already graded by
-    their environments."""
-    sampling = training_sampling(cfg, seed)
-    if not cfg.env.multi_turn:
-        prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
-        return backend.generate(prompts, sampling), None
-    episodes = sample_episodes(cfg, backend, tokenizer, problems, reward, sampling, hooks)
-    return episodes.rollout, episodes
-
-
-def _add_sums(env_sums: dict[str, float], episodes: EpisodeRollout | None) -> None:
-    """A round's episode metric sums into the step's (nothing for single answers)."""
-    for key, value in ({} if episodes is None else episodes.sums).items():
+def _add_sums(env_sums: dict[str, float], sums: dict[str, float]) -> None:
+    """A round's metric sums into the step's (answers have none)."""
+    for key, value in sums.items():
         env_sums[key] = env_sums.get(key, 0.0) + value
+
+
+def _with_errors(errors: list[str] | None, samples: Samples) -> list[str] | None:
+    """The step's environment errors so far, and the round's (None while there are none to
+    have: a sampler without environments)."""
+    if samples.errors is None:
+        return errors
+    return [*(errors or []), *samples.errors]
 
 
 def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:

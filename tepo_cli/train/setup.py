@@ -23,6 +23,7 @@ from tepo_cli.core import host_allocator
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.run_dir import METRICS
 from tepo_cli.data.tasks import DatasetTask
+from tepo_cli.envs.sampler import build_sampler
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.kernels.tf32 import set_tf32
 from tepo_cli.kernels.truncated import Truncation
@@ -46,8 +47,6 @@ from tepo_cli.runtime.resume import truncate_logs
 from tepo_cli.runtime.rng_and_streams import restore_rng
 from tepo_cli.runtime.state import RankState, TrainerState
 from tepo_cli.trackers import Trackers, open_trackers
-from tepo_cli.train.env_start import environment_line
-from tepo_cli.train.held_out import held_out_problems
 from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
 from tepo_cli.train.prompt_streams import open_prompts
 from tepo_cli.train.run import Models, Run
@@ -65,11 +64,13 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     if isinstance(task, DatasetTask):
         task.check_training()
     data = describe_data(cfg, task)
+    sampler = build_sampler(cfg.env, cfg.benchmark, cfg.turn_tokens)  # answers or episodes
     if topo.is_main:
         _say_data(data)
         _say_allocator(cfg, topo, allocator)
-        if cfg.env.multi_turn:
-            _say_environment(cfg, task)
+        line = sampler.start_line(cfg.trainer, task)  # an environment's turns, held-out cost
+        if line is not None:
+            print(f"tepo train: {line}", file=sys.stderr)
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     zero3 = partitioned_load_config(cfg, topo)
@@ -111,7 +112,19 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
         restore_rng(rank_state.rng, generator)
     models = Models(engine, critic_engine, reference)
     run = Run(
-        cfg, run_dir, topo, tokenizer, task, reward, models, backend, prompts, generator, state, log
+        cfg,
+        run_dir,
+        topo,
+        tokenizer,
+        task,
+        reward,
+        sampler,
+        models,
+        backend,
+        prompts,
+        generator,
+        state,
+        log,
     )
     run.hooks = hooks  # built by train/train_job.py: the kill tests' TEPO_FAULT points, or none
     run.trackers = start_trackers(cfg, run_dir, topo, state)
@@ -221,13 +234,6 @@ def _say_data(data: dict[str, Any]) -> None:
                 f"the run trains on ({data['eval_problems']:,} held out)"
             )
     print(line, file=sys.stderr)
-
-
-def _say_environment(cfg: TrainConfig, task: Any) -> None:
-    trainer = cfg.trainer
-    evaluates = trainer.eval_before or trainer.eval_after or trainer.eval_every
-    count = len(held_out_problems(cfg, task)) if evaluates else 0
-    print(f"tepo train: {environment_line(cfg, count)}", file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:

@@ -55,16 +55,18 @@ def step_record(
     record.update({f"{phase}_seconds": v for phase, v in clock.seconds.items()})
     record.update(update_metrics)
     record.update(_throughput(engine, record))
-    if cfg.env.multi_turn:
-        record.update(_episode_metrics(experience.env_sums, engine.device))
+    record.update(_episode_metrics(experience.env_sums, engine.device))
     return record
 
 
 def _episode_metrics(sums: dict[str, float], device: torch.device) -> dict[str, float]:
-    """The multi-turn metrics over every rank's episodes (train/multi_turn.py), each per
+    """The multi-turn metrics over every rank's episodes (envs/episode_sampler.py), each per
     episode: means (`env_*_mean`: turns, tool calls, failed and timed-out tool calls, observation
     tokens, observations cut) and shares of episodes by how they ended (`env_end_*_frac`). One
-    collective, entered by every rank of a multi-turn run each step."""
+    collective, entered by every rank of a multi-turn run each step; none for answers, whose
+    sampler keeps no sums (the same on every rank)."""
+    if not sums:
+        return {}
     names = sorted(sums)
     totals = collective.all_sum(
         torch.tensor([sums[name] for name in names], dtype=torch.float64, device=device)
@@ -154,7 +156,7 @@ def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[di
                 "completion": experience.rollout.texts[index],
                 "reward": float(experience.rewards[index]),
                 "advantage": response_advantage(experience, index),
-                **(experience.episode_records[index] if experience.episode_records else {}),
+                **experience.episode_records[index],
             }
         )
     return samples

@@ -6,14 +6,13 @@ evaluation, with the knobs that make it smaller, so nobody waits on it without a
 
 from __future__ import annotations
 
-from tepo_cli.config.env_schema import DEFAULT_TURNS
-from tepo_cli.config.schema import TrainConfig
+from tepo_cli.config.env_schema import DEFAULT_TURNS, EnvConfig
+from tepo_cli.config.schema import TrainerConfig
 
 
-def environment_line(cfg: TrainConfig, eval_problems: int) -> str:
+def environment_line(env: EnvConfig, trainer: TrainerConfig, eval_problems: int) -> str:
     """One line for `tepo train` with a multi-turn environment (`eval_problems`: the held-out
     problems each evaluation plays, after `env.eval_size`)."""
-    env, trainer = cfg.env, cfg.trainer
     turns = f"env.name={env.name}: up to {env.turns} turns per episode"
     if env.turns_defaulted:
         turns += f" (env.max_turns not set: {DEFAULT_TURNS}, the multi-turn default)"
