@@ -13,7 +13,6 @@ from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
-from tepo_cli.models.prompt_pass import MinibatchPrompts
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.train.micro_batches import micro_batches_for
 from tepo_cli.train.sampling import Groups
@@ -60,12 +59,10 @@ def critic_targets(
     width = batch.completion_mask.shape[1]
     all_rows = torch.arange(len(batch), device="cpu")
     plan = micro_batches_for(cfg, batch, all_rows, critic)
-    prompts = MinibatchPrompts.run(critic.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass)
-    parts = [
-        widen(critic(batch.select(rows), prompts=prompts.read(index)), width)
-        for index, rows in enumerate(plan.rows)
-    ]
-    values = torch.cat(parts)[torch.argsort(torch.cat(plan.rows))].to(torch.float32)
+    parts = plan.scores(
+        critic.prompt_pass, batch, lambda part, prompts: widen(critic(part, prompts=prompts), width)
+    )
+    values = plan.in_row_order(parts).to(torch.float32)
     mask = batch.trained_mask  # multi-turn: GAE runs over the model's tokens, across observations
     advantages, returns = gae(
         token_rewards(rewards.to(values.dtype), mask), values, mask, settings.gamma, settings.lam

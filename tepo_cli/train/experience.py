@@ -104,13 +104,9 @@ def _add_scores(
     # Each distinct prompt once for all the micro-batches (models/prompt_pass.py), per model.
     old_prompts = ref_prompts = MinibatchPrompts(None, plan.rows)
     if need_old or need_selection:
-        old_prompts = MinibatchPrompts.run(
-            policy.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass
-        )
+        old_prompts = plan.prompts(policy.prompt_pass, batch)
     if reference is not None:
-        ref_prompts = MinibatchPrompts.run(
-            reference.prompt_pass, batch, all_rows, plan.rows, plan.prompt_pass
-        )
+        ref_prompts = plan.prompts(reference.prompt_pass, batch)
     for index, rows in enumerate(plan.rows):
         part = batch.select(rows)
         if need_old or need_selection:
@@ -122,8 +118,7 @@ def _add_scores(
         if reference is not None:
             scores = reference(part, cfg.rollout.temperature, prompts=ref_prompts.read(index))
             parts["ref_logp"].append(widen(scores.logp, width))
-    back = torch.argsort(torch.cat(plan.rows))  # the plan's row order back to the batch's
-    joined = {name: torch.cat(values)[back] for name, values in parts.items()}
+    joined = {name: plan.in_row_order(values) for name, values in parts.items()}
     experience.ref_logp = joined.pop("ref_logp", None)
     if need_old:
         experience.old = joined

@@ -23,8 +23,8 @@ import torch
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.packing import ExternalPrompts
 from tepo_cli.models.policy import Policy
-from tepo_cli.models.prompt_pass import MinibatchPrompts
 from tepo_cli.train.experience import Experience
 from tepo_cli.train.micro_batches import micro_batches_for
 from tepo_cli.train.zero_advantage import may_skip
@@ -48,17 +48,16 @@ def entropy_sum(
     if not collective.any_rank(len(rows) > 0):
         return 0.0, 0
     scored = rows if len(rows) else torch.tensor([fallback], dtype=torch.long, device=rows.device)
-    plan = micro_batches_for(cfg, batch, scored, policy)
-    prompts = MinibatchPrompts.run(policy.prompt_pass, batch, scored, plan.rows, plan.prompt_pass)
-    total = torch.zeros((), dtype=torch.float64, device="cpu")  # sums of .cpu() parts
-    for index, part_rows in enumerate(plan.rows):
-        part = batch.select(part_rows)
-        scores = policy(
-            part, cfg.rollout.temperature, make=("entropy",), prompts=prompts.read(index)
-        )
+
+    def entropy(part: SequenceBatch, prompts: ExternalPrompts | None) -> torch.Tensor:
+        scores = policy(part, cfg.rollout.temperature, make=("entropy",), prompts=prompts)
         assert scores.entropy is not None
-        valid = part.trained_mask
-        total += (scores.entropy.double() * valid).sum().cpu()
+        return (scores.entropy.double() * part.trained_mask).sum().cpu()
+
+    plan = micro_batches_for(cfg, batch, scored, policy)
+    total = torch.zeros((), dtype=torch.float64, device="cpu")  # sums of .cpu() parts
+    for part_sum in plan.scores(policy.prompt_pass, batch, entropy):
+        total += part_sum
     if not len(rows):
         return 0.0, 0
     return float(total), int(batch.trained_mask[rows].sum())

@@ -26,14 +26,19 @@ largest count over ranks (one all-reduce), and ranks with fewer tokens split fin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.models.prompt_pass import reads_prompt_pass
+from tepo_cli.models.packing import ExternalPrompts
+from tepo_cli.models.prompt_pass import MinibatchPrompts, PassOf, reads_prompt_pass
+
+T = TypeVar("T")
 
 
 def row_tokens(batch: SequenceBatch, rows: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
@@ -118,13 +123,37 @@ def agreed(counts: list[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Plan:
-    """A minibatch's micro-batches: `rows` (host indices into the batch) of each; `prompt_pass`:
-    the distinct prompts run once, in a prompt pass, and the micro-batches hold answers only;
-    `costs`: each micro-batch's real tokens as it runs (None in the fixed-count mode)."""
+    """A minibatch's micro-batches: `minibatch`, the rows planned (host indices into the batch);
+    `rows`, each micro-batch's; `prompt_pass`: the distinct prompts run once, in a prompt pass,
+    and the micro-batches hold answers only; `costs`: each micro-batch's real tokens as it runs
+    (None in the fixed-count mode). The one micro-batch loop: the update's learners and the
+    three scorers (π_old and the reference, the critic's values, the left-out entropy) run it
+    through `prompts` and `scores`."""
 
+    minibatch: torch.Tensor
     rows: list[torch.Tensor]
     prompt_pass: bool = False
     costs: list[int] | None = None
+
+    def prompts(self, pass_of: PassOf, batch: SequenceBatch) -> MinibatchPrompts:
+        """The minibatch's distinct prompts through `pass_of` once, for all its micro-batches,
+        where the plan has a prompt pass (models/prompt_pass.py)."""
+        return MinibatchPrompts.run(pass_of, batch, self.minibatch, self.rows, self.prompt_pass)
+
+    def scores(
+        self,
+        pass_of: PassOf,
+        batch: SequenceBatch,
+        forward: Callable[[SequenceBatch, ExternalPrompts | None], T],
+    ) -> list[T]:
+        """`forward(micro-batch, what it reads of the prompt pass)` of each micro-batch, in plan
+        order, after the prompt pass through `pass_of`."""
+        prompts = self.prompts(pass_of, batch)
+        return [forward(batch.select(rows), prompts.read(i)) for i, rows in enumerate(self.rows)]
+
+    def in_row_order(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The micro-batches' results (rows first, in plan order) in the order of their rows."""
+        return torch.cat(parts)[torch.argsort(torch.cat(self.rows))]
 
 
 def micro_batches(
@@ -140,7 +169,7 @@ def micro_batches(
     prompts once (module docstring)."""
     if budget is None:
         parts = list(rows.split(size))
-        return Plan(parts, prompt_pass and len(parts) > 1)
+        return Plan(rows, parts, prompt_pass and len(parts) > 1)
     completion, owner, prompt = row_tokens(batch, rows)
     count = len(plan(completion, owner, prompt, budget))
     answers_only = len(plan(completion, owner, [0] * len(prompt), budget)) if prompt_pass else 0
@@ -152,6 +181,7 @@ def micro_batches(
     # so the agreed count never exceeds this rank's rows.
     parts = assign(completion, owner, prompt, count)
     return Plan(
+        minibatch=rows,
         rows=[rows[torch.tensor(part, dtype=torch.long, device="cpu")] for part in parts],
         prompt_pass=use_pass,
         costs=[micro_batch_cost(part, completion, owner, prompt) for part in parts],

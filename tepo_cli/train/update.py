@@ -292,9 +292,7 @@ def _prompt_pass(
         return MinibatchPrompts(None, plan.rows)
     began = time.perf_counter()
     with checkpointed(engine.module, prompt_pass_checkpointed(cfg.model.gradient_checkpointing)):
-        prompts = MinibatchPrompts.run(
-            through_engine(engine), experience.batch, minibatch, plan.rows, enabled=True
-        )
+        prompts = plan.prompts(through_engine(engine), experience.batch)
     seconds["forward_seconds"] += time.perf_counter() - began
     return prompts
 
