@@ -36,7 +36,7 @@ class MtpWarmupConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    # auto: sized by train/mtp_warmup_size.py (none on a random backbone, at most 30 and never
+    # auto: sized by mtp/warmup_size.py (none on a random backbone, at most 30 and never
     # more sequences than the RL run samples); an integer always wins.
     steps: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     lr: float = Field(default=3e-4, gt=0.0)
