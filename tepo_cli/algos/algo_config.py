@@ -218,6 +218,12 @@ class AlgoConfig(BaseModel):
         return self.name in COV_OBJECTIVES
 
     @property
+    def auxiliary_loss(self) -> bool:
+        """A loss term beside the objective that trains on every row, whatever its advantage:
+        MPO's prediction loss (`mtp.aux_coef` > 0 with future=mtp)."""
+        return bool(self.mtp_depths and self.mtp.aux_coef > 0)
+
+    @property
     def mtp_depths(self) -> int:
         """MTP modules the objective reads: K − 1 with future=mtp (0 otherwise)."""
         if self.future != "mtp" or self.k is None:

@@ -149,13 +149,11 @@ class Policy(nn.Module):
         make: set[str],
         prompts: ExternalPrompts | None,
     ) -> Scores:
-        attached = self.attached
-        with_attached = bool(make - {"entropy", "entropy_term"})
-        if with_attached and (
-            attached is None or make - {"entropy", "entropy_term"} != {attached.scores}
-        ):
-            wanted = ", ".join(sorted(make - {"entropy", "entropy_term"}))
+        attached, others = self.attached, make - {"entropy", "entropy_term"}
+        if others and (attached is None or others != {attached.scores}):
+            wanted = ", ".join(sorted(others))
             raise ValueError(f"{wanted} needs a policy built with the modules that score it")
+        with_attached = bool(others)
         # The sequence is embedded once for the backbone and the attached modules: every lookup's
         # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
         embedded = self.lm.get_input_embeddings()(batch.input_ids)

@@ -16,20 +16,11 @@ from safetensors.torch import load_file, save_file
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.atomic_write import staged
 from tepo_cli.core.errors import RunError
-from tepo_cli.core.run_dir import MTP_MODULES
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.engine import consolidated_state_dict
 
 METADATA_KEY = "tepo_mtp"
 PREFIX = "mtp."  # the modules' keys in the policy's state dict (MtpStack.state_prefix)
-
-
-def save_beside_final(
-    engine: Any, cfg: TrainConfig, run_dir: Path, topo: Topology
-) -> dict[str, str]:
-    """The modules beside final/ at the end of a run; their path for the summary. Collective."""
-    save_mtp_modules(engine, cfg, run_dir / MTP_MODULES, topo)
-    return {"mtp_modules": str(run_dir / MTP_MODULES)}
 
 
 def save_mtp_modules(engine: Any, cfg: TrainConfig, target: Path, topo: Topology) -> None:

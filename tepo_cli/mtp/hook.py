@@ -1,18 +1,10 @@
-"""MPO's MTP modules' one way into a run: the recipe asks `MtpHook.of(cfg)` and, when the
-objective reads the modules (`future=mtp`), calls the hook at its points.
-
-- `settle` (`tepo train`, at start): auto's warm-up length written into the config, and the
-  start line saying it;
-- `check_model` (before the ranks join): a model that cannot carry the modules, refused from its
-  config alone;
-- `attach` (building the policy): the modules attached to it, which then score `mtp_logp` for
-  the objective, add their terms to its loss and their work to the FLOPs count, and save
-  themselves beside final/ (modules.py);
-- `warm_up` (a fresh start, before step 1): the modules trained on their own (warmup.py).
-
-Checkpoints hold the modules as part of the policy (its `mtp.` keys), so a resume needs no hook.
-`tepo train` imports this module at start: the heavy ones (torch, the modules) only when called.
-"""
+"""MPO's MTP modules' one way into a run: `MtpHook.of(cfg)`, None without `future=mtp`. The
+recipe calls `settle` (the warm-up's length and start line) and `check_model` in `tepo train`,
+`attach` as it builds the policy and `warm_up` before step 1 of a fresh start. The policy then
+carries the modules (`Policy.attached`, modules.py): they score `mtp_logp`, add their terms to
+the loss and their work to the FLOPs, save themselves beside final/, and are checkpointed as the
+policy's `mtp.` keys, so a resume needs no hook. Imported at `tepo train`'s start: the heavy
+modules (torch, the stack) only when called."""
 
 from __future__ import annotations
 

@@ -29,12 +29,13 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
+from tepo_cli.core.run_dir import MTP_MODULES
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.policy import scatter_valid
 from tepo_cli.models.shared_prompts import distinct_prompts, gather_rows
-from tepo_cli.mtp.files import save_beside_final
-from tepo_cli.mtp.prediction_loss import mtp_present, with_mtp_terms
+from tepo_cli.mtp.files import save_mtp_modules
+from tepo_cli.mtp.prediction_loss import mtp_metrics, mtp_prediction_loss, mtp_present
 
 # Decoder-only models whose layers take (hidden, attention mask, position embeddings) and whose
 # backbone exposes embed_tokens, layers, norm and rotary_emb, as Llama's does.
@@ -267,18 +268,24 @@ class MtpStack(nn.Module):
         return torch.stack(columns, dim=-1), depth_hidden
 
     def save_beside_final(self, engine: Any, cfg: Any, run_dir: Any, topo: Any) -> dict[str, str]:
-        """At the end of a run, beside final/ (files.py): collective, every rank calls it."""
-        return save_beside_final(engine, cfg, run_dir, topo)
+        """At the end of a run, beside final/ (files.py); their path for the summary. Collective:
+        every rank calls it."""
+        save_mtp_modules(engine, cfg, run_dir / MTP_MODULES, topo)
+        return {"mtp_modules": str(run_dir / MTP_MODULES)}
 
     def objective_terms(
         self, loss: torch.Tensor, metrics: dict[str, float], scores: Any, batch: Any
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """A micro-batch's objective with the modules' terms (prediction_loss.with_mtp_terms),
-        from the forward's `scores` and the objective's `PolicyBatch`."""
-        mtp_logp = scores[self.scores]
-        return with_mtp_terms(
-            loss, metrics, self.config, mtp_logp, scores.logp, batch.mask, batch.num_tokens
-        )
+        """A micro-batch's objective with the modules' metrics from the forward's `scores`, and
+        their auxiliary prediction loss over the step's tokens when `mtp.aux_coef` > 0."""
+        mtp_logp, settings = scores[self.scores], self.config
+        metrics = {**metrics, **mtp_metrics(mtp_logp.detach(), scores.logp.detach(), batch.mask)}
+        if settings.aux_coef <= 0:
+            return loss, metrics
+        alpha_decay = settings.warmup.alpha_decay
+        aux = mtp_prediction_loss(mtp_logp, batch.mask, alpha_decay, batch.num_tokens)
+        metrics["mtp_aux_loss"] = float(aux.detach())
+        return loss + settings.aux_coef * aux, metrics
 
 
 def attach(depths: int, config: MtpConfig) -> Callable[[PreTrainedModel, KernelConfig], MtpStack]:

@@ -2,8 +2,7 @@
 
 `mtp_prediction_loss` is L_MTP = Σ_n α_n · NLL_n, the modules' next-n-token prediction loss, used by
 the warm-up and by the optional auxiliary term during RL (`mtp.aux_coef`). `mtp_metrics` compares
-each depth's log-probs with the backbone's exact teacher-forced log-probs of the same tokens;
-`with_mtp_terms` adds both to a micro-batch's objective.
+each depth's log-probs with the backbone's exact teacher-forced log-probs of the same tokens.
 All inputs follow the policy's layout: `mtp_logp` [N, T, K−1], entry [b, t, n−2] scores
 completion token t + n − 1 from anchor t; `mask` [N, T] marks the completion tokens (a
 contiguous run from column 0, as the rollout makes them).
@@ -13,8 +12,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from tepo_cli.algos.algo_config import MtpConfig
 
 
 def mtp_present(mask: Tensor, depths: int) -> Tensor:
@@ -74,22 +71,3 @@ def mtp_metrics(mtp_logp: Tensor, logp: Tensor, mask: Tensor) -> dict[str, float
         metrics[f"mtp_nll_d{offset + 1}"] = float(-mtp_logp[..., offset - 1][here].sum() / count)
         metrics[f"mtp_exact_nll_d{offset + 1}"] = float(-exact[here].sum() / count)
     return metrics
-
-
-def with_mtp_terms(
-    loss: Tensor,
-    metrics: dict[str, float],
-    settings: MtpConfig,
-    mtp_logp: Tensor,
-    logp: Tensor,
-    mask: Tensor,
-    num_tokens: float,
-) -> tuple[Tensor, dict[str, float]]:
-    """A micro-batch's objective `loss` and `metrics` with the modules' metrics, and their
-    auxiliary prediction loss added when `mtp.aux_coef` > 0 (over the step's `num_tokens`)."""
-    metrics = {**metrics, **mtp_metrics(mtp_logp.detach(), logp.detach(), mask)}
-    if settings.aux_coef <= 0:
-        return loss, metrics
-    aux = mtp_prediction_loss(mtp_logp, mask, settings.warmup.alpha_decay, num_tokens)
-    metrics["mtp_aux_loss"] = float(aux.detach())
-    return loss + settings.aux_coef * aux, metrics
