@@ -118,12 +118,13 @@ def test_a_step_record_has_the_throughput(tmp_path):
 
 
 def test_mtp_modules_count_their_layer_projection_and_head_per_depth(tiny_model):
-    """MPO's modules (models/mtp.py): per depth, one decoder layer, the 2H → H projection and an
+    """MPO's modules (mtp/modules.py): per depth, one decoder layer, the 2H → H projection and an
     LM head run every position again; the factor is 6 trained, 4 frozen with the gradient to the
     backbone, 2 with nothing flowing back."""
     from tepo_cli.algos.algo_config import MtpConfig
     from tepo_cli.config.schema import KernelConfig
     from tepo_cli.models.policy import Policy
+    from tepo_cli.mtp.modules import attach
     from tepo_cli.train.flops import needed_flops, policy_shape
 
     config = tiny_model.config
@@ -135,17 +136,21 @@ def test_mtp_modules_count_their_layer_projection_and_head_per_depth(tiny_model)
     backbone = model_shape(tiny_model)
     assert policy_shape(Policy(tiny_model, KernelConfig())) == backbone  # no modules: the backbone
 
-    trained = policy_shape(Policy(tiny_model, KernelConfig(), mtp_depths=3, mtp=MtpConfig()))
-    assert (trained.mtp_params, trained.mtp_layers, trained.mtp_passes) == (3 * per_depth, 3, 6.0)
+    trained = policy_shape(Policy(tiny_model, KernelConfig(), attach=attach(3, MtpConfig())))
+    assert (trained.attached_params, trained.attached_layers, trained.attached_passes) == (
+        3 * per_depth,
+        3,
+        6.0,
+    )
     shared = MtpConfig(head="shared", trainable=False)  # the head is the backbone's: counted too
-    frozen = policy_shape(Policy(tiny_model, KernelConfig(), mtp_depths=2, mtp=shared))
-    assert (frozen.mtp_params, frozen.mtp_passes) == (
+    frozen = policy_shape(Policy(tiny_model, KernelConfig(), attach=attach(2, shared)))
+    assert (frozen.attached_params, frozen.attached_passes) == (
         2 * (per_depth - vocab * hidden) + 2 * vocab * hidden,
         4.0,
     )
     detached = MtpConfig(trainable=False, backbone_grad=False)
-    alone = policy_shape(Policy(tiny_model, KernelConfig(), mtp_depths=2, mtp=detached))
-    assert alone.mtp_passes == 2.0
+    alone = policy_shape(Policy(tiny_model, KernelConfig(), attach=attach(2, detached)))
+    assert alone.attached_passes == 2.0
 
     # one prompt of 3 tokens, one answer of 2: tokens 5, context 3·4/2 + (3+1) + (3+2) = 15
     one = (torch.tensor([3.0]), torch.tensor([2.0]), torch.tensor([3.0]))

@@ -11,9 +11,9 @@ from transformers import GPT2Config, Qwen2Config, Qwen2ForCausalLM
 from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.models.mtp import MtpStack, mtp_support_problem
-from tepo_cli.models.mtp_loss import alpha_weights, mtp_prediction_loss, mtp_present
 from tepo_cli.models.policy import Policy
+from tepo_cli.mtp.modules import MtpStack, attach, mtp_support_problem
+from tepo_cli.mtp.prediction_loss import alpha_weights, mtp_prediction_loss, mtp_present
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
 
@@ -93,11 +93,11 @@ def test_kernel_path_equals_naive_full_logits_with_gradients(
 ):
     model = tiny_model.double()
     batch = _batch(model, tiny_tokenizer)
-    policy = Policy(model, KERNEL, share_prompts, mtp_depths=3, mtp=MtpConfig(head=head))
+    policy = Policy(model, KERNEL, share_prompts, attach=attach(3, MtpConfig(head=head)))
     with torch.no_grad():  # a non-trivial M_n: the embedding half matters too
         for depth in policy.mtp.depths:
             depth.project.weight.add_(0.05 * torch.randn_like(depth.project.weight))
-    got = policy(batch, 0.7, with_mtp=True).mtp_logp
+    got = policy(batch, 0.7, make=("mtp_logp",)).mtp_logp
     got_grads = _grads(policy, got)
     expected = naive_mtp_logprobs(policy, batch, 0.7)
     expected_grads = _grads(policy, expected)
@@ -141,10 +141,10 @@ def test_backbone_grad_off_keeps_the_backbone_out_and_trainable_off_freezes(
     batch = _batch(tiny_model, tiny_tokenizer)
     for head in ("copy", "shared"):  # a shared head is the backbone's: it must stay out too
         config = MtpConfig(backbone_grad=False, head=head)
-        policy = Policy(tiny_model, KERNEL, mtp_depths=2, mtp=config)
-        grads = _grads(policy, policy(batch, 1.0, with_mtp=True).mtp_logp)
+        policy = Policy(tiny_model, KERNEL, attach=attach(2, config))
+        grads = _grads(policy, policy(batch, 1.0, make=("mtp_logp",)).mtp_logp)
         assert grads and all(name.startswith("mtp.") for name in grads), head
-    frozen = Policy(tiny_model, KERNEL, mtp_depths=2, mtp=MtpConfig(trainable=False))
+    frozen = Policy(tiny_model, KERNEL, attach=attach(2, MtpConfig(trainable=False)))
     assert not any(p.requires_grad for p in frozen.mtp.parameters())
     assert all(p.requires_grad for p in frozen.lm.parameters())
 
@@ -162,8 +162,8 @@ def test_a_qwen2_model_carries_mtp_modules_and_gpt2_is_refused(tiny_tokenizer):
     torch.manual_seed(0)
     qwen = Qwen2ForCausalLM(config)
     batch = _batch(qwen, tiny_tokenizer)
-    policy = Policy(qwen, KERNEL, mtp_depths=2)
-    mtp_logp = policy(batch, 1.0, with_mtp=True).mtp_logp
+    policy = Policy(qwen, KERNEL, attach=attach(2, MtpConfig()))
+    mtp_logp = policy(batch, 1.0, make=("mtp_logp",)).mtp_logp
     present = mtp_present(batch.completion_mask, 2)
     assert torch.all(mtp_logp[present] < 0) and torch.all(mtp_logp[~present] == 0)
     problem = mtp_support_problem(GPT2Config().model_type)

@@ -1,4 +1,4 @@
-"""MPO's warm-up sized to what it can learn (train/mtp_warmup_size.py): none on a random backbone,
+"""MPO's warm-up sized to what it can learn (mtp/warmup_size.py): none on a random backbone,
 never more sequences than the RL run samples and at most 30 otherwise, an integer always wins;
 and a 2-step tiny MPO run that skips it and says so."""
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tepo_cli.config.validate import load_train_config
-from tepo_cli.train.mtp_warmup_size import (
+from tepo_cli.mtp.warmup_size import (
     AUTO_MOST,
     random_backbone,
     settle_warmup_steps,

@@ -26,6 +26,7 @@ from tepo_cli.algos.tepo_mask import CRITERIA
 from tepo_cli.config.validate import load_train_config
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import build_reference
+from tepo_cli.mtp.modules import attach
 from tepo_cli.train.cov_selection import step_selection
 from tepo_cli.train.micro_batch_objective import forward_scores, objective_batch
 
@@ -159,7 +160,11 @@ def test_the_trainer_passes_every_declared_input(compose_config, tiny_model, ove
     cfg = load_train_config(compose_config("train", [*base, *overrides]))
     algo = cfg.algo
     torch.manual_seed(0)
-    policy = Policy(tiny_model, cfg.kernel, mtp_depths=algo.mtp_depths, mtp=algo.mtp)
+    policy = Policy(
+        tiny_model,
+        cfg.kernel,
+        attach=attach(algo.mtp_depths, algo.mtp) if algo.mtp_depths else None,
+    )
     reference = build_reference(cfg, policy)
     experience = _experience()
     exp._add_scores(cfg, policy, reference, experience)

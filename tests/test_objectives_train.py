@@ -8,8 +8,8 @@ import pytest
 
 from tepo_cli.algos.plugins import load_objectives
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.mtp.warmup_size import warmup_size
 from tepo_cli.runtime.distributed import setup_topology, teardown
-from tepo_cli.train.mtp_warmup_size import warmup_size
 from tepo_cli.train.recipe import train
 
 pytestmark = pytest.mark.slow

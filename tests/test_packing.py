@@ -17,11 +17,12 @@ from tepo_cli.kernels.lean_layers import SAVED_OUTPUTS, make_lean
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.packing import pack
 from tepo_cli.models.policy import Policy
+from tepo_cli.mtp.modules import attach
 
 
 def _scores_and_grads(policy: Policy, batch: SequenceBatch, with_mtp: bool):
     policy.zero_grad(set_to_none=True)
-    scores = policy(batch, 0.7, with_entropy=True, with_mtp=with_mtp)
+    scores = policy(batch, 0.7, with_entropy=True, make=("mtp_logp",) if with_mtp else ())
     weights = torch.linspace(-1.0, 2.0, scores.logp.numel(), dtype=scores.logp.dtype)
     loss = (scores.logp * weights.view_as(scores.logp)).sum() + scores.entropy.sum()
     if with_mtp:
@@ -43,8 +44,9 @@ def test_packed_equals_padded_in_values_and_gradients(tiny_model, tiny_tokenizer
     mtp = MtpConfig()
     depths = 3 if with_mtp else 0
     torch.manual_seed(0)
-    padded = Policy(tiny_model, kernel, share, mtp_depths=depths, mtp=mtp)
-    packed = Policy(tiny_model, kernel, share, mtp_depths=depths, mtp=mtp, packing=True)
+    modules = attach(depths, mtp) if depths else None
+    padded = Policy(tiny_model, kernel, share, attach=modules)
+    packed = Policy(tiny_model, kernel, share, attach=modules, packing=True)
     if with_mtp:
         packed.mtp.load_state_dict(padded.mtp.state_dict())
     expected = _scores_and_grads(padded, batch, with_mtp)

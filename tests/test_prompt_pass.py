@@ -16,6 +16,7 @@ from tepo_cli.core.sequences import SequenceBatch, widen
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.prompt_pass import MinibatchPrompts
+from tepo_cli.mtp.modules import attach
 from tepo_cli.train.recompute import checkpointed
 
 # Micro-batches of the 9 rows (3 prompts x 3 answers): mixed prompts, a single row, and a last
@@ -40,7 +41,7 @@ def _objective(scores, width: int, rows: list[int]) -> torch.Tensor:
 
 def _whole(policy: Policy, batch: SequenceBatch, with_mtp: bool):
     policy.zero_grad(set_to_none=True)
-    scores = policy(batch, 0.7, with_entropy=True, with_mtp=with_mtp)
+    scores = policy(batch, 0.7, with_entropy=True, make=("mtp_logp",) if with_mtp else ())
     width = batch.completion_mask.shape[1]
     _objective(scores, width, list(range(9))).backward()
     return _results(policy, [scores], width, list(range(9)))
@@ -59,7 +60,7 @@ def _split(policy: Policy, batch: SequenceBatch, with_mtp: bool, checkpoint: boo
             batch.select(split[index]),
             0.7,
             with_entropy=True,
-            with_mtp=with_mtp,
+            make=("mtp_logp",) if with_mtp else (),
             prompts=prompts.read(index),
         )
         prompts.carry_grads(index, _objective(scores, width, rows)).backward()
@@ -92,7 +93,8 @@ def test_micro_batches_reading_a_prompt_pass_equal_one_packed_pass(
     torch.manual_seed(0)
     depths = 2 if with_mtp else 0
     kernel = KernelConfig(backend="torch")
-    policy = Policy(tiny_model, kernel, mtp_depths=depths, mtp=MtpConfig(), packing=True).double()
+    modules = attach(depths, MtpConfig()) if depths else None
+    policy = Policy(tiny_model, kernel, attach=modules, packing=True).double()
     expected_values, expected_grads = _whole(policy, batch, with_mtp)
     # The first layer's forwards, seen by its MLP: a checkpointed prompt pass runs it once more.
     # (Not a hook on the layer itself: transformers >= 5.23 recomputes the layer's `forward`,

@@ -12,6 +12,7 @@ import torch
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch, first_appearance, prompt_labels
 from tepo_cli.models.policy import Policy
+from tepo_cli.mtp.modules import attach
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
 
@@ -187,8 +188,7 @@ def test_shared_prompt_gradients_are_bit_identical_run_after_run(
         tiny_model,
         KernelConfig(backend="torch"),
         True,
-        mtp_depths=2 if with_mtp else 0,
-        mtp=MtpConfig(),
+        attach=attach(2, MtpConfig()) if with_mtp else None,
     )
     keys_per_layer = len(batch) * 2 * batch.prompt_width * 16  # rows x kv heads x P x head dim
     assert keys_per_layer > 32_768
@@ -199,7 +199,7 @@ def test_shared_prompt_gradients_are_bit_identical_run_after_run(
     try:
         for _ in range(20):
             policy.zero_grad(set_to_none=True)
-            scores = policy(batch, 0.7, with_mtp=with_mtp)
+            scores = policy(batch, 0.7, make=("mtp_logp",) if with_mtp else ())
             total = scores.logp.sum() + (scores.mtp_logp.sum() if with_mtp else 0)
             total.backward()
             gradients.append(torch.cat([p.grad.flatten() for p in policy.lm.parameters()]))

@@ -95,7 +95,7 @@ def test_mpo_mtp_modules_train_and_are_saved_beside_final_in_zero_stages(
     and leave final/ a plain Hugging Face model."""
     from safetensors import safe_open
 
-    from tepo_cli.runtime.mtp_files import load_mtp_modules
+    from tepo_cli.mtp.files import load_mtp_modules
 
     summary = train_tiny(
         compose_config,

@@ -36,7 +36,7 @@ class MtpWarmupConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    # auto: sized by train/mtp_warmup_size.py (none on a random backbone, at most 30 and never
+    # auto: sized by mtp/warmup_size.py (none on a random backbone, at most 30 and never
     # more sequences than the RL run samples); an integer always wins.
     steps: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     lr: float = Field(default=3e-4, gt=0.0)
@@ -216,6 +216,12 @@ class AlgoConfig(BaseModel):
         """KL-Cov and Clip-Cov pick tokens by covariance, once per optimizer step in training
         (train/cov_selection.py), which needs π_old's log-probs before the step's forwards."""
         return self.name in COV_OBJECTIVES
+
+    @property
+    def auxiliary_loss(self) -> bool:
+        """A loss term beside the objective that trains on every row, whatever its advantage:
+        MPO's prediction loss (`mtp.aux_coef` > 0 with future=mtp)."""
+        return bool(self.mtp_depths and self.mtp.aux_coef > 0)
 
     @property
     def mtp_depths(self) -> int:

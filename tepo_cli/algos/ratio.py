@@ -35,7 +35,7 @@ def unit_log_ratio(
     Sliding layout: each valid token anchors its own window (one unit per anchor token), and Λ is
     the weighted window sum Σ_n β_n d^(n) (`tail` handles windows cut by the response's end);
     `mean` divides by the window size. `future_log_ratio` [B, T, K−1] supplies d^(n), n ≥ 2, per
-    anchor (MPO's MTP modules); without it d^(n) is the backbone's own d_{t+n−1} (exact).
+    anchor (MPO's prediction modules); without it d^(n) is the backbone's own d_{t+n−1} (exact).
     Padding entries of `logp` / `old_logp` must be finite (the public API zeroes them).
     `turns` (multi-turn episodes): blocks and windows stay inside one turn.
     """

@@ -96,7 +96,7 @@ def settings(cfg: WordMathOptions) -> Settings:
 
 def to_problem(drawn: WordProblem, problem_id: str) -> Problem:
     """A Problem whose `extra` keeps the structure (tests recompute the answer from it) and the
-    worked solution (`model=reference`, the MTP warm-up's `solutions`)."""
+    worked solution (`model=reference`, MPO's warm-up on `solutions`)."""
     return Problem(
         id=problem_id,
         question=drawn.question,

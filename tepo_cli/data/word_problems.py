@@ -75,7 +75,7 @@ class WordProblem:
     start: int
     steps: tuple[tuple[Op, int], ...]
     question: str
-    solution: str  # a worked solution ending "The answer is N." (model=reference, MTP warm-up)
+    solution: str  # a worked solution ending "The answer is N." (model=reference, MPO's warm-up)
 
     @property
     def answer(self) -> int:

@@ -13,7 +13,7 @@ back, with index operations only (no Python loop over tokens, blocks or rows):
 - `sliding_windows(mask, k)` and `sliding_window_sum(values, mask, k, weights, tail, future)`:
   the sliding layout of §1.5, one window of the next min(K, tokens left) valid tokens per anchor
   token, weighted by `decay:β₂,λ` (MPO's), `uniform` (joint), `future:p` or `geometric:γ`; the
-  future slots read either the tokens' own values (exact) or given per-anchor values (MTP).
+  future slots read either the tokens' own values (exact) or given per-anchor values (MPO's prediction modules).
 
 Unit ids live on a fixed grid: row b owns slots `b * U … b * U + U - 1` with U = ceil(T / K)
 (U = T for tokens, 1 for sequences). Slots past the end of a short row are empty (size 0); they
@@ -325,7 +325,7 @@ def sliding_window_sum(
     values: [B, T] per-token values d_t (log-ratios). Slot n of anchor t holds d^(n)_t:
     - `future=None` (exact): the value of the window's n-th token, d_{t+n−1};
     - `future` given, [B, T, K−1]: slot 1 is still d_t, slots n ≥ 2 read future[b, t, n−2]
-      (e.g. the MTP modules' log-ratios for the n-th token, evaluated at the anchor's state).
+      (e.g. MPO's prediction modules' log-ratios for the n-th token, evaluated at the anchor's state).
     Returns (sums [B, T], window sizes [B, T] int64), both 0 on padding anchors. Memory is
     O(B·T·K): one gather of the windows. `turns`: as for `sliding_windows`.
     """

@@ -46,7 +46,7 @@ class LogprobHead(nn.Module):
         weight_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`weight_grad=False` keeps the weight out of the graph (e.g. the backbone's own head
-        scoring MTP terms that must not train the backbone)."""
+        scoring attached modules' terms that must not train the backbone)."""
         weight = self.weight if weight_grad else self.weight.detach()
         if self.truncation.active:
             return truncated_token_logprobs(

@@ -2,33 +2,31 @@
 
 The backbone returns hidden states; `LogprobHead` turns them into token log-probs (and
 entropies) with the lm-head weight inside `token_logprobs`, chunk by chunk, only at response
-positions — the full [tokens x vocab] logits are never built. With MPO's `future=mtp` the policy
-also carries the MTP modules (models/mtp.py), scored through the same kernel path.
+positions — the full [tokens x vocab] logits are never built. A feature may attach modules of
+its own (MPO's multi-token prediction modules): the policy carries them, and they score one more
+quantity through the same head.
 """
 
 from __future__ import annotations
 
 from collections import UserDict
-from collections.abc import Collection
-from typing import overload
+from collections.abc import Callable, Collection
+from typing import Any, overload
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig, LoraConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.kernels.truncated import Truncation
 from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.lora import add_adapters, dropout_in_training, lora_dropouts
-from tepo_cli.models.mtp import MtpStack, SharedPrompts
-from tepo_cli.models.mtp_loss import mtp_present
 from tepo_cli.models.packing import ExternalPrompts
 from tepo_cli.models.prompt_pass import PromptPass, run_prompt_pass
 from tepo_cli.models.sequence_hidden import sequence_hidden
 
-MTP_PREFIX = "mtp."
+Attach = Callable[[PreTrainedModel, KernelConfig], nn.Module]
 
 
 class Scores(UserDict[str, torch.Tensor]):
@@ -38,8 +36,7 @@ class Scores(UserDict[str, torch.Tensor]):
     and those asked for (`Policy.forward(make=)`, algos/inputs.SCORED), None by attribute if not:
     entropy:      [N, T] entropies of the next-token distributions.
     entropy_term: [N, T] S = Σ_j p_j²(log p_j + H), no grad (TEPO's first_order mask).
-    mtp_logp:     [N, T, K−1] MTP depth n's log-prob, at anchor column t, of completion token
-                  t + n − 1 (0 where it does not exist).
+    and the attached modules' quantity, by their `scores` name (MPO's, [N, T, K−1]).
     A mapping but not a dict, which ZeRO-3's module hooks would rewrap tensor by tensor.
     """
 
@@ -57,25 +54,27 @@ class Policy(nn.Module):
         lm: PreTrainedModel,
         kernel: KernelConfig,
         share_prompts: bool = True,
-        mtp_depths: int = 0,
-        mtp: MtpConfig | None = None,
+        attach: Attach | None = None,
         packing: bool = False,
         truncation: Truncation | None = None,
     ) -> None:
         """`truncation`: the sampler's top-k/top-p, under which every log-prob the objective reads
-        is scored (rollout.truncated_sampling=renormalise; docs/objectives.md §0.9)."""
+        is scored (rollout.truncated_sampling=renormalise; docs/objectives.md §0.9). `attach`
+        builds a feature's modules from the LM (before any adapter) once the head exists: an
+        `nn.Module` with `state_prefix` (its attribute here, so its checkpoint keys keep their
+        prefix), `scores` (the name of what it scores) and `score(policy, batch, hidden,
+        temperature, embedded=)` returning that [N, T, ...] tensor first."""
         super().__init__()
         # Sampling and training must see the same function (ratio = 1 on-policy): no dropout.
         self.lm = lm.eval()
         self.head = LogprobHead.of(lm.get_output_embeddings(), kernel)
         self.share_prompts = share_prompts
         self.packing = packing  # real tokens only, in one row (models/packing.py)
-        self.mtp_config = mtp or MtpConfig()
-        self.mtp = (
-            MtpStack(lm, mtp_depths, self.mtp_config.head, kernel).eval() if mtp_depths else None
-        )
-        if self.mtp is not None and not self.mtp_config.trainable:
-            self.mtp.requires_grad_(False)
+        self._attached_as: str | None = None
+        if attach is not None:
+            modules = attach(lm, kernel)
+            self._attached_as = modules.state_prefix
+            self.add_module(modules.state_prefix, modules)
         self.truncation = truncation or Truncation()
         for module in self.modules():
             if isinstance(module, LogprobHead):
@@ -84,12 +83,17 @@ class Policy(nn.Module):
         self._lora_dropouts: list[nn.Module] = []
 
     @property
+    def attached(self) -> Any | None:
+        """The feature's modules `attach` built, or None."""
+        return None if self._attached_as is None else getattr(self, self._attached_as)
+
+    @property
     def decoder(self) -> PreTrainedModel:
         """The transformers model whose decoder stack runs the sequences."""
         return self.lm
 
     def add_adapters(self, settings: LoraConfig, base_model: str | None) -> None:
-        """LoRA adapters into the LM (models/lora.py), after the MTP modules copied its layers:
+        """LoRA adapters into the LM (models/lora.py), after attached modules copied its layers:
         those train whole."""
         add_adapters(self.lm, settings, base_model)
         self.adapted = True
@@ -106,7 +110,6 @@ class Policy(nn.Module):
         batch: SequenceBatch,
         temperature: float = 1.0,
         with_entropy: bool = False,
-        with_mtp: bool = False,
         prompts: ExternalPrompts | None = None,
         make: Collection[str] = (),
     ) -> Scores: ...
@@ -119,14 +122,13 @@ class Policy(nn.Module):
         batch: SequenceBatch,
         temperature: float = 1.0,
         with_entropy: bool = False,
-        with_mtp: bool = False,
         prompts: ExternalPrompts | None = None,
         prompt_pass_rows: torch.Tensor | None = None,
         make: Collection[str] = (),
     ) -> Scores | PromptPass:
         """Score the completions of `batch` (see `Scores`): logp, and the scores named in `make`
-        (the trainer's, from the objective's declared inputs, algos/inputs.py) or by the flags
-        `with_entropy`, `with_mtp` (which needs the MTP modules);
+        (the trainer's, from the objective's declared inputs, algos/inputs.py; the attached
+        modules' name needs them) or by the flag `with_entropy`;
         `prompts`: the rows' prompts from a prompt pass (models/prompt_pass.py), packing only.
         `prompt_pass_rows` is `prompt_pass`'s way in: the pass is a call of the module, as
         DeepSpeed's engine and ZeRO-3's hooks expect of every forward (`through_engine`), so the
@@ -137,8 +139,7 @@ class Policy(nn.Module):
                 return run_prompt_pass(
                     self.lm, batch, prompt_pass_rows, self.lm.get_input_embeddings()
                 )
-            flags = {"entropy": with_entropy, "mtp_logp": with_mtp}
-            wanted = {*make, *(name for name, on in flags.items() if on)}
+            wanted = {*make, *(("entropy",) if with_entropy else ())}
             return self._score(batch, temperature, wanted, prompts)
 
     def _score(
@@ -148,10 +149,12 @@ class Policy(nn.Module):
         make: set[str],
         prompts: ExternalPrompts | None,
     ) -> Scores:
-        with_mtp = "mtp_logp" in make
-        if with_mtp and self.mtp is None:
-            raise ValueError("mtp_logp (with_mtp=True) needs a policy built with MTP modules")
-        # The sequence is embedded once for the backbone and the MTP modules: every lookup's
+        attached, others = self.attached, make - {"entropy", "entropy_term"}
+        if others and (attached is None or others != {attached.scores}):
+            wanted = ", ".join(sorted(others))
+            raise ValueError(f"{wanted} needs a policy built with the modules that score it")
+        with_attached = bool(others)
+        # The sequence is embedded once for the backbone and the attached modules: every lookup's
         # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
         hidden = sequence_hidden(
@@ -159,85 +162,33 @@ class Policy(nn.Module):
             batch,
             embedded,
             self.share_prompts,
-            full=with_mtp,
+            full=with_attached,
             packing=self.packing,
             prompts=prompts,
         )
         valid = batch.completion_mask
         width = valid.shape[1]
-        response_hidden = hidden[:, batch.prompt_width - 1 :] if with_mtp else hidden
+        response_hidden = hidden[:, batch.prompt_width - 1 :] if with_attached else hidden
         targets = batch.completion_ids[:, :width][valid]
         logp_flat, entropy_flat = self.head(
             response_hidden[valid], targets, temperature, "entropy" in make
         )
-        scores = Scores(logp=_scatter(valid, logp_flat))
+        scores = Scores(logp=scatter_valid(valid, logp_flat))
         if entropy_flat is not None:
-            scores["entropy"] = _scatter(valid, entropy_flat)
+            scores["entropy"] = scatter_valid(valid, entropy_flat)
         if "entropy_term" in make:
             with torch.no_grad():
                 term = self.head.entropy_terms(response_hidden[valid], targets, temperature)
-            scores["entropy_term"] = _scatter(valid, term)
-        if with_mtp:
-            scores["mtp_logp"], _ = self.mtp_logprobs(batch, hidden, temperature, embedded=embedded)
-        return scores
-
-    def mtp_logprobs(
-        self,
-        batch: SequenceBatch,
-        hidden: torch.Tensor,
-        temperature: float,
-        backbone_grad: bool | None = None,
-        embedded: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """[N, T, K−1] depth n's log-prob of completion token t + n − 1 at anchor column t, and
-        each depth's hidden states; `hidden` from `backbone_hidden`. `backbone_grad` overrides
-        `mtp.backbone_grad` (the warm-up keeps the backbone out of the graph)."""
-        assert self.mtp is not None
-        if backbone_grad is None:
-            backbone_grad = self.mtp_config.backbone_grad
-        prompts = None
-        if self.share_prompts:
-            width = batch.prompt_width
-            first, owner = batch.distinct_prompts()
-            prompts = SharedPrompts(first, owner, width)
-        depth_hidden = self.mtp(
-            self.lm,
-            hidden,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.position_ids,
-            backbone_grad=backbone_grad,
-            prompts=prompts,
-            embedded=embedded,
-        )
-        valid = batch.completion_mask
-        width = valid.shape[1]
-        completion = batch.completion_ids[:, :width]
-        columns = []
-        present_all = mtp_present(valid, len(self.mtp.depths))
-        pairs = zip(self.mtp.depths, depth_hidden, strict=True)
-        for offset, (depth, states) in enumerate(pairs, start=1):
-            # Anchor column t scores completion token t + offset, present only if that token is.
-            present = present_all[..., offset - 1]
-            targets = torch.zeros_like(completion)
-            targets[:, : width - offset] = completion[:, offset:]
-            anchors = states[:, batch.prompt_width - 1 :]
-            # A shared head is the backbone's own: it learns from the MTP terms only with them.
-            shared = depth.head is None
-            head = self.head if shared else depth.head
-            logp, _ = head(
-                depth.final_norm(anchors[present]),
-                targets[present],
-                temperature,
-                False,
-                weight_grad=backbone_grad or not shared,
+            scores["entropy_term"] = scatter_valid(valid, term)
+        if with_attached:
+            scores[attached.scores], _ = attached.score(
+                self, batch, hidden, temperature, embedded=embedded
             )
-            columns.append(_scatter(present, logp))
-        return torch.stack(columns, dim=-1), depth_hidden
+        return scores
 
     def backbone_hidden(self, batch: SequenceBatch) -> torch.Tensor:
         """[N, P + T − 1, H] the backbone's final hidden states at every position that predicts
-        a token of the sequence (what the MTP modules read)."""
+        a token of the sequence (what attached modules read)."""
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
         return sequence_hidden(
             self.lm, batch, embedded, self.share_prompts, full=True, packing=self.packing
@@ -247,15 +198,8 @@ class Policy(nn.Module):
         """This wrapper's state dict (e.g. ZeRO-3's consolidated one) with the LM's own keys."""
         return {key[3:]: value for key, value in state_dict.items() if key.startswith("lm.")}
 
-    def mtp_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The MTP modules' entries of this wrapper's state dict, keys without the prefix."""
-        return {
-            key[len(MTP_PREFIX) :]: value
-            for key, value in state_dict.items()
-            if key.startswith(MTP_PREFIX)
-        }
 
-
-def _scatter(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def scatter_valid(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """[N, T] (or the shape of `valid`) zeros with `values` at the places `valid` marks."""
     out = torch.zeros(valid.shape, dtype=values.dtype, device=valid.device)
     return out.masked_scatter(valid, values)

@@ -128,7 +128,7 @@ def partitioned_engine(module: torch.nn.Module, cfg: TrainConfig, world: int) ->
 
 
 def frozen_copy(policy: Policy, cfg: TrainConfig) -> Policy:
-    """A frozen copy of the policy's LM (never of its MTP modules)."""
+    """A frozen copy of the policy's LM (never of its attached modules)."""
     return _frozen(copy.deepcopy(policy.lm), policy, cfg)
 
 

@@ -1,7 +1,7 @@
 """The decoder's hidden states over prompt + completion sequences, each distinct prompt run once.
 
 Shared by everything that reads a decoder over a batch of completions: the policy (its log-probs,
-its MTP modules) and the critic (its values). `model` is a transformers model whose `base_model`
+its attached modules) and the critic (its values). `model` is a transformers model whose `base_model`
 is the decoder stack (a causal LM, or the bare decoder itself).
 """
 

@@ -7,7 +7,7 @@ Checkpoints and resume
     resume           which directory a resumed run continues, and whether it is the same run
     atomic_dir       a directory written whole or not at all (core/atomic_write.py), or RunError
     finish           the end of a run: rank checksums, final/, the optimizer state dropped
-    lora_files, mtp_files, critic_files   what final/ holds beside the model, per feature
+    lora_files, critic_files   what final/ holds beside the model, per feature
 Processes and devices
     distributed      process topology: one process, or ranks from the deepspeed launcher
     collective_timeout   every collective bounded in time, and the rank that never came named
@@ -16,7 +16,7 @@ Processes and devices
     host_memory      freed buffers back to the operating system
 Engines and numbers
     engine           the DeepSpeed engine: parameters, optimizer, learning-rate schedule
-    master_weights   float32 master weights for the MTP warm-up's own optimizer
+    master_weights   float32 master weights for an optimizer outside DeepSpeed (MPO's warm-up)
     guards           an optimizer step with non-finite gradients does not happen
 Signals, faults, logs
     stop             SIGINT/SIGTERM: finish the step, checkpoint, exit

@@ -271,10 +271,10 @@ def _save_engine(engine: Any, staging: Path) -> None:
 
 def _base_weights_frozen(engine: Any) -> bool:
     """With LoRA every frozen weight is the base model's, which a resumed run reads again from
-    where it came from: checkpoints hold only the adapters (and MTP modules) and their optimizer
-    state. (Frozen MTP modules, `algo.mtp.trainable=false`, are warmed up once: they are kept.)"""
+    where it came from: checkpoints hold only the adapters (and the policy's attached modules)
+    and their optimizer state. (Frozen attached modules, warmed up once, are kept.)"""
     policy = engine.module
-    return policy.adapted and (policy.mtp is None or policy.mtp_config.trainable)
+    return policy.adapted and (policy.attached is None or policy.attached.trainable)
 
 
 def _digest(path: Path) -> dict[str, Any]:

@@ -120,7 +120,7 @@ def _init_single_process_group(device: torch.device) -> None:
 
 def _join_launched_group(collective_timeout_s: float) -> None:
     """Ranks started by a launcher join their group now, not inside deepspeed.initialize: the
-    loop agrees on a checkpoint and broadcasts the warmed-up MTP modules before the engine exists.
+    loop agrees on a checkpoint and broadcasts MPO's warmed-up modules before the engine exists.
     The back-end is the one deepspeed.initialize would pick (gloo on CPU, NCCL on CUDA); every
     collective of the group waits at most `collective_timeout_s`."""
     from tepo_cli.core.deepspeed_import import import_deepspeed

@@ -7,7 +7,7 @@ nothing is lost.
     episode     in a multi-turn step, after a turn is sampled, before the environment answers
     update      after the first backward of the step, before the optimizer steps
     checkpoint  after the engine state is written to the staging directory, before it is sealed
-    warmup      after an optimizer step of the MTP warm-up (its step numbers count from 1)
+    warmup      after an optimizer step of MPO's warm-up (its step numbers count from 1)
   nan_loss      the step's loss is multiplied by NaN (a numeric blow-up, skipped by the guard)
   hang          the rank stops at the start of the step, in no collective, until a stop signal
                 ends it (the other ranks' next collective waits: trainer.collective_timeout_s)

@@ -1,5 +1,5 @@
-"""The end of a run: the optimizer state dropped, rank checksums, the final model (and MTP
-modules, critic) saved whole, summary.json and the console report."""
+"""The end of a run: the optimizer state dropped, rank checksums, the final model (and the
+policy's attached modules, the critic) saved whole, summary.json and the console report."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
-from tepo_cli.core.run_dir import CRITIC, FINAL, MTP_MODULES, SUMMARY
+from tepo_cli.core.run_dir import CRITIC, FINAL, SUMMARY
 from tepo_cli.models.policy import Policy
 from tepo_cli.runtime import checkpoint
 from tepo_cli.runtime.atomic_dir import write_directory
@@ -21,7 +21,6 @@ from tepo_cli.runtime.engine import consolidated_state_dict
 from tepo_cli.runtime.guards import torch_optimizer
 from tepo_cli.runtime.lora_files import save_adapter
 from tepo_cli.runtime.metrics import RunLog
-from tepo_cli.runtime.mtp_files import save_mtp_modules
 
 
 def drop_optimizer_state(engine: Any) -> None:
@@ -49,17 +48,16 @@ def save_final(
     run_dir: Path,
     topo: Topology,
 ) -> dict[str, str]:
-    """final/ (a transformers model directory; with LoRA the adapter and final/merged), the MTP
-    modules and the critic; returns their paths for the summary. Collective: every rank calls
-    it."""
+    """final/ (a transformers model directory; with LoRA the adapter and final/merged), the
+    policy's attached modules (their own files) and the critic; returns their paths for the
+    summary. Collective: every rank calls it."""
     if engine.module.adapted:
         saved = save_adapter(cfg, engine, tokenizer, run_dir / FINAL, topo)
     else:
         saved = {"final_model": str(run_dir / FINAL)}
         _save_model(engine, tokenizer, run_dir / FINAL, topo)
-    if engine.module.mtp is not None:
-        save_mtp_modules(engine, cfg, run_dir / MTP_MODULES, topo)
-        saved["mtp_modules"] = str(run_dir / MTP_MODULES)
+    if engine.module.attached is not None:
+        saved.update(engine.module.attached.save_beside_final(engine, cfg, run_dir, topo))
     if critic_engine is not None and cfg.advantage.save_critic:
         save_critic(critic_engine, run_dir / CRITIC, topo)
         saved["critic"] = str(run_dir / CRITIC)

@@ -23,7 +23,7 @@ class RunHooks:
         self.step = 0
 
     def enter_step(self, step: int) -> None:
-        """The loop (or the MTP warm-up, counting its own steps from 1) says which step runs."""
+        """The loop (or MPO's warm-up, counting its own steps from 1) says which step runs."""
         self.step = step
 
     def reached(self, point: str) -> None:

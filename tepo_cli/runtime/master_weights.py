@@ -1,4 +1,4 @@
-"""AdamW with float32 master weights, for the parameters the MTP warm-up trains outside DeepSpeed.
+"""AdamW with float32 master weights, for the parameters MPO's warm-up trains outside DeepSpeed.
 
 An AdamW step on bf16 weights rounds every update to 8 significant bits: an update smaller than
 half a weight's bf16 spacing (lr 3e-4 against a weight near 1, spacing 2^-7) is lost, step after

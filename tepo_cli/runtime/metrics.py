@@ -97,17 +97,11 @@ class RunLog:
             f"({record['seconds']:.1f} s)"
         )
 
-    def warmup(self, record: dict[str, Any]) -> None:
-        """One record of the MTP warm-up (before step 1): metrics.jsonl, and a console line."""
+    def before_training(self, record: dict[str, Any], line: str) -> None:
+        """One record of work before step 1 (MPO's warm-up): metrics.jsonl, and its console
+        line."""
         self.metrics.write(record)
-        depths = sorted(k.rsplit("_d", 1)[1] for k in record if k.startswith("mtp_warmup_agree_d"))
-        agreement = " ".join(f"d{d} {record[f'mtp_warmup_agree_d{d}']:.2f}" for d in depths)
-        self.console.print(
-            f"MTP warm-up step {record['mtp_warmup_step']}: loss "
-            f"{record['mtp_warmup_loss']:.3f}, top-1 agreement with the backbone {agreement} "
-            f"({record['mtp_warmup_seconds']:.0f} s)",
-            highlight=False,
-        )
+        self.console.print(line, highlight=False)
 
     def info(self, message: str) -> None:
         self.console.print(message, highlight=False)

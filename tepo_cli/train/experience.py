@@ -72,7 +72,7 @@ def score(
     clock: StepClock | None = None,
 ) -> Experience:
     """The step's `Experience`: old-policy scores (when off-policy: log-probs and what the
-    objective reads besides — entropies, TEPO's first-order term, MPO's MTP depths) and reference
+    objective reads besides — entropies, TEPO's first-order term, MPO's prediction depths) and reference
     log-probs, in micro-batches, without gradient."""
     clock = clock or StepClock()
     experience = Experience(**_fields_of(groups), **_fields_of(advantages))

@@ -6,11 +6,11 @@ Needed FLOPs of one pass over the step's tokens, forward and backward:
 N: the parameters a token multiplies by (every weight, less an input embedding that is not also
 the output head: a lookup is no matmul); L layers; d_attn = heads × head dim; a token's context is
 the number of keys it attends to (causal: its position + 1), summed exactly rather than PaLM's
-full-length bound. MPO's MTP modules (models/mtp.py) run every position again, once per depth:
-their decoder layer, input projection and LM head (a copy, or the backbone's with mtp.head=shared)
-add p · (N_mtp · tokens + 2 · K' · d_attn · Σ context), K' = K − 1 depths, with p = 6 when
-the modules train, 4 when they are frozen but pass the gradient to the backbone (no weight
-gradient), 2 when nothing flows back through them. Each optimizer step counts its own rows: a
+full-length bound. Modules attached to the policy (MPO's) that run every position again add
+p · (N_a · tokens + 2 · L_a · d_attn · Σ context): their matmul weights N_a and decoder layers
+L_a, with p = 6 when they train, 4 when they are frozen but pass the gradient to the backbone
+(no weight gradient), 2 when nothing flows back through them; the modules say their own
+(`work`). Each optimizer step counts its own rows: a
 prompt once per distinct prompt of the step (as its prompt pass computes them, under that step's
 weights), an answer once per row;
 the rows the update leaves out (an advantage of exactly 0, train/zero_advantage.py) and the steps
@@ -61,26 +61,19 @@ class ModelShape:
     attention_width: int
     hidden: int
     intermediate: int
-    mtp_params: int = 0  # every MTP depth's matmul weights a position multiplies by (head included)
-    mtp_layers: int = 0  # one decoder layer per depth
-    mtp_passes: float = 0.0  # FLOPs per weight and position: 6, 4 or 2 (module docstring)
+    attached_params: int = 0  # the attached modules' matmul weights a position multiplies by
+    attached_layers: int = 0  # their decoder layers
+    attached_passes: float = 0.0  # FLOPs per weight and position: 6, 4 or 2 (module docstring)
 
 
 def policy_shape(policy: Any) -> ModelShape:
-    """The backbone's shape (`model_shape`) and, when the policy has MTP modules, theirs."""
+    """The backbone's shape (`model_shape`) and, when the policy has attached modules, theirs."""
     shape = model_shape(policy.lm)
-    stack = getattr(policy, "mtp", None)
-    if stack is None:
+    attached = getattr(policy, "attached", None)
+    if attached is None:
         return shape
-    depths = len(stack.depths)
-    params = stack.parameter_count()
-    if stack.head_mode == "shared":  # the backbone's head, applied once more per depth
-        params += depths * _numel(policy.lm.get_output_embeddings().weight)
-    if any(p.requires_grad for p in stack.parameters()):
-        passes = 6.0
-    else:
-        passes = 4.0 if policy.mtp_config.backbone_grad else 2.0
-    return replace(shape, mtp_params=params, mtp_layers=depths, mtp_passes=passes)
+    params, layers, passes = attached.work(policy.lm)
+    return replace(shape, attached_params=params, attached_layers=layers, attached_passes=passes)
 
 
 def model_shape(lm: torch.nn.Module) -> ModelShape:
@@ -135,8 +128,9 @@ def needed_flops(
     flops = (
         6.0 * shape.matmul_params * tokens + 12.0 * shape.layers * shape.attention_width * context
     )
-    flops += shape.mtp_passes * (
-        shape.mtp_params * tokens + 2.0 * shape.mtp_layers * shape.attention_width * context
+    flops += shape.attached_passes * (
+        shape.attached_params * tokens
+        + 2.0 * shape.attached_layers * shape.attention_width * context
     )
     return flops, tokens
 

@@ -1,8 +1,11 @@
 """The policy's objective on one micro-batch: π_old's scores (the rollout pass's, or the current
 forward's detached), the advantages and the mismatch weights of its rows, the objective plugin's
-loss (algos/objectives.py) and MPO's MTP terms. `train/update.py` runs its backward."""
+loss (algos/objectives.py) and the policy's attached modules' terms. `train/update.py` runs its
+backward."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -12,7 +15,6 @@ from tepo_cli.algos.inputs import OLD, scored
 from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
-from tepo_cli.models.mtp_loss import mtp_metrics, mtp_prediction_loss
 from tepo_cli.models.policy import Scores
 from tepo_cli.train.experience import Experience
 
@@ -24,21 +26,16 @@ def forward_scores(cfg: TrainConfig, experience: Experience) -> frozenset[str]:
 
 
 def micro_batch_objective(
-    cfg: TrainConfig, batch: PolicyBatch, scores: Scores
+    cfg: TrainConfig, batch: PolicyBatch, scores: Scores, attached: Any | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The micro-batch's loss and metrics: the registered objective on its `objective_batch`,
-    with the run's already validated `cfg.algo`; MPO's MTP metrics from the forward's `scores`,
-    and its auxiliary prediction loss added when `algo.mtp.aux_coef` > 0."""
+    with the run's already validated `cfg.algo`; then, when the forward scored the policy's
+    `attached` modules, their own terms (MPO's: metrics and an auxiliary loss)."""
     loss, metrics = get_policy_loss(cfg.algo.name)(batch, cfg.algo)
-    metrics, mtp, mtp_logp = dict(metrics), cfg.algo.mtp, scores.mtp_logp
-    if mtp_logp is None:
+    metrics = dict(metrics)
+    if attached is None or scores.get(attached.scores) is None:
         return loss, metrics
-    metrics.update(mtp_metrics(mtp_logp.detach(), scores.logp.detach(), batch.mask))
-    if mtp.aux_coef <= 0:
-        return loss, metrics
-    aux = mtp_prediction_loss(mtp_logp, batch.mask, mtp.warmup.alpha_decay, batch.num_tokens)
-    metrics["mtp_aux_loss"] = float(aux.detach())
-    return loss + mtp.aux_coef * aux, metrics
+    return attached.objective_terms(loss, metrics, scores, batch)
 
 
 def objective_batch(

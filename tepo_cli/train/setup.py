@@ -1,8 +1,8 @@
-"""Building a run: the task, reward, tokenizer and models, the MTP warm-up, the DeepSpeed
-engines, and — with `resume` — the newest good checkpoint's weights, streams and states.
+"""Building a run: the task, reward, tokenizer and models, a feature's warm-up (MPO's), the
+DeepSpeed engines, and — with `resume` — the newest good checkpoint's weights, streams and states.
 
 The order matters for exact resume and for memory: the checkpoint is chosen before the engines
-exist (the MTP warm-up runs only on a fresh start, and the engines' optimizers start from the
+exist (the warm-up runs only on a fresh start, and the engines' optimizers start from the
 warmed-up modules); the rollout engine is built after the checkpoint is loaded, from the resumed
 weights.
 """
@@ -20,7 +20,6 @@ import torch
 from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import host_allocator
-from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.run_dir import METRICS
 from tepo_cli.data.tasks import DatasetTask
 from tepo_cli.envs.sampler import build_sampler
@@ -30,9 +29,9 @@ from tepo_cli.kernels.truncated import Truncation
 from tepo_cli.models.critic import Critic
 from tepo_cli.models.loading import load_model, load_tokenizer, resolve_dtype, weights_location
 from tepo_cli.models.lora import full_numel, trainable_parameters
-from tepo_cli.models.mtp import mtp_support_problem
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import build_reference
+from tepo_cli.mtp.hook import MtpHook
 from tepo_cli.rollout import build_backend
 from tepo_cli.rollout.vllm_modes import resolve_modes
 from tepo_cli.runtime import checkpoint
@@ -42,14 +41,13 @@ from tepo_cli.runtime.engine import build_engine, deepspeed_config
 from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.runtime.host_memory import set_up_host_memory
 from tepo_cli.runtime.metrics import RunLog
-from tepo_cli.runtime.mtp_files import mtp_unsupported_message
 from tepo_cli.runtime.resume import truncate_logs
 from tepo_cli.runtime.rng_and_streams import restore_rng
 from tepo_cli.runtime.state import RankState, TrainerState
 from tepo_cli.trackers import Trackers, open_trackers
-from tepo_cli.train.mtp_warmup import warm_up, warmup_stream_seed
 from tepo_cli.train.prompt_streams import open_prompts
 from tepo_cli.train.run import Models, Run
+from tepo_cli.train.sampling import training_sampling
 from tepo_cli.train.update import accumulation_steps
 
 
@@ -76,7 +74,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     zero3 = partitioned_load_config(cfg, topo)
     lm, tf32 = _load_lm(cfg, tokenizer, topo, zero3)
     model = build_policy(cfg, lm)
-    # The MTP modules and the critic are copies of the LM's layers without adapters: fully trained.
+    # Attached modules and the critic are copies of the LM's layers without adapters: fully trained.
     critic = build_critic(cfg, model, topo) if cfg.advantage.needs_critic else None
     if cfg.model.lora.enabled:
         model.add_adapters(cfg.model.lora, weights_location(cfg.model))
@@ -87,10 +85,10 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
     summary = {"run_dir": str(run_dir), "steps": 0, "data": data, **model_sizes(model, critic)}
     summary["host_allocator"] = allocator
-    if model.mtp is not None and resume_from is None:
-        warmup_stream = task.train_stream(warmup_stream_seed(cfg.seed))
-        emit = log.warmup if log is not None else (lambda record: None)
-        summary.update(warm_up(cfg, model, tokenizer, warmup_stream, emit, hooks))
+    feature = MtpHook.of(cfg)
+    if feature is not None and resume_from is None:
+        sampling = training_sampling(cfg)
+        summary.update(feature.warm_up(model, tokenizer, task.train_stream, log, hooks, sampling))
     accumulation = accumulation_steps(cfg)
     engine = build_engine(model, cfg, accumulation, topo.world_size)
     critic_engine = (
@@ -148,10 +146,10 @@ def _load_lm(
 def partitioned_load_config(cfg: TrainConfig, topo: Topology) -> dict[str, Any] | None:
     """Under ZeRO-3, the DeepSpeed config the policy (and the KL reference) load partitioned
     with; None where the model is loaded whole: other stages, and runs that read the policy's
-    whole weights before its engine exists (MPO's MTP modules copy its last layer and warm up
-    on its hidden states; the critic starts as a copy of its decoder), and LoRA runs (their
-    reference is the policy itself; peft injects into whole layers)."""
-    if cfg.deepspeed.stage != 3 or cfg.algo.mtp_depths or cfg.model.lora.enabled:
+    whole weights before its engine exists (MPO's modules copy its last layer and warm up on its
+    hidden states; the critic starts as a copy of its decoder), and LoRA runs (their reference is
+    the policy itself; peft injects into whole layers)."""
+    if cfg.deepspeed.stage != 3 or MtpHook.of(cfg) or cfg.model.lora.enabled:
         return None
     if cfg.advantage.needs_critic and cfg.advantage.critic_path is None:
         return None
@@ -243,19 +241,14 @@ def seed_everything(seed: int) -> None:
 
 
 def build_policy(cfg: TrainConfig, lm: Any) -> Policy:
-    """The trained module: the LM, its log-prob head and, for MPO's future=mtp, the MTP modules."""
-    depths = cfg.algo.mtp_depths
-    if depths:
-        problem = mtp_support_problem(getattr(lm.config, "model_type", None), lm)
-        if problem is not None:
-            raise ConfigError(mtp_unsupported_message(cfg, problem))
+    """The trained module: the LM, its log-prob head and the modules a feature attaches (MPO's)."""
+    feature = MtpHook.of(cfg)
     return Policy(
         lm,
         cfg.kernel,
         share_prompts=cfg.model.share_prompts,
         packing=cfg.model.packing,
-        mtp_depths=depths,
-        mtp=cfg.algo.mtp,
+        attach=feature.attach(lm) if feature is not None else None,
         truncation=sampler_truncation(cfg),
     )
 
@@ -269,16 +262,16 @@ def sampler_truncation(cfg: TrainConfig) -> Truncation | None:
 
 def model_sizes(policy: Policy, critic: Critic | None = None) -> dict[str, int]:
     """Parameter counts (before ZeRO-3 partitions them): the policy's own (with LoRA adapters),
-    those the optimizer updates (adapters and MTP modules only, with LoRA), with MPO's
-    future=mtp the MTP modules', and the critic's with advantage=gae."""
+    those the optimizer updates (adapters and attached modules only, with LoRA), the attached
+    modules' (`<prefix>_parameters`: MPO's), and the critic's with advantage=gae."""
     sizes = {
         "policy_parameters": sum(full_numel(p) for p in policy.lm.parameters()),
         # What this rank holds at start-up: 1/world of them when loaded partitioned (ZeRO-3).
         "policy_parameters_on_rank": sum(_held(p) for p in policy.lm.parameters()),
         "trainable_parameters": trainable_parameters(policy),
     }
-    if policy.mtp is not None:
-        sizes["mtp_parameters"] = policy.mtp.parameter_count()
+    if policy.attached is not None:
+        sizes[f"{policy.attached.state_prefix}_parameters"] = policy.attached.parameter_count()
     if critic is not None:
         sizes["critic_parameters"] = sum(full_numel(p) for p in critic.parameters())
     return sizes

@@ -18,7 +18,7 @@ from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-di
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS, discard_if_unused
-from tepo_cli.train.mtp_warmup_size import WarmupSize, settle_warmup_steps, warmup_line
+from tepo_cli.mtp.hook import MtpHook
 
 if TYPE_CHECKING:
     from tepo_cli.runtime.device_choice import DeviceChoice
@@ -48,11 +48,12 @@ def train_job(cfg: DictConfig) -> None:
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         dtype_name = config.model.dtype
         _settle_precision(config, device.type)
-        warmup = settle_warmup_steps(config)
+        feature = MtpHook.of(config)
+        feature_line = feature.settle() if feature is not None else None
         _check_registered_names(config)
         if dry_run(config, "train"):
             _say_precision(dtype_name, device.type, config.model.weight_rounding)
-            _say_warmup(config, warmup)
+            _say(feature_line)
             discard_if_unused(run_dir)
             return
         if config.resume and _finished_already(run_dir, config):
@@ -64,10 +65,10 @@ def train_job(cfg: DictConfig) -> None:
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
             _relaunch(config, hydra_cfg, run_dir, device.type)
             return
-        topo = _join_ranks(config, device)
+        topo = _join_ranks(config, device, feature)
         if topo.is_main:
             _say_precision(dtype_name, device.type, config.model.weight_rounding)
-            _say_warmup(config, warmup)
+            _say(feature_line)
         _prepare_on_rank0(config, run_dir, topo)
         if topo.is_main:
             write_status(run_dir, "running")
@@ -155,15 +156,14 @@ def _relaunch(config: TrainConfig, hydra_cfg: Any, run_dir: Path, device_type: s
         sys.exit(code)
 
 
-def _join_ranks(config: TrainConfig, device: DeviceChoice) -> Topology:
-    """This process as a rank: the checks that need no group, then its place in the group (one
-    rank, or the launcher's), on the device `trainer.device` chose."""
+def _join_ranks(config: TrainConfig, device: DeviceChoice, feature: MtpHook | None) -> Topology:
+    """This process as a rank: the checks that need no group (the feature's model check among
+    them), then its place in the group (one rank, or the launcher's), on the device
+    `trainer.device` chose."""
     from tepo_cli.runtime import collective_timeout, distributed
-    from tepo_cli.runtime.mtp_files import early_mtp_problem, mtp_unsupported_message
 
-    problem = early_mtp_problem(config)
-    if problem is not None:
-        raise ConfigError(mtp_unsupported_message(config, problem))
+    if feature is not None:
+        feature.check_model()
     distributed.check_launched_world(config.trainer.nproc)
     collective_timeout.begin("start-up")
     if os.environ.get("RANK", "0") == "0":
@@ -221,13 +221,12 @@ def _say_precision(name: str, device_type: str, rounding: str) -> None:
         print(f"tepo train: {warning}", file=sys.stderr)
 
 
-def _say_warmup(config: TrainConfig, size: WarmupSize | None) -> None:
-    """MPO's start line: how long the MTP warm-up runs and why (train/mtp_warmup_size.py). A
-    resume skips the warm-up (the checkpoint holds the modules), but the line still says what a
-    fresh start of this config would do."""
-    if size is not None:
-        line = warmup_line(size, config.algo.mtp.warmup.batch_size)
-        print(f"tepo train: {line}", file=sys.stderr)
+def _say(feature_line: str | None) -> None:
+    """The feature's start line (MPO's: how long its warm-up runs and why). A resume skips the
+    warm-up (the checkpoint holds the modules), but the line still says what a fresh start of
+    this config would do."""
+    if feature_line is not None:
+        print(f"tepo train: {feature_line}", file=sys.stderr)
 
 
 def _auto_as_it_was(previous: dict[str, Any], device_type: str) -> dict[str, Any]:

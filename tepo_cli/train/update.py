@@ -319,7 +319,7 @@ def _forward_backward(
     tally: MismatchTally | None = None,
     selected: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """The objective on micro-batch `index` of the minibatch (plus MPO's auxiliary MTP loss) and
+    """The objective on micro-batch `index` of the minibatch (plus the attached modules' terms) and
     its backward; its answers read the minibatch's prompt pass where there is one. `selected`:
     KL-Cov / Clip-Cov's pick over the step's rows ([N, T]), None for the other objectives."""
     began = time.perf_counter()
@@ -330,7 +330,7 @@ def _forward_backward(
     batch = objective_batch(
         cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
     )
-    loss, metrics = micro_batch_objective(cfg, batch, scores)
+    loss, metrics = micro_batch_objective(cfg, batch, scores, engine.module.attached)
     loss = hooks.loss(loss)
     loss = prompts.carry_grads(index, loss)
     forward_done = time.perf_counter()

@@ -4,7 +4,7 @@
 
 An objective registered as advantage-proportional (algos/registry.py; every shipped one) adds
 (clipped ratio) × Â per token, so such a row's gradient is exactly 0 — unless another term reads
-it: a KL term (algo.beta > 0), MPO's MTP prediction loss (algo.mtp.aux_coef > 0) or a critic
+it: a KL term (algo.beta > 0), an auxiliary loss (MPO's, `AlgoConfig.auxiliary_loss`) or a critic
 (advantage=gae: its value loss trains on every row). The minibatch's normalisers are counted
 before the rows are left out, so token-mean stays a mean over all of them and the gradient is
 the same as without the skip. When no rank keeps a row, the optimizer step is left out as an
@@ -30,7 +30,7 @@ def may_skip(cfg: TrainConfig) -> bool:
         cfg.trainer.skip_zero_advantage
         and advantage_proportional(algo.name)
         and algo.beta == 0
-        and not (algo.mtp_depths and algo.mtp.aux_coef > 0)
+        and not algo.auxiliary_loss
         and cfg.advantage.name != "gae"
     )
 

@@ -22,7 +22,12 @@ def rows(path: Path) -> list[dict]:
 
 
 def untimed(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not TIMES.search(k)}
+    """The record without its times, inside nested records too (the summary's MTP warm-up)."""
+    return {
+        k: untimed(v) if isinstance(v, dict) else v
+        for k, v in record.items()
+        if not TIMES.search(k)
+    }
 
 
 def summary(run: Path) -> dict | None:
@@ -61,7 +66,7 @@ def main(before: Path, after: Path) -> None:
     files = final_files(before), final_files(after)
     state = "missing" if not all(files) else "equal" if files[0] == files[1] else "DIFFER"
     print(f"final/: {len(files[0])} files, {state}")
-    rewards = [r["reward_mean"] for r in rows(before / "metrics.jsonl")]
+    rewards = [r["reward_mean"] for r in rows(before / "metrics.jsonl") if "reward_mean" in r]
     print("reward_mean by step (before):", rewards)
 
 

@@ -107,7 +107,7 @@ def first_crossing(
     seconds: float | None = 0.0
     for record in metrics:
         if "step" not in record:
-            continue  # not a training step (e.g. an MTP warm-up record)
+            continue  # not a training step (e.g. a record of MPO's warm-up)
         step_seconds = record.get("step_seconds")
         seconds = None if seconds is None or step_seconds is None else seconds + step_seconds
         value = record.get(key)

@@ -9,22 +9,33 @@ LM head (or the backbone's head itself with `head=shared`). [our reading] M_n st
 [I, 0] — the identity on the hidden part, zero on the embedding part (the paper does not say) —
 and the two input norms start with unit weights.
 
-Any Llama-style decoder from transformers carries them: the model types in `SUPPORTED`.
+Any Llama-style decoder from transformers carries them: the model types in `SUPPORTED`. The
+policy holds the stack as its attached modules (models/policy.py): it calls `score` for the
+quantity the stack names (`mtp_logp`), and the stack's weights keep the `mtp.` prefix in every
+checkpoint and state dict.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
+from tepo_cli.core.run_dir import MTP_MODULES
+from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.logprob_head import LogprobHead
+from tepo_cli.models.policy import scatter_valid
 from tepo_cli.models.shared_prompts import gather_rows
+from tepo_cli.mtp.files import save_mtp_modules
+from tepo_cli.mtp.prediction_loss import mtp_metrics, mtp_prediction_loss, mtp_present
 
 # Decoder-only models whose layers take (hidden, attention mask, position embeddings) and whose
 # backbone exposes embed_tokens, layers, norm and rotary_emb, as Llama's does.
@@ -99,10 +110,22 @@ class MtpDepth(nn.Module):
 
 
 class MtpStack(nn.Module):
-    """Depths 2..K on top of a backbone; `forward` returns each depth's hidden states [N, S, H]."""
+    """Depths 2..K on top of a backbone; `forward` returns each depth's hidden states [N, S, H],
+    `score` their log-probs of the completion tokens. `config` (algo.mtp) says how they train."""
 
-    def __init__(self, lm: PreTrainedModel, depths: int, head: str, kernel: KernelConfig) -> None:
+    state_prefix = "mtp"  # the policy's attribute, so every checkpoint's keys are `mtp.*`
+    scores = "mtp_logp"  # what `score` makes, by the name the objective reads it
+
+    def __init__(
+        self,
+        lm: PreTrainedModel,
+        depths: int,
+        head: str,
+        kernel: KernelConfig,
+        config: MtpConfig | None = None,
+    ) -> None:
         super().__init__()
+        self.config = config or MtpConfig()
         problem = mtp_support_problem(getattr(lm.config, "model_type", None), lm)
         if problem is not None:
             raise ValueError(problem)
@@ -163,6 +186,117 @@ class MtpStack(nn.Module):
     def parameter_count(self) -> int:
         """Parameters of the modules (their full size also while ZeRO-3 partitions them)."""
         return sum(getattr(p, "ds_numel", p.numel()) for p in self.parameters())
+
+    def work(self, lm: PreTrainedModel) -> tuple[int, int, float]:
+        """What the modules add to a step's FLOPs (train/flops.py): (matmul weights a position
+        multiplies by, decoder layers, FLOPs per weight and position). Each depth runs every
+        position again: its decoder layer, input projection and LM head (its own copy, or the
+        backbone's with mtp.head=shared, counted once per depth); 6 when the modules train, 4
+        when they are frozen but pass the gradient to the backbone, 2 when nothing flows back."""
+        depths = len(self.depths)
+        params = self.parameter_count()
+        if self.head_mode == "shared":  # the backbone's head, applied once more per depth
+            weight = lm.get_output_embeddings().weight
+            params += depths * int(getattr(weight, "ds_numel", weight.numel()))
+        if any(p.requires_grad for p in self.parameters()):
+            passes = 6.0
+        else:
+            passes = 4.0 if self.config.backbone_grad else 2.0
+        return params, depths, passes
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the RL steps train the modules (`mtp.trainable`); frozen ones are warmed up
+        once, and a checkpoint keeps them like any weight."""
+        return self.config.trainable
+
+    def score(
+        self,
+        policy: Any,
+        batch: SequenceBatch,
+        hidden: torch.Tensor,
+        temperature: float,
+        backbone_grad: bool | None = None,
+        embedded: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """[N, T, K−1] depth n's log-prob of completion token t + n − 1 at anchor column t, and
+        each depth's hidden states; `hidden` from the policy's `backbone_hidden`, scored by its
+        head (a shared one) or each depth's own. `backbone_grad` overrides
+        `mtp.backbone_grad` (the warm-up keeps the backbone out of the graph)."""
+        if backbone_grad is None:
+            backbone_grad = self.config.backbone_grad
+        prompts = None
+        if policy.share_prompts:
+            width = batch.prompt_width
+            first, owner = batch.distinct_prompts()
+            prompts = SharedPrompts(first, owner, width)
+        depth_hidden = self(
+            policy.lm,
+            hidden,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
+            backbone_grad=backbone_grad,
+            prompts=prompts,
+            embedded=embedded,
+        )
+        valid = batch.completion_mask
+        width = valid.shape[1]
+        completion = batch.completion_ids[:, :width]
+        columns = []
+        present_all = mtp_present(valid, len(self.depths))
+        pairs = zip(self.depths, depth_hidden, strict=True)
+        for offset, (depth, states) in enumerate(pairs, start=1):
+            # Anchor column t scores completion token t + offset, present only if that token is.
+            present = present_all[..., offset - 1]
+            targets = torch.zeros_like(completion)
+            targets[:, : width - offset] = completion[:, offset:]
+            anchors = states[:, batch.prompt_width - 1 :]
+            # A shared head is the backbone's own: it learns from the MTP terms only with them.
+            shared = depth.head is None
+            head = policy.head if shared else depth.head
+            logp, _ = head(
+                depth.final_norm(anchors[present]),
+                targets[present],
+                temperature,
+                False,
+                weight_grad=backbone_grad or not shared,
+            )
+            columns.append(scatter_valid(present, logp))
+        return torch.stack(columns, dim=-1), depth_hidden
+
+    def save_beside_final(self, engine: Any, cfg: Any, run_dir: Any, topo: Any) -> dict[str, str]:
+        """At the end of a run, beside final/ (files.py); their path for the summary. Collective:
+        every rank calls it."""
+        save_mtp_modules(engine, cfg, run_dir / MTP_MODULES, topo)
+        return {"mtp_modules": str(run_dir / MTP_MODULES)}
+
+    def objective_terms(
+        self, loss: torch.Tensor, metrics: dict[str, float], scores: Any, batch: Any
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """A micro-batch's objective with the modules' metrics from the forward's `scores`, and
+        their auxiliary prediction loss over the step's tokens when `mtp.aux_coef` > 0."""
+        mtp_logp, settings = scores[self.scores], self.config
+        metrics = {**metrics, **mtp_metrics(mtp_logp.detach(), scores.logp.detach(), batch.mask)}
+        if settings.aux_coef <= 0:
+            return loss, metrics
+        alpha_decay = settings.warmup.alpha_decay
+        aux = mtp_prediction_loss(mtp_logp, batch.mask, alpha_decay, batch.num_tokens)
+        metrics["mtp_aux_loss"] = float(aux.detach())
+        return loss + settings.aux_coef * aux, metrics
+
+
+def attach(depths: int, config: MtpConfig) -> Callable[[PreTrainedModel, KernelConfig], MtpStack]:
+    """What the policy calls, as it is built, to attach `depths` MTP modules (`Policy(attach=)`):
+    after its own head, so the modules' weights follow it in every parameter order."""
+
+    def build(lm: PreTrainedModel, kernel: KernelConfig) -> MtpStack:
+        stack = MtpStack(lm, depths, config.head, kernel, config).eval()
+        if not config.trainable:
+            stack.requires_grad_(False)
+        return stack
+
+    return build
 
 
 @dataclass(frozen=True)

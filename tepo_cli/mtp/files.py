@@ -20,6 +20,7 @@ from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.engine import consolidated_state_dict
 
 METADATA_KEY = "tepo_mtp"
+PREFIX = "mtp."  # the modules' keys in the policy's state dict (MtpStack.state_prefix)
 
 
 def save_mtp_modules(engine: Any, cfg: TrainConfig, target: Path, topo: Topology) -> None:
@@ -28,7 +29,7 @@ def save_mtp_modules(engine: Any, cfg: TrainConfig, target: Path, topo: Topology
     consolidated = consolidated_state_dict(engine)
     if not topo.is_main:
         return
-    state = policy.mtp.state_dict() if consolidated is None else policy.mtp_state_dict(consolidated)
+    state = policy.attached.state_dict() if consolidated is None else _own(consolidated)
     settings = {
         "format": "tepo-mtp-1",
         "depths": cfg.algo.mtp_depths,
@@ -49,6 +50,13 @@ def save_mtp_modules(engine: Any, cfg: TrainConfig, target: Path, topo: Topology
             f"could not save the MTP modules to {target}: {error}. final/ is complete; the "
             f"checkpoints under {target.parent / 'checkpoints'} still hold the modules."
         ) from None
+
+
+def _own(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The modules' entries of the policy's (consolidated) state dict, keys without the prefix."""
+    return {
+        key[len(PREFIX) :]: value for key, value in state_dict.items() if key.startswith(PREFIX)
+    }
 
 
 def load_mtp_modules(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -73,7 +81,7 @@ def early_mtp_problem(cfg: TrainConfig) -> str | None:
     weights), or None when it can or when that cannot be told before loading it."""
     if cfg.algo.mtp_depths == 0:
         return None
-    from tepo_cli.models.mtp import mtp_support_problem
+    from tepo_cli.mtp.modules import mtp_support_problem
 
     if cfg.model.path is None and cfg.model.source in ("tiny", "gguf_package"):
         return mtp_support_problem("llama")  # built in-process / converted as Llama

@@ -26,13 +26,13 @@ from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.data.prompt_templates import render_prompt
 from tepo_cli.kernels.argmax import token_argmax
-from tepo_cli.models.mtp_loss import mtp_prediction_loss, mtp_present
 from tepo_cli.models.policy import Policy
+from tepo_cli.mtp.prediction_loss import mtp_prediction_loss, mtp_present
+from tepo_cli.mtp.warmup_size import warmup_size
+from tepo_cli.rollout.backend import Sampling
 from tepo_cli.rollout.hf import generate
 from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.runtime.master_weights import MasterAdamW
-from tepo_cli.train.mtp_warmup_size import warmup_size
-from tepo_cli.train.sampling import training_sampling
 
 Emit = Callable[[dict[str, Any]], None]
 _WARMUP_STREAM = 7_919  # seeds the warm-up's problem stream apart from the RL stream
@@ -55,29 +55,32 @@ def warm_up(
     stream: Iterator[Problem],
     emit: Emit,
     hooks: RunHooks,
+    sampling: Sampling,
 ) -> dict[str, Any]:
-    """Train the MTP modules for `mtp.warmup.steps` steps (auto: as train/mtp_warmup_size.py
-    sizes it; `tepo train` settles it at start); returns the summary (steps, seconds, per-depth
-    NLL and top-1 agreement before and after). Zero steps draw nothing: the modules stay as
-    built (the step-0 measurement alone costs a batch: 16 sampled answers with data=samples)."""
-    assert policy.mtp is not None
+    """Train the MTP modules for `mtp.warmup.steps` steps (auto: as warmup_size.py sizes it;
+    `tepo train` settles it at start); returns the summary (steps, seconds, per-depth NLL and
+    top-1 agreement before and after). Zero steps draw nothing: the modules stay as built (the
+    step-0 measurement alone costs a batch: 16 sampled answers with data=samples, drawn with the
+    training steps' `sampling`)."""
+    stack = policy.attached
+    assert stack is not None
     settings = cfg.algo.mtp.warmup
     size = warmup_size(cfg)
     source = warmup_source(cfg)
     summary: dict[str, Any] = {"mtp_warmup_source": source, "mtp_warmup_steps": size.steps}
     if size.steps == 0:
-        _broadcast_from_rank0(list(policy.mtp.parameters()))
+        _broadcast_from_rank0(list(stack.parameters()))
         return summary
-    params = list(policy.mtp.parameters())
+    params = list(stack.parameters())
     began = time.perf_counter()
     with _only_modules_train(policy), _own_random_state(cfg.seed):
         optimizer = MasterAdamW(params, lr=settings.lr, weight_decay=0.0)  # float32 masters
         for step in range(0, size.steps + 1):
-            batch = _batch(cfg, policy, tokenizer, stream, source)
+            batch = _batch(cfg, policy, tokenizer, stream, source, sampling)
             with torch.no_grad():
                 hidden = policy.backbone_hidden(batch)
-            mtp_logp, depth_hidden = policy.mtp_logprobs(
-                batch, hidden, WARMUP_TEMPERATURE, backbone_grad=False
+            mtp_logp, depth_hidden = stack.score(
+                policy, batch, hidden, WARMUP_TEMPERATURE, backbone_grad=False
             )
             mask = batch.completion_mask
             loss = mtp_prediction_loss(mtp_logp, mask, settings.alpha_decay)
@@ -108,13 +111,13 @@ def _batch(
     tokenizer: PreTrainedTokenizerBase,
     stream: Iterator[Problem],
     source: str,
+    sampling: Sampling,
 ) -> SequenceBatch:
     size = cfg.algo.mtp.warmup.batch_size
     if source == "samples":
         prompts_needed = -(-size // cfg.rollout.n)
         problems = [next(stream) for _ in range(prompts_needed)]
         prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
-        sampling = training_sampling(cfg)
         rollout = generate(policy.lm, tokenizer, prompts, sampling, policy.share_prompts)
         return SequenceBatch.from_rollout(rollout.take(torch.arange(size, device="cpu")))
     problems = [next(stream) for _ in range(size)]
@@ -177,16 +180,16 @@ def _depth_metrics(
 ) -> dict[str, float]:
     """Per depth n: mean NLL of its targets and top-1 agreement with the backbone's own
     teacher-forced prediction of the same token (the backbone at position t + n − 1)."""
-    assert policy.mtp is not None
+    stack = policy.attached
     mask = batch.completion_mask
     start = batch.prompt_width - 1
     response = hidden[:, start:]
     width = mask.shape[1]
-    present = mtp_present(mask, len(policy.mtp.depths))
+    present = mtp_present(mask, len(stack.depths))
     metrics: dict[str, float] = {}
     backbone_top = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
     backbone_top[mask] = token_argmax(response[mask], policy.head.weight)
-    pairs = zip(policy.mtp.depths, depth_hidden, strict=True)
+    pairs = zip(stack.depths, depth_hidden, strict=True)
     for offset, (depth, states) in enumerate(pairs, start=1):
         here = present[..., offset - 1]
         count = int(here.sum())
@@ -206,10 +209,9 @@ def _depth_metrics(
 @contextlib.contextmanager
 def _only_modules_train(policy: Policy) -> Iterator[None]:
     """The backbone (and a shared head) frozen, the modules trainable, for the warm-up only."""
-    assert policy.mtp is not None
     flags = {p: p.requires_grad for p in policy.parameters()}
     policy.requires_grad_(False)
-    policy.mtp.requires_grad_(True)
+    policy.attached.requires_grad_(True)
     try:
         yield
     finally:
@@ -234,3 +236,14 @@ def _broadcast_from_rank0(params: list[torch.nn.Parameter]) -> None:
 def warmup_stream_seed(seed: int) -> int:
     """The seed of the warm-up's own problem stream (apart from the RL stream's)."""
     return seed * 1000 + _WARMUP_STREAM
+
+
+def console_line(record: dict[str, Any]) -> str:
+    """A warm-up record as the console shows it (metrics.jsonl keeps the record)."""
+    depths = sorted(k.rsplit("_d", 1)[1] for k in record if k.startswith("mtp_warmup_agree_d"))
+    agreement = " ".join(f"d{d} {record[f'mtp_warmup_agree_d{d}']:.2f}" for d in depths)
+    return (
+        f"MTP warm-up step {record['mtp_warmup_step']}: loss "
+        f"{record['mtp_warmup_loss']:.3f}, top-1 agreement with the backbone {agreement} "
+        f"({record['mtp_warmup_seconds']:.0f} s)"
+    )

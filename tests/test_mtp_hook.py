@@ -1,0 +1,93 @@
+"""MPO's MTP modules live in tepo_cli/mtp/ and reach a run through one hook: the recipe asks
+`MtpHook.of(cfg)`, the policy carries the modules as its `attached` ones (keys `mtp.*`), and no
+other module of tepo_cli names them beyond the files listed here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import tepo_cli
+from tepo_cli.algos.algo_config import MtpConfig
+from tepo_cli.config.schema import KernelConfig
+from tepo_cli.config.validate import load_train_config
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.policy import Policy
+from tepo_cli.mtp.hook import MtpHook
+from tepo_cli.mtp.modules import attach
+from tepo_cli.rollout import Sampling
+from tepo_cli.rollout.hf import generate
+from tepo_cli.train.setup import model_sizes
+
+PACKAGE = Path(tepo_cli.__file__).parent
+# Outside tepo_cli/mtp/, only these may say "mtp": the objective's declared input and the config
+# keys (algos/), the run directory's layout (core/run_dir.py), the recipe's two calls of the hook
+# (train/train_job.py, train/setup.py) and the update's list of additive metrics.
+NAMED_OUTSIDE = {
+    "algos/algo_config.py",
+    "algos/api.py",
+    "algos/batch.py",
+    "algos/inputs.py",
+    "algos/objectives.py",
+    "algos/ratio.py",
+    "core/run_dir.py",
+    "train/setup.py",
+    "train/train_job.py",
+    "train/update.py",
+}
+
+
+def test_mtp_is_named_only_in_its_package_and_the_listed_files() -> None:
+    named = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if re.search("mtp", path.read_text(), re.IGNORECASE)
+    }
+    outside = {name for name in named if not name.startswith("mtp/")}
+    assert outside == NAMED_OUTSIDE
+
+
+def test_the_hook_exists_with_future_mtp_only(compose_config) -> None:
+    def hook(*overrides: str) -> MtpHook | None:
+        return MtpHook.of(load_train_config(compose_config("train", list(overrides))))
+
+    assert hook() is None and hook("algo=mpo_exact") is None
+    mpo = hook("algo=mpo", "model=tiny")
+    assert mpo is not None
+    assert mpo.settle().startswith("MTP warm-up: none (auto: model=tiny has random weights")
+    assert mpo.cfg.algo.mtp.warmup.steps == 0  # settled into the config
+    mpo.check_model()  # the tiny model is a Llama: it carries the modules
+
+
+def test_the_hook_refuses_a_model_that_cannot_carry_the_modules(compose_config) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = load_train_config(compose_config("train", ["algo=mpo", "model=tiny"]))
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    hook = MtpHook.of(cfg)
+    assert hook is not None
+    with pytest.raises(ConfigError, match="cannot carry them"):
+        hook.attach(gpt2)
+
+
+def test_the_policy_carries_the_modules_under_their_keys(tiny_model, tiny_tokenizer) -> None:
+    torch.manual_seed(3)
+    rollout = generate(tiny_model, tiny_tokenizer, ["Hi", "What is 2+2?"], Sampling(n=2))
+    batch = SequenceBatch.from_rollout(rollout)
+    kernel = KernelConfig(backend="torch")
+    with pytest.raises(ValueError, match="mtp_logp needs a policy built with the modules"):
+        Policy(tiny_model, kernel)(batch, make=("mtp_logp",))
+
+    policy = Policy(tiny_model, kernel, attach=attach(3, MtpConfig()))
+    assert policy.attached is policy.mtp and len(policy.attached.depths) == 3
+    keys = list(policy.state_dict())
+    assert keys[0].startswith("lm.") and keys[-1].startswith("mtp.depths.2.")
+    sizes = model_sizes(policy)
+    assert sizes["mtp_parameters"] == sum(p.numel() for p in policy.mtp.parameters()) > 0
+    mtp_logp = policy(batch, make=("mtp_logp",))["mtp_logp"]
+    assert mtp_logp.shape == (*batch.completion_mask.shape, 3)
+    assert torch.isfinite(mtp_logp).all() and (mtp_logp <= 0).all()
