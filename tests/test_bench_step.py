@@ -9,6 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tepo_cli.core.sequences import SequenceBatch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from benchstep import report
@@ -256,14 +258,10 @@ def test_a_step_without_an_update_counts_no_update_work():
     assert summary["update_mfu"] == pytest.approx(6e9 / 2.001 / 1e9 / 1e-4)
     assert "(1 steps without one)" in long_report._update_cell(summary)
 
-    class Batch:  # what update_shapes reads before it sees that nothing ran
-        prompt_width = 1
-        input_ids = torch.tensor([[5, 1], [5, 2]])
-        attention_mask = torch.ones(2, 2, dtype=torch.long)
-        completion_mask = torch.tensor([[True], [True]])
-
+    ids, mask = torch.tensor([[5, 1], [5, 2]]), torch.ones(2, 2, dtype=torch.long)
+    batch = SequenceBatch(ids, mask, mask.cumsum(1) - 1, torch.tensor([[True], [True]]), 1)
     cfg = OmegaConf.create({"rollout": {"max_new_tokens": 8}, "model": {"packing": True}})
-    experience = type("Experience", (), {"batch": Batch()})()
+    experience = type("Experience", (), {"batch": batch})()
     shapes = update_shapes(cfg, None, experience, [], [], recording=True)
     assert shapes["update"]["slots"] == 0 and shapes["plan"] == "none: no row with a gradient"
 
