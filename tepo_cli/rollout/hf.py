@@ -14,6 +14,7 @@ from tepo_cli.core.rollout_record import Rollout, left_padded_positions, pad_rig
 from tepo_cli.envs.episodes import SampledTurn
 from tepo_cli.models.shared_prompts import prefill
 from tepo_cli.rollout.backend import Sampling, completion_mask, eos_ids
+from tepo_cli.rollout.turn_cache import Kept, TurnCache, build_batch, keep
 
 NAME = "hf"  # rollout.backend (conf/rollout/hf.yaml)
 REQUIRES = None  # transformers is tepo's own requirement
@@ -28,6 +29,7 @@ class HfBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prompts = share_prompts
+        self.turn_cache = TurnCache()  # episodes' conversations between turns (turn_cache.py)
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         return generate(self.model, self.tokenizer, prompts, sampling, self.share_prompts)
@@ -36,10 +38,14 @@ class HfBackend:
         self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling
     ) -> list[SampledTurn]:
         """One turn for each context (token ids in, token ids out: multi-turn episodes)."""
-        return sample_turns(self.model, self.tokenizer, contexts, max_new_tokens, sampling)
+        return sample_turns(
+            self.model, self.tokenizer, contexts, max_new_tokens, sampling, self.turn_cache
+        )
 
     def sync(self, lm: PreTrainedModel) -> None:
-        """Nothing to do: generate() reads the trainer's parameters themselves."""
+        """generate() reads the trainer's parameters themselves; the kept conversations' keys
+        and values were computed with the weights before the step, so they go."""
+        self.turn_cache.clear()
 
     def sleep(self) -> None:
         """Nothing to free: the engine is the trainer's model."""
@@ -109,32 +115,42 @@ def sample_turns(
     contexts: list[list[int]],
     max_new_tokens: int,
     sampling: Sampling,
+    turn_cache: TurnCache | None = None,
 ) -> list[SampledTurn]:
     """One sample per context, from its token ids as they are (left-padded into a batch, never
-    decoded): each turn's ids up to and including its first end-of-message token."""
-    device = next(model.parameters()).device
+    decoded): each turn's ids up to and including its first end-of-message token. With
+    `turn_cache`, a context that continues a conversation the cache kept runs only its new
+    tokens (turn_cache.py), and the cache then keeps these rows' conversations."""
     eos = eos_ids(model, tokenizer)
-    width = max(len(context) for context in contexts)
     pad_id = tokenizer.pad_token_id
-    ids = torch.full((len(contexts), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long, device=device)
-        mask[row, width - len(context) :] = 1
+    width = max(len(context) for context in contexts)  # without reuse: one padding for all
     was_training = model.training
     model.eval()
     turns: list[SampledTurn] = []
+    kept: list[Kept] = []
     for start in range(0, len(contexts), sampling.batch_size):
-        stop = start + sampling.batch_size
+        chunk = contexts[start : start + sampling.batch_size]
+        reused = [turn_cache.reuse(c) if turn_cache else (None, 0) for c in chunk]
+        batch = build_batch(model, chunk, reused, pad_id, width)
         output = model.generate(
-            input_ids=ids[start:stop],
-            attention_mask=mask[start:stop],
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            past_key_values=batch.cache,
+            return_dict_in_generate=True,
             **_sampling_kwargs(sampling, max_new_tokens, eos, pad_id),
-        )[:, width:]
-        valid, truncated = completion_mask(output, eos)
-        for row, keep, cut in zip(output.tolist(), valid.tolist(), truncated.tolist(), strict=True):
-            turns.append(SampledTurn(row[: sum(keep)], None, ended=not cut))
+        )
+        generated = output.sequences[:, batch.input_ids.shape[1] :]
+        if turn_cache is not None:
+            mask = torch.cat([batch.attention_mask, torch.ones_like(generated)], dim=1)
+            kept += keep(batch, output.past_key_values, generated, mask)
+        valid, truncated = completion_mask(generated, eos)
+        for row, ids, cut in zip(
+            generated.tolist(), valid.tolist(), truncated.tolist(), strict=True
+        ):
+            turns.append(SampledTurn(row[: sum(ids)], None, ended=not cut))
     model.train(was_training)
+    if turn_cache is not None:
+        turn_cache.kept = kept
     return turns
 
 
