@@ -12,8 +12,9 @@ from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Policy
-from tepo_cli.mtp.modules import MtpStack, attach, mtp_support_problem
+from tepo_cli.mtp.modules import MtpStack, attach
 from tepo_cli.mtp.prediction_loss import alpha_weights, mtp_prediction_loss, mtp_present
+from tepo_cli.mtp.support import mtp_support_problem
 from tepo_cli.rollout import Sampling
 from tepo_cli.rollout.hf import generate
 

@@ -81,7 +81,7 @@ def early_mtp_problem(cfg: TrainConfig) -> str | None:
     weights), or None when it can or when that cannot be told before loading it."""
     if cfg.algo.mtp_depths == 0:
         return None
-    from tepo_cli.mtp.modules import mtp_support_problem
+    from tepo_cli.mtp.support import mtp_support_problem
 
     if cfg.model.path is None and cfg.model.source in ("tiny", "gguf_package"):
         return mtp_support_problem("llama")  # built in-process / converted as Llama

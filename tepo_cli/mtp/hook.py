@@ -53,7 +53,8 @@ class MtpHook:
     def attach(self, lm: PreTrainedModel) -> Attach:
         """What `Policy(attach=)` calls to build the modules on the loaded `lm`."""
         from tepo_cli.mtp.files import mtp_unsupported_message
-        from tepo_cli.mtp.modules import attach, mtp_support_problem
+        from tepo_cli.mtp.modules import attach
+        from tepo_cli.mtp.support import mtp_support_problem
 
         problem = mtp_support_problem(getattr(lm.config, "model_type", None), lm)
         if problem is not None:

@@ -9,7 +9,7 @@ LM head (or the backbone's head itself with `head=shared`). [our reading] M_n st
 [I, 0] — the identity on the hidden part, zero on the embedding part (the paper does not say) —
 and the two input norms start with unit weights.
 
-Any Llama-style decoder from transformers carries them: the model types in `SUPPORTED`. The
+Any Llama-style decoder from transformers carries them: the model types in `support.py`'s `SUPPORTED`. The
 policy holds the stack as its attached modules (models/policy.py): it calls `score` for the
 quantity the stack names (`mtp_logp`), and the stack's weights keep the `mtp.` prefix in every
 checkpoint and state dict.
@@ -36,27 +36,7 @@ from tepo_cli.models.policy import scatter_valid
 from tepo_cli.models.shared_prompts import gather_rows
 from tepo_cli.mtp.files import save_mtp_modules
 from tepo_cli.mtp.prediction_loss import mtp_metrics, mtp_prediction_loss, mtp_present
-
-# Decoder-only models whose layers take (hidden, attention mask, position embeddings) and whose
-# backbone exposes embed_tokens, layers, norm and rotary_emb, as Llama's does.
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
-_BACKBONE_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
-
-
-def mtp_support_problem(model_type: str | None, lm: PreTrainedModel | None = None) -> str | None:
-    """Why this model cannot carry MTP modules, or None when it can."""
-    if model_type not in SUPPORTED:
-        return (
-            f"its architecture is '{model_type}', and tepo builds MTP modules for Llama-style "
-            f"decoders only: {', '.join(SUPPORTED)} (SmolLM2, Llama 3, Mistral, Qwen2/2.5, Qwen3)"
-        )
-    if lm is not None:
-        backbone = lm.base_model
-        missing = [part for part in _BACKBONE_PARTS if not hasattr(backbone, part)]
-        if missing or lm.get_output_embeddings() is None:
-            parts = ", ".join(missing) or "an output embedding (lm_head)"
-            return f"its backbone has no {parts}, which MTP modules are built from"
-    return None
+from tepo_cli.mtp.support import mtp_support_problem
 
 
 class MtpDepth(nn.Module):
