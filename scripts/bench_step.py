@@ -4,6 +4,7 @@
     python scripts/bench_step.py --rounds 2      # tepo, TRL, tepo, TRL: steps 2-N pooled
     python scripts/bench_step.py --gpu           # GPU preset (bf16, Qwen2.5-0.5B-Instruct)
     python scripts/bench_step.py --job long      # long answers (benchstep/long_job.py)
+    python scripts/bench_step.py --job long --sides tepo-vllm-bf16,trl,trl-bf16   # -bf16: bf16
     python scripts/bench_step.py --smoke [--job long]   # CI: model=tiny, 2 steps (long: 1)
 
 OUT/results.md is the table (s/step and its split, peak RSS, reward, accuracy before → after,
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     check_device(args)
     if args.job == "long":  # before any side starts: each would fail on it seconds later
         require_prepared([("math500", "train")], "bench_step.py --job long")
-    trl = trl_version(sys.executable) if "trl" in args.sides else None
+    trl = trl_version(sys.executable) if any(s.startswith("trl") for s in args.sides) else None
     out = (args.out or Path("outputs/bench_step") / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     if out.exists() and any(out.iterdir()):
         sys.exit(f"bench_step: {out} is not empty; give a new --out directory.")

@@ -279,7 +279,7 @@ def test_a_side_over_the_memory_limit_is_killed_and_reported(tmp_path):
 
 
 def test_long_job_overrides_keep_tepo_defaults(compose_config, tmp_path):
-    from benchstep.long_job import tepo_overrides
+    from benchstep.long_job import LongSettings, side_overrides, tepo_overrides
 
     from tepo_cli.config.validate import load_train_config
 
@@ -293,6 +293,12 @@ def test_long_job_overrides_keep_tepo_defaults(compose_config, tmp_path):
         assert config.rollout.temperature == 1.0 and config.rollout.n == 8
         assert config.algo.beta == 0.0 and config.trainer.prompts_per_step == 2
         assert config.model.dtype == "float32"
+    settings = LongSettings(("tepo-vllm-bf16",), 10**10, "generate", host_allocator="glibc")
+    overrides = side_overrides("tepo-vllm-bf16", job, settings)
+    config = load_train_config(compose_config("train", overrides))
+    assert config.model.dtype == "bfloat16" and config.rollout.backend == "vllm"
+    assert config.trainer.host_allocator == "glibc"
+    assert sum(o.startswith("model.dtype=") for o in overrides) == 1
 
 
 def test_sigterm_to_the_benchmark_ends_the_watched_side(tmp_path):
@@ -326,3 +332,52 @@ def test_sigterm_to_the_benchmark_ends_the_watched_side(tmp_path):
         not Path(f"/proc/{child}").exists()
         or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
     )
+
+
+def test_a_bf16_side_trains_in_bfloat16_and_the_others_in_the_job_s_dtype(tmp_path):
+    """`--sides tepo-vllm-bf16,trl,trl-bf16`: the suffix picks the precision of one side only;
+    TRL's bf16 reaches its child as an argument (its own `bf16=True`)."""
+    from benchstep.long_job import side_precision, trl_command
+
+    job = Job(model="/m")
+    assert side_precision("tepo-vllm-bf16", job) == ("tepo-vllm", "bfloat16")
+    assert side_precision("trl-bf16", job) == ("trl", "bfloat16")
+    assert side_precision("trl", job) == ("trl", "float32")
+    assert trl_command(tmp_path, tmp_path / "r", "generate", "bfloat16")[-2:] == [
+        "generate",
+        "bfloat16",
+    ]
+    assert trl_command(tmp_path, tmp_path / "r")[-1] == "generate"
+
+
+def _long_summary(side: str, steps_per_s: float, rss: float, mfu: float | None, status="ok"):
+    return {
+        "side": side,
+        "status": status,
+        "steps_per_s": steps_per_s,
+        "peak_rss_bytes": rss,
+        "update_mfu": mfu,
+    }
+
+
+def test_long_targets_set_each_tepo_side_against_trl_at_its_best_precision():
+    from benchstep import long_report
+
+    summaries = [
+        _long_summary("tepo-vllm-bf16", 0.05, 3.5e9, 0.75),
+        _long_summary("trl", 0.005, 11e9, None),
+        _long_summary("trl-bf16", 0.008, 12e9, None),  # TRL's best: most steps/s
+    ]
+    assert long_report.best_trl(summaries)["side"] == "trl-bf16"
+    rows = long_report.targets(summaries)
+    assert [(what, measured, met) for what, measured, met in rows] == [
+        ("tepo-vllm-bf16 peak RSS ≤ 4 GB", "3.50 GB", True),
+        ("tepo-vllm-bf16 update MFU ≥ 0.7", "0.75", True),
+        ("tepo-vllm-bf16 ≥ 5× trl-bf16's steps/s", "6.25×", True),
+        ("tepo-vllm-bf16 peak RSS ≤ 0.3× trl-bf16's", "0.29×", True),
+    ]
+    # a TRL side that finished beats a faster-looking one that ran out of memory
+    summaries[2] = _long_summary("trl-bf16", 0.02, 12e9, None, status="OOM")
+    assert long_report.best_trl(summaries)["side"] == "trl"
+    slow = long_report.targets([_long_summary("tepo-hf", 0.01, 4.5e9, 0.5), summaries[1]])
+    assert [met for _, _, met in slow] == [False, False, False, False]

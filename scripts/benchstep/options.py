@@ -105,7 +105,9 @@ def _parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_step/<time>)")
     p.add_argument(
-        "--sides", help="trainers to run (default tepo,trl; long: tepo-hf,tepo-vllm,trl)"
+        "--sides",
+        help="trainers to run (default tepo,trl; long: tepo-hf,tepo-vllm,trl, each also with "
+        "-bf16 to train it in bfloat16, e.g. tepo-vllm-bf16,trl,trl-bf16)",
     )
     p.add_argument("--gpu", action="store_true", help="GPU mode preset: " + _preset(GPU_DEFAULTS))
     p.add_argument("--model", help="smollm2_135m (embedded), a model directory or a hub id")

@@ -1,6 +1,6 @@
 """The TRL side: GRPOTrainer on the job, timed step by step.
 
-    python -m benchstep.trl_side JOB.json TEPO_CONFIG.json RUN_DIR [generate|vllm]
+    python -m benchstep.trl_side JOB.json TEPO_CONFIG.json RUN_DIR [generate|vllm [DTYPE]]
 
 Same model directory, prompts (tepo's stream, checked token for token), sampling, grader (tepo's
 Reward) and seed as tepo. RUN_DIR/timings.jsonl, one line per optimizer step, times wrapped calls:
@@ -161,10 +161,14 @@ def check_same_tokens(trainer: Any, config: Any, rows: list[dict[str, Any]]) -> 
             raise SystemExit(f"bench_step: TRL and tepo tokenise the prompt differently: {text!r}")
 
 
-def grpo_config(job: Job, run_dir: Path, generation: str = "generate") -> Any:
+def grpo_config(
+    job: Job, run_dir: Path, generation: str = "generate", dtype: str | None = None
+) -> Any:
+    """TRL's GRPOConfig for the job, in `dtype` (the job's when None): bfloat16 is TRL's own
+    `bf16=True` with the model loaded in bfloat16."""
     from trl import GRPOConfig
 
-    bf16 = job.dtype == "bfloat16"
+    bf16 = (dtype or job.dtype) == "bfloat16"
     vllm: dict[str, Any] = {}
     if generation == "vllm":
         vllm = {
@@ -226,6 +230,7 @@ def main(argv: list[str]) -> None:
     job, config = Job.load(Path(argv[0])), load_tepo_config(Path(argv[1]))
     run_dir = Path(argv[2])
     generation = argv[3] if len(argv) > 3 else "generate"
+    dtype = argv[4] if len(argv) > 4 else None
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(job.threads)
     record_cuda_memory_at_exit()
@@ -235,7 +240,7 @@ def main(argv: list[str]) -> None:
     trainer = GRPOTrainer(
         model=job.model,
         reward_funcs=make_reward(config, clock),
-        args=grpo_config(job, run_dir, generation),
+        args=grpo_config(job, run_dir, generation, dtype),
         train_dataset=Dataset.from_list(rows),
         callbacks=[clock],
     )
