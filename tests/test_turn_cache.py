@@ -82,3 +82,25 @@ def test_only_a_continued_conversation_is_reused(tiny_model, tiny_tokenizer):
     assert cache.reuse([5, 6, 7, 9, 1]) == (None, 0)  # shares 3 tokens of the context only
     assert cache.reuse([5, 6, 7, 8, 1]) == (kept, 4)  # the turn cut before its first token
     assert cache.reuse([5, 6, 7, 8, *turn, 1]) == (kept, 4 + len(turn))
+
+
+def test_turn_cache_false_keeps_nothing_and_its_turns_are_the_same(
+    compose_config, model64, tiny_tokenizer
+):
+    """`rollout.turn_cache=false` (the benchmark's reference path): no conversation is kept, every
+    turn prefills its whole context, and greedy turns are the cached back-end's."""
+    from tepo_cli.config.validate import load_train_config
+
+    config = load_train_config(compose_config("train", ["rollout.turn_cache=false"]))
+    backend = hf.build(config.rollout, model64, tiny_tokenizer, share_prompts=True)
+    assert backend.turn_cache is None
+    kept = hf.HfBackend(model64, tiny_tokenizer, share_prompts=True)
+    assert kept.turn_cache is not None  # the default
+    greedy = Sampling(greedy=True, max_new_tokens=6)
+    contexts = [[5, 6, 7], [9, 8]]
+    for _ in range(2):
+        plain = backend.sample_turns(contexts, 6, greedy)
+        cached = kept.sample_turns(contexts, 6, greedy)
+        assert [t.ids for t in plain] == [t.ids for t in cached]
+        contexts = [c + t.ids + [11, 12] for c, t in zip(contexts, plain, strict=True)]
+    backend.sync(model64)  # nothing to drop

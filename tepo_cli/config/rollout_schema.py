@@ -83,6 +83,9 @@ class RolloutConfig(Strict):
     correction_cap: float = Field(default=3.0, gt=1.0)
     # docs/objectives.md §0.9: score under the sampler's top-k/top-p, refuse them, or ignore them
     truncated_sampling: Literal["renormalise", "refuse", "biased"] = "renormalise"
+    # rollout=hf's multi-turn episodes: each conversation's keys and values kept from one turn to
+    # the next (rollout/turn_cache.py); false: every turn prefills its whole conversation again
+    turn_cache: bool = True
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")

@@ -24,12 +24,17 @@ class HfBackend:
     """Generation with the policy's own transformers model."""
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prompts: bool
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        share_prompts: bool,
+        keep_turns: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.share_prompts = share_prompts
-        self.turn_cache = TurnCache()  # episodes' conversations between turns (turn_cache.py)
+        # episodes' conversations between turns (turn_cache.py); None: each turn from scratch
+        self.turn_cache = TurnCache() if keep_turns else None
 
     def generate(self, prompts: list[str], sampling: Sampling) -> Rollout:
         return generate(self.model, self.tokenizer, prompts, sampling, self.share_prompts)
@@ -45,7 +50,8 @@ class HfBackend:
     def sync(self, lm: PreTrainedModel) -> None:
         """generate() reads the trainer's parameters themselves; the kept conversations' keys
         and values were computed with the weights before the step, so they go."""
-        self.turn_cache.clear()
+        if self.turn_cache is not None:
+            self.turn_cache.clear()
 
     def sleep(self) -> None:
         """Nothing to free: the engine is the trainer's model."""
@@ -205,5 +211,5 @@ def _shared_prefill(
 def build(
     cfg: RolloutConfig, lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, share_prompts: bool
 ) -> HfBackend:
-    """The registry's entry point (rollout/__init__.py); `cfg` holds no hf-only knob."""
-    return HfBackend(lm, tokenizer, share_prompts)
+    """The registry's entry point (rollout/__init__.py)."""
+    return HfBackend(lm, tokenizer, share_prompts, cfg.turn_cache)
