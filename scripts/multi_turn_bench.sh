@@ -5,7 +5,9 @@
 #   bash scripts/multi_turn_bench.sh [RUNS_DIR] [RESULTS_DIR]
 # Resumable (published runs skipped). STEPS=N (default 6); SMOKE=1: tiny model, rollout=hf, one
 # step (CI); TEPO picks the executable. OBJECTIVES=1: env=python_tool on word_math with every
-# objective on both back-ends instead (ALGOS, BACKENDS narrow it; STEPS default 2).
+# objective on both back-ends instead (ALGOS, BACKENDS narrow it; STEPS default 2). TURN_CACHE=1:
+# 4-turn python_tool episodes with each back-end's reuse of a conversation's keys and values on and
+# off (rollout=hf: rollout.turn_cache; vLLM: its prefix caching; BACKENDS narrows; STEPS default 2).
 set -euo pipefail
 source "$(dirname "$0")/shell/options.sh"  # -h/--help: the usage; another option: refused
 TEPO=${TEPO:-tepo}
@@ -18,6 +20,10 @@ if [[ -n "${OBJECTIVES:-}" ]]; then
     runs_dir=${1:-multirun/multi_turn_objectives}
     results_dir=${2:-docs/results/multi_turn/objectives}
     steps=${STEPS:-2}
+elif [[ -n "${TURN_CACHE:-}" ]]; then
+    runs_dir=${1:-multirun/multi_turn_cache}
+    results_dir=${2:-docs/results/multi_turn/turn_cache}
+    steps=${STEPS:-2}
 else
     runs_dir=${1:-multirun/multi_turn}
     results_dir=${2:-docs/results/multi_turn/runs}
@@ -26,7 +32,7 @@ fi
 common=(seed=0 trainer.max_steps="$steps" trainer.prompts_per_step=4 rollout.n=4
     rollout.temperature=0.7 rollout.max_new_tokens=192 trainer.lr=1e-5 trainer.warmup_steps=0
     trainer.eval_before=false trainer.eval_after=false trainer.save_every=2 trainer.save_final=false
-    trainer.progress=false env.max_turns=3)
+    trainer.progress=false env.max_turns=$([[ -n "${TURN_CACHE:-}" ]] && echo 4 || echo 3))
 # the matrix's runs smaller: rollout=hf generates one token per forward, ~10× vLLM's time here
 [[ -z "${OBJECTIVES:-}" ]] || common+=(trainer.prompts_per_step=2 rollout.max_new_tokens=128 env.max_turns=2)
 vllm="rollout=vllm rollout.engine.kv_cache_gib=2"
@@ -41,7 +47,25 @@ failed=()
 # (no held-out evaluation runs here: the comparison is of steps, memory and training reward).
 mbpp_train="benchmark.train_split=test benchmark.allow_test_split=true"
 runs=()
-if [[ -z "${OBJECTIVES:-}" ]]; then
+check_backend() {
+    [[ $1 == hf || $1 == vllm ]] || {
+        echo "multi_turn_bench.sh: BACKENDS holds hf and/or vllm, not '$1'." >&2
+        exit 2
+    }
+}
+if [[ -n "${TURN_CACHE:-}" ]]; then
+    tool="benchmark=word_math reward=word_math env=python_tool"
+    for backend in ${BACKENDS:-hf vllm}; do
+        check_backend "$backend"
+        if [[ $backend == hf ]]; then
+            runs+=("hf_kept|$hf $tool rollout.turn_cache=true"
+                "hf_fresh|$hf $tool rollout.turn_cache=false")
+        else
+            runs+=("vllm_prefix|$vllm $tool rollout.engine.prefix_caching=true"
+                "vllm_no_prefix|$vllm $tool rollout.engine.prefix_caching=false")
+        fi
+    done
+elif [[ -z "${OBJECTIVES:-}" ]]; then
     runs=(
         "single_word_math|$vllm benchmark=word_math reward=word_math env=single"
         "python_tool_word_math|$vllm benchmark=word_math reward=word_math env=python_tool"
@@ -53,16 +77,13 @@ else
     # and the question here is whether each objective's loss trains on episodes
     tool="benchmark=word_math reward=word_math env=python_tool algo.dynamic_sampling=false"
     for backend in ${BACKENDS:-hf vllm}; do
-        [[ $backend == hf || $backend == vllm ]] || {
-            echo "multi_turn_bench.sh: BACKENDS holds hf and/or vllm, not '$backend'." >&2
-            exit 2
-        }
+        check_backend "$backend"
         for algo in ${ALGOS:-grpo dapo gspo tepo mpo}; do
             runs+=("${algo}_$backend|${!backend} $tool algo=$algo")
         done
     done
 fi
-if [[ -z "${OBJECTIVES:-}" ]]; then  # the mbpp runs read its prepared test split
+if [[ -z "${OBJECTIVES:-}${TURN_CACHE:-}" ]]; then  # the mbpp runs read its prepared test split
     "$TEPO" data check mbpp --for multi_turn_bench.sh || exit 2
 fi
 mkdir -p "$runs_dir" "$results_dir"

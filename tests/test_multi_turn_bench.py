@@ -69,3 +69,21 @@ def test_the_objectives_matrix_trains_each_pair_and_refuses_an_unknown_back_end(
     record = json.loads((tmp_path / "results/mpo_hf/metrics.jsonl").read_text().splitlines()[-1])
     assert record["env_turns_mean"] >= 1.0 and record["step"] == 1
     assert (tmp_path / "results/mpo_hf/.hydra/overrides.yaml").read_text().count("algo=mpo") == 1
+
+
+def test_the_turn_cache_pair_trains_with_the_cache_on_and_off(tmp_path):
+    """TURN_CACHE=1 on rollout=hf: the same 4-turn job with rollout.turn_cache on and off."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "multi_turn_bench.sh"), "runs", "results"],
+        cwd=tmp_path,
+        env={**os.environ, "TEPO": str(TEPO), "SMOKE": "1", "TURN_CACHE": "1", "BACKENDS": "hf"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name, kept in (("hf_kept", "true"), ("hf_fresh", "false")):
+        overrides = (tmp_path / "results" / name / ".hydra/overrides.yaml").read_text()
+        assert f"rollout.turn_cache={kept}" in overrides and "env.max_turns=4" in overrides
+        record = json.loads((tmp_path / "results" / name / "metrics.jsonl").read_text())
+        assert record["env_turns_mean"] >= 1.0 and record["rollout_seconds"] > 0
