@@ -60,11 +60,16 @@ _NO_JOB_FLAGS = (
 )
 
 
-def _jobs() -> dict[str, tuple[str, Callable[..., object]]]:
-    from tepo_cli.eval.eval_job import eval_job
-    from tepo_cli.train.train_job import train_job
+# command -> the module of its Hydra job `<command>_job`, on config `<command>`. Imported only once
+# the command line has passed its checks (and `tepo train` has restarted itself on its allocator):
+# the jobs import torch, seconds a refusal or the first of the two processes need not pay.
+JOBS = {"train": "tepo_cli.train.train_job", "eval": "tepo_cli.eval.eval_job"}
 
-    return {"train": ("train", train_job), "eval": ("eval", eval_job)}
+
+def _job(command: str) -> Callable[..., object]:
+    import importlib
+
+    return getattr(importlib.import_module(JOBS[command]), f"{command}_job")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,16 +99,15 @@ def main(argv: list[str] | None = None) -> None:
         from tepo_cli.eval.report.command import main as report_main
 
         sys.exit(report_main(overrides))
-    jobs = _jobs()
-    if command not in jobs:
+    if command not in JOBS:
         print(
             f"tepo: unknown command '{command}'; the commands are: "
-            f"{', '.join([*jobs, 'data', 'report', 'protocol', 'deepspeed-env'])}.\n",
+            f"{', '.join([*JOBS, 'data', 'report', 'protocol', 'deepspeed-env'])}.\n",
             file=sys.stderr,
         )
         print(USAGE, end="", file=sys.stderr)
         sys.exit(2)
-    config_name, job = jobs[command]
+    config_name = command
     from tepo_cli.config.conflicts import check_conflicts
     from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
     from tepo_cli.config.sweep_launch import check_launcher_keys, check_slurm, dry_sweep, is_sweep
@@ -129,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:
         print(f"tepo {command}: {error}", file=sys.stderr)
         sys.exit(2)
+    job = _job(command)
     if dry_run and is_sweep(overrides):  # nothing submitted, nothing written (sweep_launch.py)
         with dry_sweep(config_name, overrides) as launched:
             _run_hydra(config_name, job, rank_outputs(launched, os.environ))
