@@ -181,18 +181,25 @@ def step_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
 
 def knob_runs(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    """Each setting of --knobs in a child process of its own (vLLM reads its environment once)."""
+    """Each setting of --knobs in a child process of its own (vLLM reads its environment once);
+    with several, the first (the ratios' reference) again at the end, so the machine's drift
+    over the run is measured rather than taken for a knob's effect."""
     rows = []
-    for name in args.knobs:
+    order = [*args.knobs, args.knobs[0]] if len(args.knobs) > 1 else list(args.knobs)
+    for index, name in enumerate(order):
+        again = index == len(args.knobs)
         threads = next(
             (int(o.split("=")[1]) for o in KNOBS[name] if o.startswith("trainer.num_threads=")),
             args.threads,
         )
         command = [sys.executable, __file__, "knob-child", name, "--out", str(out)]
         command += ["--rounds", str(args.rounds), "--threads", str(threads)]
-        print(f"word_math rollout, {name} …", flush=True)
-        result = run(command + ["--smoke"] * args.smoke, out / f"knob_{name}.log", args)
+        print(f"word_math rollout, {name}{' again' * again} …", flush=True)
+        log = out / f"knob_{name}{'_again' * again}.log"
+        result = run(command + ["--smoke"] * args.smoke, log, args)
         row = json.loads((out / f"knob_{name}.json").read_text())
+        if again:
+            row["setting"] = f"{name} (again)"
         rows.append(
             {**row, "wall_seconds": result.wall_seconds, "peak_rss_bytes": result.peak_rss_bytes}
         )
@@ -259,6 +266,27 @@ def knob_child(args: argparse.Namespace, out: Path) -> None:
         "intermediate": lm.config.intermediate_size,
     }
     (out / f"knob_{args.setting}.json").write_text(json.dumps(row) + "\n")
+
+
+def knob_ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """Each setting's tokens/s over the reference's (the first row; the mean of its two readings
+    when it was measured again at the end, whose ratio is the machine's drift)."""
+    first, settings = rows[0], rows[1:]
+    readings = [first["tokens_per_second"]]
+    notes = []
+    if settings and settings[-1]["setting"] == f"{first['setting']} (again)":
+        last = settings.pop()["tokens_per_second"]
+        readings.append(last)
+        notes.append(
+            f"{first['setting']} measured first and last: {last / readings[0]:.2f}x (the "
+            "machine's drift over the run: a knob's ratio within it is no effect)"
+        )
+    reference = sum(readings) / len(readings)
+    notes += [
+        f"{r['setting']}: {r['tokens_per_second'] / reference:.2f}x {first['setting']}'s tokens/s"
+        for r in settings
+    ]
+    return notes
 
 
 def decode_bounds(rows: list[dict[str, Any]], threads: int) -> list[str]:
@@ -335,12 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         notes = ratios(rows, "samples_per_second", "benchmark")
     elif args.mode == "knobs":
         rows = knob_runs(args, out)
-        reference = rows[0]["tokens_per_second"]
-        notes = [
-            f"{r['setting']}: {r['tokens_per_second'] / reference:.2f}x {rows[0]['setting']}'s tokens/s"
-            for r in rows[1:]
-        ]
-        notes += decode_bounds(rows, args.threads)
+        notes = knob_ratios(rows) + decode_bounds(rows, args.threads)
     else:
         rows = step_runs(args, out)
         notes = ratios(rows, "median_step_seconds", None) + ratios(rows, "rollout_seconds", None)
