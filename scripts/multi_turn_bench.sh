@@ -7,7 +7,8 @@
 # step (CI); TEPO picks the executable. OBJECTIVES=1: env=python_tool on word_math with every
 # objective on both back-ends instead (ALGOS, BACKENDS narrow it; STEPS default 2). TURN_CACHE=1:
 # 4-turn python_tool episodes with each back-end's reuse of a conversation's keys and values on and
-# off (rollout=hf: rollout.turn_cache; vLLM: its prefix caching; BACKENDS narrows; STEPS default 2).
+# off (rollout=hf: rollout.turn_cache, and the old path: no cache, float32; vLLM: its prefix caching;
+# model.dtype at its default otherwise; BACKENDS narrows; STEPS default 2).
 set -euo pipefail
 source "$(dirname "$0")/shell/options.sh"  # -h/--help: the usage; another option: refused
 TEPO=${TEPO:-tepo}
@@ -58,8 +59,10 @@ if [[ -n "${TURN_CACHE:-}" ]]; then
     for backend in ${BACKENDS:-hf vllm}; do
         check_backend "$backend"
         if [[ $backend == hf ]]; then
+            # hf_fresh_float32: the path before the turn cache and bf16 (issue #54's 346 s step)
             runs+=("hf_kept|$hf $tool rollout.turn_cache=true"
-                "hf_fresh|$hf $tool rollout.turn_cache=false")
+                "hf_fresh|$hf $tool rollout.turn_cache=false"
+                "hf_fresh_float32|$hf $tool rollout.turn_cache=false model.dtype=float32")
         else
             runs+=("vllm_prefix|$vllm $tool rollout.engine.prefix_caching=true"
                 "vllm_no_prefix|$vllm $tool rollout.engine.prefix_caching=false")

@@ -72,7 +72,8 @@ def test_the_objectives_matrix_trains_each_pair_and_refuses_an_unknown_back_end(
 
 
 def test_the_turn_cache_pair_trains_with_the_cache_on_and_off(tmp_path):
-    """TURN_CACHE=1 on rollout=hf: the same 4-turn job with rollout.turn_cache on and off."""
+    """TURN_CACHE=1 on rollout=hf: the same 4-turn job with rollout.turn_cache on and off, and off
+    in float32 (the path before the cache and bf16)."""
     result = subprocess.run(
         ["bash", str(ROOT / "scripts" / "multi_turn_bench.sh"), "runs", "results"],
         cwd=tmp_path,
@@ -82,7 +83,7 @@ def test_the_turn_cache_pair_trains_with_the_cache_on_and_off(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for name, kept in (("hf_kept", "true"), ("hf_fresh", "false")):
+    for name, kept in (("hf_kept", "true"), ("hf_fresh", "false"), ("hf_fresh_float32", "false")):
         overrides = (tmp_path / "results" / name / ".hydra/overrides.yaml").read_text()
         assert f"rollout.turn_cache={kept}" in overrides and "env.max_turns=4" in overrides
         record = json.loads((tmp_path / "results" / name / "metrics.jsonl").read_text())
