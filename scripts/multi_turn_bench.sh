@@ -25,6 +25,7 @@ elif [[ -n "${TURN_CACHE:-}" ]]; then
     runs_dir=${1:-multirun/multi_turn_cache}
     results_dir=${2:-docs/results/multi_turn/turn_cache}
     steps=${STEPS:-2}
+    turns=4
 else
     runs_dir=${1:-multirun/multi_turn}
     results_dir=${2:-docs/results/multi_turn/runs}
@@ -33,7 +34,7 @@ fi
 common=(seed=0 trainer.max_steps="$steps" trainer.prompts_per_step=4 rollout.n=4
     rollout.temperature=0.7 rollout.max_new_tokens=192 trainer.lr=1e-5 trainer.warmup_steps=0
     trainer.eval_before=false trainer.eval_after=false trainer.save_every=2 trainer.save_final=false
-    trainer.progress=false env.max_turns=$([[ -n "${TURN_CACHE:-}" ]] && echo 4 || echo 3))
+    trainer.progress=false env.max_turns=${turns:-3})
 # the matrix's runs smaller: rollout=hf generates one token per forward, ~10× vLLM's time here
 [[ -z "${OBJECTIVES:-}" ]] || common+=(trainer.prompts_per_step=2 rollout.max_new_tokens=128 env.max_turns=2)
 vllm="rollout=vllm rollout.engine.kv_cache_gib=2"

@@ -108,37 +108,47 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="", file=sys.stderr)
         sys.exit(2)
     config_name = command
-    from tepo_cli.config.conflicts import check_conflicts
-    from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
-    from tepo_cli.config.sweep_launch import check_launcher_keys, check_slurm, dry_sweep, is_sweep
-    from tepo_cli.core.errors import ConfigError
+    from tepo_cli.config.sweep_launch import dry_sweep, is_sweep
 
-    overrides = quote_weight_specs(overrides)
-    try:
-        check_override_keys(config_name, overrides)
-        check_conflicts(config_name, overrides)
-        if dry_run and is_sweep(overrides):
-            check_launcher_keys(config_name, overrides)
-        else:
-            check_slurm(overrides, command)
-        if command == "train":
-            from tepo_cli.runtime.resume import run_dir_overrides
-
-            overrides = run_dir_overrides(overrides)
-            from tepo_cli.runtime.run_lock import check_run_dir_free
-
-            check_run_dir_free(overrides)  # one writer per run directory (runtime/run_lock.py)
-        if command == "train" and argv is None and not dry_run:  # a process of its own
-            start_with_host_allocator(config_name, overrides)
-    except ConfigError as error:
-        print(f"tepo {command}: {error}", file=sys.stderr)
-        sys.exit(2)
+    overrides = _checked_overrides(command, overrides, dry_run, own_process=argv is None)
     job = _job(command)
     if dry_run and is_sweep(overrides):  # nothing submitted, nothing written (sweep_launch.py)
         with dry_sweep(config_name, overrides) as launched:
             _run_hydra(config_name, job, rank_outputs(launched, os.environ))
         return
     _run_hydra(config_name, job, rank_outputs(overrides, os.environ))
+
+
+def _checked_overrides(
+    command: str, overrides: list[str], dry_run: bool, own_process: bool
+) -> list[str]:
+    """The command line's checks before Hydra composes anything (one paragraph and exit 2 on a
+    refusal); `tepo train` in a process of its own restarts here on its allocator."""
+    from tepo_cli.config.conflicts import check_conflicts
+    from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
+    from tepo_cli.config.sweep_launch import check_launcher_keys, check_slurm, is_sweep
+    from tepo_cli.core.errors import ConfigError
+
+    overrides = quote_weight_specs(overrides)
+    try:
+        check_override_keys(command, overrides)
+        check_conflicts(command, overrides)
+        if dry_run and is_sweep(overrides):
+            check_launcher_keys(command, overrides)
+        else:
+            check_slurm(overrides, command)
+        if command == "train":
+            from tepo_cli.runtime.resume import run_dir_overrides
+            from tepo_cli.runtime.run_lock import check_run_dir_free
+
+            overrides = run_dir_overrides(overrides)
+            check_run_dir_free(overrides)  # one writer per run directory (runtime/run_lock.py)
+        if command == "train" and own_process and not dry_run:
+            start_with_host_allocator(command, overrides)
+    except ConfigError as error:
+        print(f"tepo {command}: {error}", file=sys.stderr)
+        sys.exit(2)
+    return overrides
 
 
 def _take_flags(overrides: list[str]) -> tuple[list[str], bool]:
