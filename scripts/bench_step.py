@@ -5,6 +5,7 @@
     python scripts/bench_step.py --gpu           # GPU preset (bf16, Qwen2.5-0.5B-Instruct)
     python scripts/bench_step.py --job long      # long answers (benchstep/long_job.py)
     python scripts/bench_step.py --job long --sides tepo-vllm-bf16,trl,trl-bf16   # -bf16: bf16
+    python scripts/bench_step.py --job long --update-every-step   # tepo updates on every step
     python scripts/bench_step.py --smoke [--job long]   # CI: model=tiny, 2 steps (long: 1)
 
 OUT/results.md is the table (s/step and its split, peak RSS, reward, accuracy before → after,

@@ -42,6 +42,7 @@ KNOBS = {
     "no_prefix": ["rollout.engine.prefix_caching=false"],
     "no_chunked": ["+rollout.engine.engine_kwargs.enable_chunked_prefill=false"],
     "batched8192": ["+rollout.engine.engine_kwargs.max_num_batched_tokens=8192"],
+    "compiled": ["rollout.engine.enforce_eager=false"],  # vLLM's torch.compile of the model
 }
 
 

@@ -269,10 +269,15 @@ def test_a_step_without_an_update_counts_no_update_work():
 def test_a_side_over_the_memory_limit_is_killed_and_reported(tmp_path):
     from benchlib.runner import run_watched
 
-    grow = "import time\nblocks = []\nwhile True:\n    blocks.append(bytearray(50_000_000))\n"
+    # 50 MB every 20 ms: the watcher (every 50 ms) stops it within a few blocks of the limit, and
+    # within 4 GB even when a loaded machine delays it by a second
+    grow = (
+        "import time\nblocks = []\nwhile True:\n"
+        "    blocks.append(bytearray(50_000_000))\n    time.sleep(0.02)\n"
+    )
     result = run_watched([sys.executable, "-c", grow], tmp_path / "log", None, 400_000_000, 0.05)
     assert result.oom and result.returncode != 0
-    assert 400_000_000 < result.peak_rss_bytes < 2_000_000_000
+    assert 400_000_000 < result.peak_rss_bytes < 4_000_000_000
     assert "killed at the memory limit" in (tmp_path / "log").read_text()
     fine = run_watched([sys.executable, "-c", "print(1)"], tmp_path / "ok", None, 10**10)
     assert not fine.oom and fine.returncode == 0 and fine.peak_rss_bytes > 0
@@ -381,3 +386,17 @@ def test_long_targets_set_each_tepo_side_against_trl_at_its_best_precision():
     assert long_report.best_trl(summaries)["side"] == "trl"
     slow = long_report.targets([_long_summary("tepo-hf", 0.01, 4.5e9, 0.5), summaries[1]])
     assert [met for _, _, met in slow] == [False, False, False, False]
+
+
+def test_update_every_step_turns_tepo_s_skip_off_in_the_long_job(tmp_path):
+    """`--update-every-step`: tepo's update runs on steps without a gradient too (as TRL's does),
+    so its speed and MFU are measured on every step; without it tepo keeps its own skip."""
+    from bench_step import make_job
+    from benchstep.long_job import tepo_overrides
+    from benchstep.options import parse_args
+
+    model = a_model_dir(tmp_path)
+    for argv, skip in (([], "true"), (["--update-every-step"], "false")):
+        args = parse_args(["--job", "long", "--model", model, *argv], "")
+        overrides = tepo_overrides(make_job(args, tmp_path), "vllm")
+        assert f"trainer.skip_zero_advantage={skip}" in overrides

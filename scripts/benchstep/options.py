@@ -101,6 +101,15 @@ def _parser(description: str) -> argparse.ArgumentParser:
         choices=["auto", "glibc", "jemalloc", "tcmalloc", "mimalloc"],
         help="long job: tepo's trainer.host_allocator (default: tepo's own, auto)",
     )
+    p.add_argument(
+        "--update-every-step",
+        dest="skip_zero_advantage",
+        action="store_const",
+        const=False,
+        help="tepo updates on every step, rows without a gradient included, as TRL does\n"
+        "(trainer.skip_zero_advantage=false): the update's speed and MFU on steps whose answers\n"
+        "are all wrong, as a small model's long answers mostly are (default: tepo's own skip)",
+    )
     p.add_argument("--steps", type=int, help="optimizer steps per run (default 30; long: 4)")
     p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_step/<time>)")
