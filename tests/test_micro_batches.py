@@ -258,7 +258,8 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
     assert len(passes) == 2 * (1 + critic)  # two minibatches, the policy's and the critic's
     assert fixed.keys() == tokens.keys()
     cov = ("cov_selected", "cov_selected_mean", "cov_candidates")
-    for key in ("loss", "value_loss", "mtp_aux_loss", "clip_frac", "entropy", *cov):
+    losses = ("loss", "pg_loss", "kl_loss", "cov_loss", "value_loss", "mtp_aux_loss")
+    for key in (*losses, "clip_frac", "entropy", *cov):
         if key in fixed:
             assert tokens[key] == pytest.approx(fixed[key], rel=1e-6, abs=1e-12), key
     # The update's float64 floor: transformers' RMSNorm rounds to float32 even in a float64 model,

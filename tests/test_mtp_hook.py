@@ -25,8 +25,8 @@ from tepo_cli.train.setup import model_sizes
 
 PACKAGE = Path(tepo_cli.__file__).parent
 # Outside tepo_cli/mtp/, only these may say "mtp": the objective's declared input and the config
-# keys (algos/), the run directory's layout (core/run_dir.py), the recipe's two calls of the hook
-# (train/train_job.py, train/setup.py) and the update's list of additive metrics.
+# keys (algos/), the run directory's layout (core/run_dir.py) and the recipe's two calls of the
+# hook (train/train_job.py, train/setup.py).
 NAMED_OUTSIDE = {
     "algos/algo_config.py",
     "algos/api.py",
@@ -37,7 +37,6 @@ NAMED_OUTSIDE = {
     "core/run_dir.py",
     "train/setup.py",
     "train/train_job.py",
-    "train/update.py",
 }
 
 

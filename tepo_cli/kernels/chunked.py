@@ -255,24 +255,12 @@ def chunked_backward(
                 _tile_mm(mm_operand[r0:r1], w_tile, block, scratch, mm_scale)
                 if shift is not None:
                     block.add_(shift[r0:r1].unsqueeze(1))
-            if p_buf is None or g_ent is None or row_factor is None:
-                block.exp2_()
-            else:
-                p = p_buf[: block.numel()].view_as(block)
-                torch.exp(block, out=p)
-                block.mul_(g_ent[r0:r1].unsqueeze(1)).add_(row_factor[r0:r1].unsqueeze(1))
-                block.mul_(p)
+            _logit_grads(block, p_buf, g_ent, row_factor, r0, r1)
             _subtract_one_hot(block, targets[r0:r1], one_hot[r0:r1], v0)
             if low is not None:
                 _accumulate_low(block, w_tile, w_operand, acc_h, acc_w, r0, r1, v0, v1, scratch)
-                continue
-            if acc_h is not None:
-                acc_h[r0:r1].addmm_(block, w_tile)
-            if acc_w is not None and w_operand is not None:
-                if r0 == 0:
-                    torch.mm(block.t(), w_operand[r0:r1], out=acc_w[v0:v1])
-                else:
-                    acc_w[v0:v1].addmm_(block.t(), w_operand[r0:r1])
+            else:
+                _accumulate(block, w_tile, w_operand, acc_h, acc_w, r0, r1, v0, v1)
     grad_hidden = grad_weight = None
     if acc_h is not None:
         acc_h.mul_(h_factor)  # grad_hidden = (Y - M) W g / T, or (g Y - M) W / T
@@ -280,6 +268,47 @@ def chunked_backward(
     if acc_w is not None:
         grad_weight = acc_w.to(weight.dtype)
     return grad_hidden, grad_weight
+
+
+def _logit_grads(
+    block: torch.Tensor,
+    p_buf: torch.Tensor | None,
+    g_ent: torch.Tensor | None,
+    row_factor: torch.Tensor | None,
+    r0: int,
+    r1: int,
+) -> None:
+    """The block's shifted logits into their gradient (before the target's one-hot): the
+    log-prob's alone by one exp2, or with the entropy's term through the probabilities."""
+    if p_buf is None or g_ent is None or row_factor is None:
+        block.exp2_()
+        return
+    p = p_buf[: block.numel()].view_as(block)
+    torch.exp(block, out=p)
+    block.mul_(g_ent[r0:r1].unsqueeze(1)).add_(row_factor[r0:r1].unsqueeze(1))
+    block.mul_(p)
+
+
+def _accumulate(
+    block: torch.Tensor,
+    w_tile: torch.Tensor,
+    w_operand: torch.Tensor | None,
+    acc_h: torch.Tensor | None,
+    acc_w: torch.Tensor | None,
+    r0: int,
+    r1: int,
+    v0: int,
+    v1: int,
+) -> None:
+    """float32: the block's part of grad_hidden (block W_tile) and of grad_W's tile rows (the
+    first row block writes them, the others add)."""
+    if acc_h is not None:
+        acc_h[r0:r1].addmm_(block, w_tile)
+    if acc_w is not None and w_operand is not None:
+        if r0 == 0:
+            torch.mm(block.t(), w_operand[r0:r1], out=acc_w[v0:v1])
+        else:
+            acc_w[v0:v1].addmm_(block.t(), w_operand[r0:r1])
 
 
 def _accumulate_low(

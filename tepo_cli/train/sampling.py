@@ -72,61 +72,91 @@ def rollout_and_grade(
     `sampler` (envs/sampler.py) makes the rows: answers or episodes."""
     clock = clock or StepClock()
     wanted = len(problems)
-    kept: list[tuple[Rollout, Graded, list[Problem]]] = []
-    kept_groups, sampled, rounds, env_sums = 0, 0, 0, dict[str, float]()
-    records: list[dict[str, Any]] = []
-    errors: list[str] | None = None
+    kept = _Kept()
     batch_problems = problems
     after_turn = functools.partial(hooks.reached, "episode")  # the kill tests' mid-episode point
     for round_index in itertools.count():
         if batch_problems:
             with clock("rollout"):
-                round_seed = None if seed is None else seed + sampled * cfg.rollout.n
+                round_seed = None if seed is None else seed + kept.sampled * cfg.rollout.n
                 sampling = training_sampling(cfg, round_seed)
                 samples = sampler.sample(
                     backend, tokenizer, batch_problems, reward, sampling, after_turn
                 )
-                rollout = samples.rollout
-                _add_sums(env_sums, samples.sums)
-                errors = _with_errors(errors, samples)
+                kept.count_round(samples)
             hooks.reached("rollout")
             with clock("reward"):
-                graded = grade(cfg, rollout, batch_problems, reward, samples.results)
-            sampled += len(batch_problems)
-            keep = _keep(cfg, graded, len(batch_problems), wanted - kept_groups)
-            if keep.any():
-                rows = _group_rows(keep, cfg.rollout.n)
-                part = [p for p, k in zip(batch_problems, keep.tolist(), strict=True) if k]
-                kept.append((rollout.take(rows), _take_graded(graded, rows), part))
-                records += [samples.records[row] for row in rows.tolist()]
-                kept_groups += len(part)
+                graded = grade(cfg, samples.rollout, batch_problems, reward, samples.results)
+            keep = _keep(cfg, graded, len(batch_problems), wanted - kept.groups)
+            kept.add(samples, graded, batch_problems, keep, cfg.rollout.n)
         else:
             with clock("rollout"):
                 _idle_round(cfg, backend, tokenizer, problems)
         # The ranks decide together (one collective a round): another round while any rank
         # still needs groups and refills are left; a rank already full generates alongside.
-        everyone_full = _all_ranks_agree(kept_groups >= wanted)
+        everyone_full = _all_ranks_agree(kept.groups >= wanted)
         if everyone_full or not _can_refill(cfg, round_index, refill):
             break
-        refilling = kept_groups < wanted
-        rounds += refilling
+        refilling = kept.groups < wanted
+        kept.rounds += refilling
         batch_problems = [next(refill) for _ in range(wanted)] if refilling else []  # type: ignore[arg-type]
     if not everyone_full:
-        raise RunError(_refill_failure(cfg, wanted, kept_groups, sampled, rounds))
-    rollout = Rollout.concat([r for r, _, _ in kept], tokenizer.pad_token_id)
-    return Groups(
-        problems=[p for _, _, part in kept for p in part],
-        rollout=rollout,
-        batch=SequenceBatch.from_rollout(rollout),
-        rewards=torch.cat([g.rewards for _, g, _ in kept]),
-        correct=torch.cat([g.correct for _, g, _ in kept]),
-        overlong_mean=float(torch.cat([g.overlong for _, g, _ in kept]).mean()),
-        sampled_groups=sampled,
-        refill_rounds=rounds,
-        env_sums=env_sums,
-        episode_records=records,
-        env_errors=errors,
-    )
+        raise RunError(_refill_failure(cfg, wanted, kept.groups, kept.sampled, kept.rounds))
+    return kept.as_groups(tokenizer.pad_token_id)
+
+
+@dataclass
+class _Kept:
+    """What a step's rounds kept (groups in the order kept, their rows' sampler accounts) and
+    what they cost (groups sampled, refill rounds, the episodes' sums and errors of every round,
+    dropped groups' included)."""
+
+    parts: list[tuple[Rollout, Graded, list[Problem]]] = dataclasses.field(default_factory=list)
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    groups: int = 0
+    sampled: int = 0
+    rounds: int = 0
+    env_sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    errors: list[str] | None = None
+
+    def count_round(self, samples: Samples) -> None:
+        _add_sums(self.env_sums, samples.sums)
+        self.errors = _with_errors(self.errors, samples)
+
+    def add(
+        self,
+        samples: Samples,
+        graded: Graded,
+        problems: list[Problem],
+        keep: torch.Tensor,
+        group_size: int,
+    ) -> None:
+        """The round's `keep` groups of `problems`, sampled and graded."""
+        self.sampled += len(problems)
+        if not keep.any():
+            return
+        rows = _group_rows(keep, group_size)
+        part = [p for p, k in zip(problems, keep.tolist(), strict=True) if k]
+        self.parts.append((samples.rollout.take(rows), _take_graded(graded, rows), part))
+        self.records += [samples.records[row] for row in rows.tolist()]
+        self.groups += len(part)
+
+    def as_groups(self, pad_token_id: int) -> Groups:
+        rollout = Rollout.concat([r for r, _, _ in self.parts], pad_token_id)
+        graded = [g for _, g, _ in self.parts]
+        return Groups(
+            problems=[p for _, _, part in self.parts for p in part],
+            rollout=rollout,
+            batch=SequenceBatch.from_rollout(rollout),
+            rewards=torch.cat([g.rewards for g in graded]),
+            correct=torch.cat([g.correct for g in graded]),
+            overlong_mean=float(torch.cat([g.overlong for g in graded]).mean()),
+            sampled_groups=self.sampled,
+            refill_rounds=self.rounds,
+            env_sums=self.env_sums,
+            episode_records=self.records,
+            env_errors=self.errors,
+        )
 
 
 def _keep(cfg: TrainConfig, graded: Graded, groups: int, room: int) -> torch.Tensor:

@@ -21,8 +21,8 @@ from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import host_allocator
 from tepo_cli.core.run_dir import METRICS
-from tepo_cli.data.tasks import DatasetTask
-from tepo_cli.envs.sampler import build_sampler
+from tepo_cli.data.tasks import DatasetTask, Task
+from tepo_cli.envs.sampler import Sampler, build_sampler
 from tepo_cli.kernels.lean_layers import make_lean
 from tepo_cli.kernels.tf32 import set_tf32
 from tepo_cli.kernels.truncated import Truncation
@@ -58,17 +58,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     if cfg.rollout.backend == "vllm":
         resolve_modes(cfg.rollout.engine, on_cuda=topo.device.type == "cuda")
     allocator = set_up_host_memory(cfg.trainer.mmap_threshold_kb)  # glibc: threshold fixed
-    task = build_task(cfg.benchmark)
-    if isinstance(task, DatasetTask):
-        task.check_training()
-    data = describe_data(cfg, task)
-    sampler = build_sampler(cfg.env, cfg.benchmark, cfg.turn_tokens)  # answers or episodes
-    if topo.is_main:
-        _say_data(data)
-        _say_allocator(cfg, topo, allocator)
-        line = sampler.start_line(cfg.trainer, task)  # an environment's turns, held-out cost
-        if line is not None:
-            print(f"tepo train: {line}", file=sys.stderr)
+    task, data, sampler = _task_and_sampler(cfg, topo, allocator)
     reward = build_reward(cfg.reward, cfg.benchmark)
     tokenizer = load_tokenizer(cfg.model)
     zero3 = partitioned_load_config(cfg, topo)
@@ -89,13 +79,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     if feature is not None and resume_from is None:
         sampling = training_sampling(cfg)
         summary.update(feature.warm_up(model, tokenizer, task.train_stream, log, hooks, sampling))
-    accumulation = accumulation_steps(cfg)
-    engine = build_engine(model, cfg, accumulation, topo.world_size)
-    critic_engine = (
-        build_engine(critic, cfg, accumulation, topo.world_size, lr=cfg.advantage.critic_lr)
-        if critic is not None
-        else None
-    )
+    engine, critic_engine = _engines(cfg, model, critic, topo)
     generator = torch.Generator().manual_seed(cfg.seed)
     state, rank_state = TrainerState(summary=summary), RankState()
     if resume_from is not None:
@@ -127,6 +111,35 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     run.hooks = hooks  # built by train/train_job.py: the kill tests' TEPO_FAULT points, or none
     run.trackers = start_trackers(cfg, run_dir, topo, state)
     return run
+
+
+def _task_and_sampler(
+    cfg: TrainConfig, topo: Topology, allocator: str
+) -> tuple[Task, dict[str, Any], Sampler]:
+    """The benchmark's task (its training split checked), what the run trains on, and the sampler
+    (answers or episodes), announced on rank 0 with the host allocator."""
+    task = build_task(cfg.benchmark)
+    if isinstance(task, DatasetTask):
+        task.check_training()
+    data = describe_data(cfg, task)
+    sampler = build_sampler(cfg.env, cfg.benchmark, cfg.turn_tokens)  # answers or episodes
+    if topo.is_main:
+        _say_data(data)
+        _say_allocator(cfg, topo, allocator)
+        line = sampler.start_line(cfg.trainer, task)  # an environment's turns, held-out cost
+        if line is not None:
+            print(f"tepo train: {line}", file=sys.stderr)
+    return task, data, sampler
+
+
+def _engines(cfg: TrainConfig, model: Policy, critic: Any, topo: Topology) -> tuple[Any, Any]:
+    """The policy's DeepSpeed engine, and the critic's (its own learning rate) where there is one."""
+    accumulation = accumulation_steps(cfg)
+    engine = build_engine(model, cfg, accumulation, topo.world_size)
+    if critic is None:
+        return engine, None
+    lr = cfg.advantage.critic_lr
+    return engine, build_engine(critic, cfg, accumulation, topo.world_size, lr=lr)
 
 
 def _load_lm(

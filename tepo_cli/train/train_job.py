@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from tepo_cli.core import job_dirname  # noqa: F401  (registers the sweep sub-di
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS, discard_if_unused
+from tepo_cli.core.run_status import write_status
 from tepo_cli.mtp.hook import MtpHook
 
 if TYPE_CHECKING:
@@ -26,24 +28,60 @@ if TYPE_CHECKING:
 
 
 def train_job(cfg: DictConfig) -> None:
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    status_owner = False
-    config: TrainConfig | None = None
-    from tepo_cli.core.run_status import write_status
-
-    lock = None
+    """Run the job; a failure ends it with its exit code and one paragraph, and the run's
+    status.json says how it ended wherever the run had started."""
     from tepo_cli.runtime import faults
     from tepo_cli.runtime.lifetime import follow_train_process
-    from tepo_cli.runtime.run_lock import RunDirInUse, hold_run_dir, takes_the_lock
+    from tepo_cli.runtime.run_lock import RunDirInUse
 
+    hydra_cfg = HydraConfig.get()
+    job = _Job(Path(hydra_cfg.runtime.output_dir))
     follow_train_process()  # a rank of `trainer.nproc=N`: it ends when `tepo train` ends
     hooks = faults.from_env()  # the run's hooks: TEPO_FAULT's faults (the kill tests), or none
     try:
-        config = load_train_config(cfg, hydra_cfg.runtime.choices)
-        check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
-        from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
+        job.run(cfg, hydra_cfg, hooks)
+    except RunDirInUse as error:  # the directory and its files are the live run's
+        _fail(job.run_dir, False, "failed", f"tepo train: {error}", 2)
+    except ConfigError as error:
+        if not job.status_owner:  # refused before the run started: no output left behind
+            discard_if_unused(job.run_dir)
+        _fail(job.run_dir, job.status_owner, "failed", f"tepo train: {error}", 2)
+    except RunError as error:
+        _fail(job.run_dir, job.status_owner, "failed", f"tepo train: {error}", 1)
+    except StopRequested as error:
+        code = 128 + error.signum
+        _fail(job.run_dir, job.status_owner, "interrupted", f"tepo train: {error}", code)
+    except Exception as error:
+        if job.config is not None and job.config.trainer.nproc > 1:
+            _fail_if_timed_out(job.run_dir, job.status_owner, job.config, error, hooks.step)
+        if job.status_owner:
+            write_status(job.run_dir, "failed", error=repr(error))
+        raise
+    finally:
+        from tepo_cli.runtime.distributed import teardown
 
+        teardown()
+        if job.lock is not None:
+            job.lock.release()
+
+
+@dataclass
+class _Job:
+    """One `tepo train` process's part: what its failure handling needs to know of it."""
+
+    run_dir: Path
+    config: TrainConfig | None = None
+    status_owner: bool = False  # this process wrote status.json "running": it writes the end
+    lock: Any = None  # the run directory's lock, held until the job returns or dies
+
+    def run(self, cfg: DictConfig, hydra_cfg: Any, hooks: Any) -> None:
+        """The checks that can refuse the command, then this process's part: nothing more
+        (`--dry-run`, a finished run), the launcher of N ranks, or a rank that trains."""
+        from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
+        from tepo_cli.runtime.run_lock import hold_run_dir, takes_the_lock
+
+        config = self.config = load_train_config(cfg, hydra_cfg.runtime.choices)
+        check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
         device = choose_device(config.trainer.device)
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         dtype_name = config.model.dtype
@@ -54,54 +92,36 @@ def train_job(cfg: DictConfig) -> None:
         if dry_run(config, "train"):
             _say_precision(dtype_name, device.type, config.model.weight_rounding)
             _say(feature_line)
-            discard_if_unused(run_dir)
+            discard_if_unused(self.run_dir)
             return
-        if config.resume and _finished_already(run_dir, config):
+        if config.resume and _finished_already(self.run_dir, config):
             return  # only read: a finished run's directory stays as it was
         if takes_the_lock():
-            lock = hold_run_dir(run_dir)  # one writer: held until this job returns or dies
+            self.lock = hold_run_dir(self.run_dir)  # one writer
         from tepo_cli.runtime import distributed
 
         if config.trainer.nproc > 1 and not distributed.launched_by_launcher():
-            _relaunch(config, hydra_cfg, run_dir, device.type)
+            _relaunch(config, hydra_cfg, self.run_dir, device.type)
             return
         topo = _join_ranks(config, device, feature)
         if topo.is_main:
             _say_precision(dtype_name, device.type, config.model.weight_rounding)
             _say(feature_line)
-        _prepare_on_rank0(config, run_dir, topo)
-        if topo.is_main:
-            write_status(run_dir, "running")
-            status_owner = True
+        self._train(config, topo, hooks)
+
+    def _train(self, config: TrainConfig, topo: Topology, hooks: Any) -> None:
+        """This rank's training, the run directory prepared and its status kept by rank 0."""
         from tepo_cli.core.library_warnings import warnings_to_log
         from tepo_cli.train.recipe import train
 
+        _prepare_on_rank0(config, self.run_dir, topo)
+        if topo.is_main:
+            write_status(self.run_dir, "running")
+            self.status_owner = True
         with warnings_to_log("train"):
-            train(config, run_dir, topo, hooks)
-        if status_owner:
-            write_status(run_dir, "finished")
-    except RunDirInUse as error:  # the directory and its files are the live run's
-        _fail(run_dir, False, "failed", f"tepo train: {error}", 2)
-    except ConfigError as error:
-        if not status_owner:  # refused before the run started: no output left behind
-            discard_if_unused(run_dir)
-        _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 2)
-    except RunError as error:
-        _fail(run_dir, status_owner, "failed", f"tepo train: {error}", 1)
-    except StopRequested as error:
-        _fail(run_dir, status_owner, "interrupted", f"tepo train: {error}", 128 + error.signum)
-    except Exception as error:
-        if config is not None and config.trainer.nproc > 1:
-            _fail_if_timed_out(run_dir, status_owner, config, error, hooks.step)
-        if status_owner:
-            write_status(run_dir, "failed", error=repr(error))
-        raise
-    finally:
-        from tepo_cli.runtime.distributed import teardown
-
-        teardown()
-        if lock is not None:
-            lock.release()
+            train(config, self.run_dir, topo, hooks)
+        if self.status_owner:
+            write_status(self.run_dir, "finished")
 
 
 def _settle_precision(config: TrainConfig, device_type: str) -> None:
@@ -279,8 +299,6 @@ def _fail_if_timed_out(
         error,
     )
     if owner:
-        from tepo_cli.core.run_status import write_status
-
         write_status(run_dir, "failed")
     print(f"tepo train: {message}", file=sys.stderr, flush=True)
     # Not sys.exit: the process group's transport threads still wait on the missing rank, and
@@ -293,8 +311,6 @@ def _fail_if_timed_out(
 
 def _fail(run_dir: Path, owner: bool, state: str, message: str, code: int) -> None:
     if owner:
-        from tepo_cli.core.run_status import write_status
-
         write_status(run_dir, state)
     print(message, file=sys.stderr)
     sys.exit(code)

@@ -44,9 +44,13 @@ from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
 from tepo_cli.train.zero_advantage import may_skip, rows_with_gradient
 
-# Metrics that are this rank's part of a sum under the step's global normalisers: summed over the
-# micro-batches of an optimizer step (the others are token-weighted means, see _Tally).
-ADDITIVE = frozenset({"loss", "pg_loss", "kl_loss", "mtp_aux_loss", "value_loss"})
+
+def additive(metric: str) -> bool:
+    """Whether a micro-batch's metric is its rank's part of a sum under the step's global
+    normalisers, summed over the micro-batches of an optimizer step (the others are token-weighted
+    means, see _Tally): the loss and its terms, which every objective, attached module and the
+    critic name `*loss` (`pg_loss`, `kl_loss`, `cov_loss`, `value_loss`, ...)."""
+    return metric.endswith("loss")
 
 
 def accumulation_steps(cfg: TrainConfig) -> int:
@@ -65,7 +69,7 @@ class _Tally:
     end), seconds (summed), gradient norms per optimizer step, and the mismatch statistics.
 
     Each optimizer step's metric is independent of how its minibatch was split: the additive
-    ones (`ADDITIVE`: loss terms under global normalisers) are summed over its micro-batches, the
+    ones (`additive`: loss terms under global normalisers) are summed over its micro-batches, the
     others (fractions, means) weighted by each micro-batch's share of the minibatch's valid
     tokens on this rank. `prompt_pass_tokens`: the tokens of this rank's prompt pass (0 without
     one), per optimizer step. `update_flops` and `trained_tokens`: the needed work of the rows
@@ -233,7 +237,7 @@ def _accumulate(
         entropy_share = int(mask[rows].sum()) / seen_tokens if seen_tokens else share
         for key, value in metrics.items():
             weight = entropy_share if key == "entropy" else share
-            tally.sums[key] += value if key in ADDITIVE else value * weight
+            tally.sums[key] += value if additive(key) else value * weight
         hooks.reached("update")
         began = time.perf_counter()
         for learner in learners:

@@ -21,16 +21,8 @@ report.md, report.csv (groups), report_runs.csv and plot_*.png into DIR (or --ou
 DEFAULT_REFERENCE = "algo=grpo"  # where a sweep holds several GRPO groups: no reference
 
 
-def parser() -> argparse.ArgumentParser:
-    parse = argparse.ArgumentParser(
-        prog="tepo report", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parse.add_argument(
-        "directory", type=Path, metavar="DIR", help="a run directory or a multirun directory"
-    )
-    parse.add_argument(
-        "--out", type=Path, metavar="DIR", help="where to write the files (default: DIR)"
-    )
+def _add_level_options(parse: argparse.ArgumentParser) -> None:
+    """The options of 'steps to reach' a level and of the final reward, in --help's order."""
     parse.add_argument(
         "--threshold", type=float, default=0.5, help="level for 'steps to reach' (default 0.5)"
     )
@@ -70,6 +62,19 @@ def parser() -> argparse.ArgumentParser:
         help="best: the --fractions are of the reference's best held-out accuracy; gain: of its\n"
         "gain from before training to its best (for models that start well above 0)",
     )
+
+
+def parser() -> argparse.ArgumentParser:
+    parse = argparse.ArgumentParser(
+        prog="tepo report", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parse.add_argument(
+        "directory", type=Path, metavar="DIR", help="a run directory or a multirun directory"
+    )
+    parse.add_argument(
+        "--out", type=Path, metavar="DIR", help="where to write the files (default: DIR)"
+    )
+    _add_level_options(parse)
     parse.add_argument(
         "--groups",
         metavar="NAME,...|REGEX",
