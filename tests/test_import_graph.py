@@ -254,3 +254,34 @@ def test_no_two_modules_share_a_file_name() -> None:
     "records.py" (in docs, reviews, tracebacks) ambiguous."""
     shared = shared_file_names(list(PACKAGE.rglob("*.py")))
     assert shared == {}, "\n".join(f"{name}: {', '.join(found)}" for name, found in shared.items())
+
+
+LONGEST_FUNCTION = 60  # lines, decorators aside: a function that does one thing reads on a screen
+
+
+def long_functions(source: str, limit: int = LONGEST_FUNCTION) -> dict[str, int]:
+    """The functions (methods and nested ones too) of `source` longer than `limit` lines."""
+    return {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    }
+
+
+def test_the_length_check_counts_a_function_s_lines() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(59))
+    assert long_functions(f"def short():\n{body}") == {}  # 60 lines: at the limit
+    assert long_functions(f"def long():\n{body}    y = 0\n") == {"long": 61}
+    method = "".join(f"    {line}\n" for line in f"def long(self):\n{body}    y = 0".splitlines())
+    assert long_functions(f"class A:\n{method}") == {"long": 61}
+
+
+def test_no_function_is_longer_than_60_lines() -> None:
+    found = {
+        f"{path.relative_to(PACKAGE.parent).as_posix()}:{name}": lines
+        for path in PACKAGE.rglob("*.py")
+        for name, lines in long_functions(path.read_text()).items()
+    }
+    assert found == {}, f"split these (lines): {found}"
