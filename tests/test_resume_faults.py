@@ -418,3 +418,23 @@ def test_a_sweep_killed_mid_job_continues_with_one_command(tmp_path, reference):
     assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
     assert f"resuming {cut} after step 2" in resumed.stderr
     assert_same_run(cut, reference)
+
+
+@pytest.mark.skipif(
+    os.environ.get("TEPO_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vllm") is None,
+    reason="rollout=vllm needs `make install-vllm`",
+)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_vllm_run_resumed_after_an_evaluation_samples_as_the_uninterrupted_one(
+    tmp_path_factory, tmp_path, dtype
+):
+    """As above, with a held-out evaluation every 2 steps: the uninterrupted run evaluates after
+    step 2 and then samples step 3 with the same engine, the resumed one starts a fresh engine
+    after step 2's checkpoint. The evaluation leaves nothing in the engine that step 3 samples
+    differently from."""
+
+    def evaluating_args(tmp: Path, run_dir: Path) -> list[str]:
+        return [*vllm_args(tmp, run_dir), "trainer.eval_every=2", f"model.dtype={dtype}"]
+
+    evaluating_args.__name__ = f"vllm_evaluating_{dtype}"
+    killed_resumed_as_uninterrupted(tmp_path, tmp_path_factory, evaluating_args, "rollout:3")
