@@ -424,17 +424,16 @@ def test_a_sweep_killed_mid_job_continues_with_one_command(tmp_path, reference):
     os.environ.get("TEPO_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vllm") is None,
     reason="rollout=vllm needs `make install-vllm`",
 )
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_vllm_run_resumed_after_an_evaluation_samples_as_the_uninterrupted_one(
-    tmp_path_factory, tmp_path, dtype
+    tmp_path_factory, tmp_path
 ):
-    """As above, with a held-out evaluation every 2 steps: the uninterrupted run evaluates after
-    step 2 and then samples step 3 with the same engine, the resumed one starts a fresh engine
-    after step 2's checkpoint. The evaluation leaves nothing in the engine that step 3 samples
-    differently from."""
+    """As above in bf16 (weights rounded stochastically), with a held-out evaluation every 2
+    steps: the uninterrupted run evaluates after step 2 and then samples step 3 with the same
+    engine, the resumed one starts a fresh engine after step 2's checkpoint. The evaluation leaves
+    nothing in the engine that step 3 samples differently from (float32 passes too; one dtype
+    keeps the suite short)."""
 
-    def evaluating_args(tmp: Path, run_dir: Path) -> list[str]:
-        return [*vllm_args(tmp, run_dir), "trainer.eval_every=2", f"model.dtype={dtype}"]
+    def vllm_evaluating_args(tmp: Path, run_dir: Path) -> list[str]:
+        return [*vllm_args(tmp, run_dir), "trainer.eval_every=2", "model.dtype=bfloat16"]
 
-    evaluating_args.__name__ = f"vllm_evaluating_{dtype}"
-    killed_resumed_as_uninterrupted(tmp_path, tmp_path_factory, evaluating_args, "rollout:3")
+    killed_resumed_as_uninterrupted(tmp_path, tmp_path_factory, vllm_evaluating_args, "rollout:3")
