@@ -135,6 +135,7 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
         memory_limit_bytes=int(args.memory_limit_gb * 1e9),
         trl_generation=args.trl_generation,
         host_allocator=args.host_allocator,
+        tepo_overrides=tuple(args.tepo_overrides),
     )
     print(f"model: {job.model}\nresults: {out}", flush=True)
     return run_long(
@@ -149,6 +150,8 @@ def main_long(args: argparse.Namespace, job: Job, out: Path, trl: str | None) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__)
     check_device(args)
+    if args.tepo_overrides and args.job != "long":
+        sys.exit("bench_step: --tepo-override applies to the long job only (--job long).")
     if args.job == "long":  # before any side starts: each would fail on it seconds later
         require_prepared([("math500", "train")], "bench_step.py --job long")
     trl = trl_version(sys.executable) if any(s.startswith("trl") for s in args.sides) else None

@@ -304,6 +304,14 @@ def test_long_job_overrides_keep_tepo_defaults(compose_config, tmp_path):
     assert config.model.dtype == "bfloat16" and config.rollout.backend == "vllm"
     assert config.trainer.host_allocator == "glibc"
     assert sum(o.startswith("model.dtype=") for o in overrides) == 1
+    compiled = LongSettings(
+        ("tepo-vllm-bf16",),
+        10**10,
+        "generate",
+        tepo_overrides=("rollout.engine.enforce_eager=false",),
+    )
+    config = load_train_config(compose_config("train", side_overrides("tepo-vllm", job, compiled)))
+    assert config.rollout.engine.enforce_eager is False and config.model.dtype == "float32"
 
 
 def test_sigterm_to_the_benchmark_ends_the_watched_side(tmp_path):

@@ -35,6 +35,7 @@ class LongSettings:
     trl_generation: str  # auto | vllm | generate
     kv_cache_gib: int = 1  # tepo's default (conf/rollout/vllm.yaml)
     host_allocator: str | None = None  # tepo's trainer.host_allocator; None: its default
+    tepo_overrides: tuple[str, ...] = ()  # more `tepo train` overrides, after the job's
 
 
 def tepo_overrides(job: Job, rollout: str) -> list[str]:
@@ -74,7 +75,8 @@ def trl_command(
 
 
 def side_overrides(side: str, job: Job, settings: LongSettings) -> list[str]:
-    """A tepo side's `tepo train` overrides: the job's, in the side's precision."""
+    """A tepo side's `tepo train` overrides: the job's, in the side's precision, then the
+    benchmark's `--tepo-override`s (a later override of a key wins in Hydra)."""
     trainer, dtype = side_precision(side, job)
     overrides = [
         f"model.dtype={dtype}" if o.startswith("model.dtype=") else o
@@ -82,7 +84,7 @@ def side_overrides(side: str, job: Job, settings: LongSettings) -> list[str]:
     ]
     if settings.host_allocator:
         overrides.append(f"trainer.host_allocator={settings.host_allocator}")
-    return overrides
+    return [*overrides, *settings.tepo_overrides]
 
 
 def run_side(
@@ -223,7 +225,12 @@ def run_long(
         versions,
     )
     results = {
-        "job": {**job.__dict__, "benchmark": "math500", "overrides": tepo_overrides(job, "hf")},
+        "job": {
+            **job.__dict__,
+            "benchmark": "math500",
+            "overrides": tepo_overrides(job, "hf"),
+            "tepo_overrides": list(settings.tepo_overrides),  # --tepo-override, every tepo side
+        },
         "versions": versions,
         "matmul": matmuls,
         "memory_limit_bytes": settings.memory_limit_bytes,

@@ -110,6 +110,15 @@ def _parser(description: str) -> argparse.ArgumentParser:
         "(trainer.skip_zero_advantage=false): the update's speed and MFU on steps whose answers\n"
         "are all wrong, as a small model's long answers mostly are (default: tepo's own skip)",
     )
+    p.add_argument(
+        "--tepo-override",
+        dest="tepo_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="long job: one more `tepo train` override for every tepo side, repeatable\n"
+        "(e.g. rollout.engine.enforce_eager=false: vLLM's compiled engine)",
+    )
     p.add_argument("--steps", type=int, help="optimizer steps per run (default 30; long: 4)")
     p.add_argument("--rounds", type=int, default=1, help="tepo, TRL alternations (default 1)")
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_step/<time>)")
