@@ -6,7 +6,6 @@ import csv
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from tepo_cli.eval.report.dynamics import DynamicsRow, Reach, Reference
@@ -191,26 +190,6 @@ def rich_table(title: str, columns: list, rows: list, caption: str = "") -> Tabl
     for row in rows:
         table.add_row(*(get(row) for _, get in columns))
     return table
-
-
-def print_tables(
-    console: Console, group_rows: list[GroupRow], run_rows: list[RunRow], options: Options
-) -> None:
-    console.print(
-        rich_table("Groups", group_columns(options), group_rows, legend(options)), highlight=False
-    )
-    console.print(rich_table("Runs", run_columns(options), run_rows), highlight=False)
-
-
-def print_dynamics(
-    console: Console, reference: Reference | None, rows: list[DynamicsRow], options: Options
-) -> None:
-    columns = dynamics_columns(reference, options)
-    legend_text = dynamics_legend(reference, options)
-    console.print(rich_table("Learning dynamics", columns, rows, legend_text), highlight=False)
-    if any(row.curve for row in rows):
-        table = rich_table("Held-out accuracy by step", curve_columns(rows), rows)
-        console.print(table, highlight=False)
 
 
 def legend(options: Options) -> str:
