@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 # script -> the test that smoke-runs it ("file::test")
 SMOKE_TESTS = {
+    "bench_hf_decode.py": "tests/test_scripts.py::test_bench_hf_decode_smoke",
     "bench_logprob.py": "tests/test_scripts.py::test_bench_logprob_smoke",
     "bench_lora.py": "tests/test_scripts.py::test_bench_lora_smoke",
     "bench_packing.py": "tests/test_scripts.py::test_bench_packing_smoke",
@@ -197,6 +198,19 @@ def test_bench_precision_smoke(tmp_path):
     config = (tmp_path / "runs" / "bfloat16-round1" / "config.yaml").read_text()
     assert "dtype: bfloat16" in config
     assert "| bf16 / float32 |" in (tmp_path / "results.md").read_text()
+
+
+def test_bench_hf_decode_smoke(tmp_path):
+    """Every batch size's decode step and both generate modes (eager; static cache, compiled) on
+    the tiny model."""
+    args = ("--model", "tiny", "--dtype", "float32", "--steps", "2", "--new-tokens", "3")
+    run_script("scripts/bench_hf_decode.py", *args, "--out", str(tmp_path))
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(map(int, result["step_seconds"])) == [1, 2, 4, 8, 16]
+    assert all(finite(s) and s > 0 for s in result["step_seconds"].values())
+    rates = result["generate_tokens_per_s"]
+    assert set(rates) == {"eager", "static, compiled"} and all(r > 0 for r in rates.values())
+    assert "| 16 |" in (tmp_path / "results.md").read_text()
 
 
 def test_bench_weight_rounding_smoke(tmp_path):
