@@ -275,6 +275,7 @@ def _stream(command: list[str], console: Path) -> int:
                     sys.stdout.write(line)
                     sys.stdout.flush()
                     log.write(line)
+                    log.flush()  # a kill of this process loses no line of the run's console
                 break
             except KeyboardInterrupt:
                 continue  # the run got it too: it checkpoints and exits; keep its last words
