@@ -9,7 +9,10 @@
 #
 # WORKTREE (default ../NAME-code, NAME the protocol's name) holds the pinned code and its light
 # virtual environment (this checkout's .venv packages, the pinned commit's tepo); RUNS (default
-# ../NAME-runs) holds the runs' checkpoints and console logs, never committed.
+# ../NAME-runs) holds the runs' checkpoints and console logs, never committed. COMMIT=1 commits
+# the published records (runs/ beside the protocol, in the git checkout that holds it) as they
+# come: a watcher checks every COMMIT_EVERY seconds (default 60) while the runner lives, and once
+# after it ends; it commits only that folder, whatever else is staged.
 set -euo pipefail
 [ $# -ge 1 ] && [ -f "$1" ] || {
     echo "protocol_run.sh: the first argument must be a protocol.yaml file (got '${1:-nothing}')." \
@@ -40,6 +43,31 @@ if [ ! -x "$worktree/.venv/bin/tepo" ]; then
     "$worktree/.venv/bin/python" -m pip install -q --no-deps -e "$worktree"
 fi
 mkdir -p "$runs"
+results=$(dirname "$protocol")/runs
+commit_records() {  # the records' folder as it is now, if git does not hold it yet
+    mkdir -p "$results"
+    git -C "$results" add -- . || { echo "protocol_run.sh: could not stage $results" >&2; return; }
+    git -C "$results" diff --cached --quiet -- . && return
+    local what
+    what=$(git -C "$results" diff --cached --name-only --relative -- . | cut -d/ -f1 | sort -u |
+        tr '\n' ' ')
+    git -C "$results" commit -q -m "$name: published ${what% } (protocol_run.sh)" -- . ||
+        echo "protocol_run.sh: could not commit $results (tried again at the next check)" >&2
+}
 cd "$worktree"
-exec "$worktree/.venv/bin/tepo" protocol run "$protocol" --runs-dir "$runs" \
-    --results-dir "$(dirname "$protocol")/runs" "$@"
+run=("$worktree/.venv/bin/tepo" protocol run "$protocol" --runs-dir "$runs" --results-dir "$results" "$@")
+[ -n "${COMMIT:-}" ] || exec "${run[@]}"
+stop=$(mktemp -u)  # the watcher's stop flag: it never stops mid-commit
+(
+    while :; do
+        for ((i = 0; i < ${COMMIT_EVERY:-60}; i++)); do [ -e "$stop" ] && exit 0; sleep 1; done
+        commit_records
+    done
+) &
+watcher=$!
+"${run[@]}" && code=0 || code=$?  # in the foreground: Ctrl-C reaches the run
+touch "$stop"
+wait "$watcher" || true
+rm -f "$stop"
+commit_records
+exit "$code"

@@ -390,7 +390,9 @@ def test_a_benchmark_without_its_prepared_data_stops_at_once(
 def test_protocol_run_lists_a_pinned_protocol_s_runs(tmp_path):
     """The runner pins a worktree at the protocol's commit, gives it a light environment, and
     hands over to `tepo protocol run` there (`--list`: the runs, nothing trained); a missing
-    protocol file is refused before anything is made."""
+    protocol file is refused before anything is made. With COMMIT=1 it commits the published
+    records beside the protocol (here a run's status file put there by hand) in the checkout that
+    holds them, that folder only."""
     refused = subprocess.run(
         ["bash", "scripts/protocol_run.sh", str(tmp_path / "none.yaml")],
         cwd=ROOT,
@@ -411,8 +413,18 @@ def test_protocol_run_lists_a_pinned_protocol_s_runs(tmp_path):
             "name: bf16_parity", "name: smoke"
         )
     )
+    results = protocol.parent
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    identity["GIT_COMMITTER_EMAIL"] = "t@t"
+    for command in (["init", "-q"], ["add", "protocol.yaml"], ["commit", "-qm", "protocol"]):
+        subprocess.run(["git", *command], cwd=results, env={**os.environ, **identity}, check=True)
+    (results / "runs" / "float32_seed0").mkdir(parents=True)
+    (results / "runs" / "float32_seed0" / "status.json").write_text('{"state": "finished"}\n')
+    (results / "unrelated.txt").write_text("staged, not committed by the runner\n")
+    subprocess.run(["git", "add", "unrelated.txt"], cwd=results, check=True)
     worktree = tmp_path / "code"
-    env = {**os.environ, "WORKTREE": str(worktree), "RUNS": str(tmp_path / "runs")}
+    env = {**os.environ, **identity, "WORKTREE": str(worktree), "RUNS": str(tmp_path / "runs")}
+    env.update(COMMIT="1", COMMIT_EVERY="1")
     try:
         listed = subprocess.run(
             ["bash", "scripts/protocol_run.sh", str(protocol), "--list"],
@@ -430,3 +442,15 @@ def test_protocol_run_lists_a_pinned_protocol_s_runs(tmp_path):
         f"{arm}_seed{seed}" for seed in (0, 1, 2) for arm in ("float32", "bf16")
     ]
     assert lines[1].endswith("model.dtype=bfloat16 seed=0")
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "--name-only", "-1"],
+        cwd=results,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert log[:3] == ["smoke:", "published", "float32_seed0"]
+    assert "runs/float32_seed0/status.json" in log and "unrelated.txt" not in log
+    status = subprocess.run(
+        ["git", "status", "--short"], cwd=results, capture_output=True, text=True
+    )
+    assert status.stdout == "A  unrelated.txt\n"
