@@ -369,12 +369,15 @@ def test_malformed_training_rows_stop_the_run_before_the_model_loads(tmp_path, r
 def vllm_args(tmp: Path, run_dir: Path) -> list[str]:
     """Rollouts from an in-process vLLM engine, without per-request seeds (the default): it draws
     from the trainer's torch generator, which the checkpoint holds, so the resumed run samples
-    what the uninterrupted one did."""
+    what the uninterrupted one did. A held-out evaluation every 2 steps: the uninterrupted run
+    evaluates after step 2 and samples step 3 with the same engine, the resumed one with a fresh
+    engine from step 2's checkpoint, so the evaluation must leave nothing step 3 samples from."""
     return [
         *base_args(tmp, run_dir),
         "rollout=vllm",
         "rollout.engine.kv_cache_gib=1",
         "trainer.lr=1e-2",  # every step moves the weights far: a missed sync would show
+        "trainer.eval_every=2",
     ]
 
 
@@ -418,22 +421,3 @@ def test_a_sweep_killed_mid_job_continues_with_one_command(tmp_path, reference):
     assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
     assert f"resuming {cut} after step 2" in resumed.stderr
     assert_same_run(cut, reference)
-
-
-@pytest.mark.skipif(
-    os.environ.get("TEPO_REQUIRE_VLLM") != "1" and importlib.util.find_spec("vllm") is None,
-    reason="rollout=vllm needs `make install-vllm`",
-)
-def test_a_vllm_run_resumed_after_an_evaluation_samples_as_the_uninterrupted_one(
-    tmp_path_factory, tmp_path
-):
-    """As above in bf16 (weights rounded stochastically), with a held-out evaluation every 2
-    steps: the uninterrupted run evaluates after step 2 and then samples step 3 with the same
-    engine, the resumed one starts a fresh engine after step 2's checkpoint. The evaluation leaves
-    nothing in the engine that step 3 samples differently from (float32 passes too; one dtype
-    keeps the suite short)."""
-
-    def vllm_evaluating_args(tmp: Path, run_dir: Path) -> list[str]:
-        return [*vllm_args(tmp, run_dir), "trainer.eval_every=2", "model.dtype=bfloat16"]
-
-    killed_resumed_as_uninterrupted(tmp_path, tmp_path_factory, vllm_evaluating_args, "rollout:3")
