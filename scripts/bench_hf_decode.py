@@ -4,7 +4,7 @@ token for every row, keys and values of a 300-token context cached) at several b
 
 A step whose time hardly grows with its rows is bound by its fixed cost (the layers' small
 operations), not by the work per row: then dropping finished rows saves little, and fewer
-sequential steps (continuous batching across turns, as vLLM does) is the lever. Results:
+sequential steps (continuous batching across turns) is the lever. Results:
 docs/results/multi_turn/index.md.
 
     python scripts/bench_hf_decode.py --out docs/results/multi_turn/hf_decode
