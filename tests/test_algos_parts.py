@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -16,6 +17,7 @@ from tepo_cli.algos import (
     rloo_advantages,
 )
 from tepo_cli.algos.aggregate import aggregate
+from tepo_cli.algos.batch import PolicyBatch
 from tepo_cli.algos.clip import clipped_surrogate
 from tepo_cli.algos.kl import kl_estimate
 from tepo_cli.algos.overlong import resolve_overlong_lengths
@@ -137,13 +139,15 @@ def test_tepo_mask_covariance_and_entropy_drop() -> None:
     old_logp = t([[-0.5, -2.0, -0.1, -0.1], [-0.1, -0.1, -0.1, -0.1]])
     old_ent = t([[1.0, 1.0, 0.0, 5.0], [1.0, 1.0, 1.0, 1.0]])
     entropy = t([[0.5, 0.5, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    cov = tepo_kl_mask(adv, mask, old_logp, old_ent, criterion="covariance")
+    without = PolicyBatch(old_logp, old_logp, adv, mask, old_entropy=old_ent)
+    cov = tepo_kl_mask(without, criterion="covariance")
     # ℓ_old + H_old: 0.5 > 0, -1 < 0, -0.1 < 0, padding; row 2 has Â < 0.
     assert cov.tolist() == [[True, False, False, False], [False] * 4]
-    drop = tepo_kl_mask(adv, mask, old_logp, old_ent, entropy, criterion="entropy_drop")
+    with_entropy = dataclasses.replace(without, entropy=entropy)
+    drop = tepo_kl_mask(with_entropy, criterion="entropy_drop")
     assert drop.tolist() == [[True, True, False, False], [False] * 4]
     with pytest.raises(ValueError, match="entropy is required"):
-        tepo_kl_mask(adv, mask, old_logp, old_ent, None, criterion="entropy_drop")
+        tepo_kl_mask(without, criterion="entropy_drop")
 
 
 # clipped surrogate (§0.4) -------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 
 import torch
@@ -11,6 +11,14 @@ from torch import Tensor
 
 from tepo_cli.algos.aggregate import Count
 from tepo_cli.algos.algo_config import AlgoConfig
+
+
+def _per_token(*, detached: bool, scored: bool = False, depths: bool = False) -> dict[str, bool]:
+    """The metadata of a [B, T] input field (with `depths`, [B, T, D]) that `checked_batch` zeroes
+    on padding; `detached`: the objective reads it without gradient; `scored`: a policy pass's
+    score, made for the current policy as `name`, for the rollout policy as `old_<name>`
+    (algos/inputs.py)."""
+    return {"detached": detached, "scored": scored, "depths": depths}
 
 
 @dataclass(frozen=True)
@@ -39,13 +47,21 @@ class PolicyBatch:
     old_logp: Tensor
     advantages: Tensor
     mask: Tensor
-    ref_logp: Tensor | None = None
-    entropy: Tensor | None = None
-    old_entropy: Tensor | None = None
-    mtp_logp: Tensor | None = None
-    old_mtp_logp: Tensor | None = None
-    old_entropy_term: Tensor | None = None
-    token_weights: Tensor | None = None
+    ref_logp: Tensor | None = field(default=None, metadata=_per_token(detached=True))
+    entropy: Tensor | None = field(default=None, metadata=_per_token(detached=False, scored=True))
+    old_entropy: Tensor | None = field(
+        default=None, metadata=_per_token(detached=True, scored=True)
+    )
+    mtp_logp: Tensor | None = field(
+        default=None, metadata=_per_token(detached=False, scored=True, depths=True)
+    )
+    old_mtp_logp: Tensor | None = field(
+        default=None, metadata=_per_token(detached=True, scored=True, depths=True)
+    )
+    old_entropy_term: Tensor | None = field(
+        default=None, metadata=_per_token(detached=True, scored=True)
+    )
+    token_weights: Tensor | None = field(default=None, metadata=_per_token(detached=True))
     turns: Tensor | None = None  # [B, T] int64 turn of each token (multi-turn episodes), or None
     cov_selected: Tensor | None = None  # [B, T] bool, KL-Cov / Clip-Cov's pick, or None
     generator: torch.Generator | None = None  # Clip-Cov's draw when it picks among these rows
@@ -58,8 +74,9 @@ class PolicyBatch:
         return {"num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "max_len": self.max_len}
 
 
-# [B, T] inputs the objective reads without gradient
-_DETACHED = ("old_logp", "ref_logp", "old_entropy", "old_entropy_term", "token_weights")
+PER_TOKEN = {f.name: f.metadata for f in dataclasses.fields(PolicyBatch) if f.metadata}
+"""The optional per-token inputs, each with its `_per_token` spec."""
+_FLAT = [name for name, spec in PER_TOKEN.items() if not spec["depths"]]  # the [B, T] ones
 
 
 def checked_batch(raw: PolicyBatch) -> PolicyBatch:
@@ -75,7 +92,7 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
         )
     if raw.old_logp is None:
         raise ValueError("old_logp is required (the rollout policy's token log-probs)")
-    for name in (*_DETACHED, "entropy", "turns", "cov_selected"):
+    for name in ("old_logp", *_FLAT, "turns", "cov_selected"):
         tensor = getattr(raw, name)
         if tensor is not None and (not isinstance(tensor, Tensor) or tuple(tensor.shape) != shape):
             raise ValueError(
@@ -94,10 +111,11 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
             else advantages.detach().to(logp.dtype)
         ),
         mask=mask,
-        entropy=_zero_padding(raw.entropy, mask, detach=False),
-        mtp_logp=_zero_padding(raw.mtp_logp, mask, detach=False),
-        old_mtp_logp=_zero_padding(raw.old_mtp_logp, mask, detach=True),
-        **{name: _zero_padding(getattr(raw, name), mask, detach=True) for name in _DETACHED},
+        old_logp=_zero_padding(raw.old_logp, mask, detach=True),
+        **{
+            name: _zero_padding(getattr(raw, name), mask, detach=spec["detached"])
+            for name, spec in PER_TOKEN.items()
+        },
         cov_selected=None if selected is None else selected.bool() & mask,
     )
 

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from dataclasses import fields
 
 from tepo_cli.algos.algo_config import AlgoConfig
-from tepo_cli.algos.batch import PolicyBatch
+from tepo_cli.algos.batch import PER_TOKEN, PolicyBatch
 
-SCORED = ("entropy", "entropy_term", "mtp_logp")  # a policy pass's scores besides logp
 OLD = "old_"  # the rollout policy's score `name` is the input `old_<name>`
+SCORED = frozenset(name.removeprefix(OLD) for name, spec in PER_TOKEN.items() if spec["scored"])
+"""A policy pass's scores besides logp: the `scored` inputs of `PolicyBatch`, `old_` removed."""
 GIVEN = {"logp", "old_logp", "advantages", "mask", "token_weights", "turns", "generator"}
 GIVEN |= {"num_tokens", "num_seqs", "max_len"}  # PolicyBatch fields every objective gets
 DECLARABLE = frozenset(f.name for f in fields(PolicyBatch)) - GIVEN  # the others, if declared
@@ -24,4 +25,4 @@ def scored(reads: frozenset[str], *, rollout: bool, on_policy: bool = False) -> 
     old = {name for name in SCORED if OLD + name in reads}
     if rollout:
         return frozenset(old)
-    return frozenset({"entropy", *(reads & set(SCORED)), *(old if on_policy else ())})
+    return frozenset({"entropy", *(reads & SCORED), *(old if on_policy else ())})

@@ -98,15 +98,7 @@ def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, floa
     mask = batch.mask
     kl_mask = mask
     if cfg.kl_mask == "tepo" and (cfg.needs_old_entropy or cfg.mask_criterion == "advantage_only"):
-        kl_mask = tepo_kl_mask(
-            batch.advantages,
-            mask,
-            batch.old_logp,
-            batch.old_entropy,
-            batch.entropy,
-            cfg.mask_criterion,
-            old_entropy_term=batch.old_entropy_term,
-        )
+        kl_mask = tepo_kl_mask(batch, cfg.mask_criterion)
         metrics["kl_mask_frac"] = _share(kl_mask, mask)
     if target is None:
         return zero, metrics

@@ -7,24 +7,20 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from tepo_cli.algos.batch import PolicyBatch
+
 CRITERIA = ("covariance", "entropy_drop", "advantage_only", "first_order")
 
 
 def tepo_kl_mask(
-    advantages: Tensor,
-    mask: Tensor,
-    old_logp: Tensor,
-    old_entropy: Tensor,
-    entropy: Tensor | None = None,
+    batch: PolicyBatch,
     criterion: Literal[
         "covariance", "entropy_drop", "advantage_only", "first_order"
     ] = "covariance",
-    *,
-    old_entropy_term: Tensor | None = None,
 ) -> Tensor:
-    """[B, T] bool: the tokens that carry TEPO's KL term (never a padding token).
+    """[B, T] bool: the tokens of `batch` that carry TEPO's KL term (never a padding token).
 
-    `advantages` is [B] (one per response) or [B, T] (one per token). M_{i,t} = 1[Â > 0] · c_{i,t},
+    Its advantages are [B] (one per response) or [B, T] (one per token). M_{i,t} = 1[Â > 0] · c_{i,t},
     where the entropy-decrease test c is
     - `covariance`: ℓ^old_t + H^old_t > 0. Under a natural-gradient step the entropy change at a
       state is −Cov(log π, A): with Â > 0 the entropy falls when the sampled token's log-prob is
@@ -36,21 +32,22 @@ def tepo_kl_mask(
       ∂H/∂z_j = −p_j (log p_j + H) and a softmax policy-gradient step moves the logits by
       η Â (e_a − p), ΔH ≈ −η Â [p_a (ℓ_a + H) − S]: with Â > 0 the entropy falls iff c holds.
     """
-    adv = advantages.detach()
+    old_logp, old_entropy, mask = batch.old_logp, batch.old_entropy, batch.mask
+    adv = batch.advantages.detach()
     positive = (adv.unsqueeze(1) if adv.dim() == 1 else adv) > 0
     if criterion == "covariance":
         falling = (old_logp.detach() + old_entropy.detach()) > 0
     elif criterion == "entropy_drop":
-        if entropy is None:
+        if batch.entropy is None:
             raise ValueError("entropy is required by mask_criterion=entropy_drop")
-        falling = entropy.detach() < old_entropy.detach()
+        falling = batch.entropy.detach() < old_entropy.detach()
     elif criterion == "advantage_only":
         falling = torch.ones_like(mask, dtype=torch.bool)
     elif criterion == "first_order":
-        if old_entropy_term is None:
+        if batch.old_entropy_term is None:
             raise ValueError("old_entropy_term is required by mask_criterion=first_order")
         ell = old_logp.detach()
-        falling = ell.exp() * (ell + old_entropy.detach()) - old_entropy_term.detach() > 0
+        falling = ell.exp() * (ell + old_entropy.detach()) - batch.old_entropy_term.detach() > 0
     else:
         raise ValueError(
             f"unknown mask_criterion {criterion!r}: expected one of {', '.join(CRITERIA)}"
