@@ -24,19 +24,17 @@ from tepo_cli.rollout.hf import generate
 from tepo_cli.train.setup import model_sizes
 
 PACKAGE = Path(tepo_cli.__file__).parent
-# Outside tepo_cli/mtp/, only these may say "mtp": the objective's declared input and the config
-# keys (algos/), the run directory's layout (core/run_dir.py) and the recipe's two calls of the
-# hook (train/train_job.py, train/setup.py).
+# Outside tepo_cli/mtp/, only these may say "mtp": the config keys, the objective's input and
+# MPO's future term that reads it (algos/), the public entry point's argument list
+# (algos/api.py), the run directory's map (core/run_dir.py) and the feature's one way into a run
+# (train/feature.py).
 NAMED_OUTSIDE = {
     "algos/algo_config.py",
     "algos/api.py",
     "algos/batch.py",
-    "algos/inputs.py",
     "algos/objectives.py",
-    "algos/ratio.py",
     "core/run_dir.py",
-    "train/setup.py",
-    "train/train_job.py",
+    "train/feature.py",
 }
 
 

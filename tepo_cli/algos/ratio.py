@@ -48,7 +48,7 @@ def unit_log_ratio(
             diff, mask, k, block_weights, tail=tail, future=future_log_ratio, turns=turns
         )
     elif future_log_ratio is not None:
-        raise ValueError("future log-ratios (MTP) need layout=sliding: they belong to anchors")
+        raise ValueError("future log-ratios need layout=sliding: they belong to window anchors")
     elif layout == "disjoint":
         view = unit_view(mask, unit, k, turns)
         log_ratio = view.broadcast(view.sum(diff))

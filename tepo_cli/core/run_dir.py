@@ -29,7 +29,6 @@ EVAL_SAMPLES = "eval_samples.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
-MTP_MODULES = "mtp_modules.safetensors"
 CRITIC = "critic"
 HYDRA = ".hydra"
 

@@ -19,6 +19,7 @@ from tepo_cli.core.errors import RunError
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.engine import consolidated_state_dict
 
+FILE = "mtp_modules.safetensors"  # in the run directory, beside final/ (core/run_dir.py)
 METADATA_KEY = "tepo_mtp"
 PREFIX = "mtp."  # the modules' keys in the policy's state dict (MtpStack.state_prefix)
 

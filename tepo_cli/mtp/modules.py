@@ -29,12 +29,11 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
-from tepo_cli.core.run_dir import MTP_MODULES
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.policy import scatter_valid
 from tepo_cli.models.shared_prompts import gather_rows
-from tepo_cli.mtp.files import save_mtp_modules
+from tepo_cli.mtp.files import FILE, save_mtp_modules
 from tepo_cli.mtp.prediction_loss import mtp_metrics, mtp_prediction_loss, mtp_present
 from tepo_cli.mtp.support import mtp_support_problem
 
@@ -248,8 +247,8 @@ class MtpStack(nn.Module):
     def save_beside_final(self, engine: Any, cfg: Any, run_dir: Any, topo: Any) -> dict[str, str]:
         """At the end of a run, beside final/ (files.py); their path for the summary. Collective:
         every rank calls it."""
-        save_mtp_modules(engine, cfg, run_dir / MTP_MODULES, topo)
-        return {"mtp_modules": str(run_dir / MTP_MODULES)}
+        save_mtp_modules(engine, cfg, run_dir / FILE, topo)
+        return {"mtp_modules": str(run_dir / FILE)}
 
     def objective_terms(
         self, loss: torch.Tensor, metrics: dict[str, float], scores: Any, batch: Any

@@ -31,7 +31,6 @@ from tepo_cli.models.loading import load_model, load_tokenizer, resolve_dtype, w
 from tepo_cli.models.lora import full_numel, trainable_parameters
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import build_reference
-from tepo_cli.mtp.hook import MtpHook
 from tepo_cli.rollout import build_backend
 from tepo_cli.rollout.vllm_modes import resolve_modes
 from tepo_cli.runtime import checkpoint
@@ -45,6 +44,7 @@ from tepo_cli.runtime.resume import truncate_logs
 from tepo_cli.runtime.rng_and_streams import restore_rng
 from tepo_cli.runtime.state import RankState, TrainerState
 from tepo_cli.trackers import Trackers, open_trackers
+from tepo_cli.train.feature import feature_of
 from tepo_cli.train.prompt_streams import open_prompts
 from tepo_cli.train.run import Models, Run
 from tepo_cli.train.sampling import training_sampling
@@ -75,7 +75,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
     summary = {"run_dir": str(run_dir), "steps": 0, "data": data, **model_sizes(model, critic)}
     summary["host_allocator"] = allocator
-    feature = MtpHook.of(cfg)
+    feature = feature_of(cfg)
     if feature is not None and resume_from is None:
         sampling = training_sampling(cfg)
         summary.update(feature.warm_up(model, tokenizer, task.train_stream, log, hooks, sampling))
@@ -162,7 +162,7 @@ def partitioned_load_config(cfg: TrainConfig, topo: Topology) -> dict[str, Any] 
     whole weights before its engine exists (MPO's modules copy its last layer and warm up on its
     hidden states; the critic starts as a copy of its decoder), and LoRA runs (their reference is
     the policy itself; peft injects into whole layers)."""
-    if cfg.deepspeed.stage != 3 or MtpHook.of(cfg) or cfg.model.lora.enabled:
+    if cfg.deepspeed.stage != 3 or feature_of(cfg) or cfg.model.lora.enabled:
         return None
     if cfg.advantage.needs_critic and cfg.advantage.critic_path is None:
         return None
@@ -255,7 +255,7 @@ def seed_everything(seed: int) -> None:
 
 def build_policy(cfg: TrainConfig, lm: Any) -> Policy:
     """The trained module: the LM, its log-prob head and the modules a feature attaches (MPO's)."""
-    feature = MtpHook.of(cfg)
+    feature = feature_of(cfg)
     return Policy(
         lm,
         cfg.kernel,

@@ -20,7 +20,7 @@ from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError, StopRequested
 from tepo_cli.core.run_dir import CONFIG, METRICS, discard_if_unused
 from tepo_cli.core.run_status import write_status
-from tepo_cli.mtp.hook import MtpHook
+from tepo_cli.train.feature import Feature, feature_of
 
 if TYPE_CHECKING:
     from tepo_cli.runtime.device_choice import DeviceChoice
@@ -86,7 +86,7 @@ class _Job:
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         dtype_name = config.model.dtype
         _settle_precision(config, device.type)
-        feature = MtpHook.of(config)
+        feature = feature_of(config)
         feature_line = feature.settle() if feature is not None else None
         _check_registered_names(config)
         if dry_run(config, "train"):
@@ -176,7 +176,7 @@ def _relaunch(config: TrainConfig, hydra_cfg: Any, run_dir: Path, device_type: s
         sys.exit(code)
 
 
-def _join_ranks(config: TrainConfig, device: DeviceChoice, feature: MtpHook | None) -> Topology:
+def _join_ranks(config: TrainConfig, device: DeviceChoice, feature: Feature | None) -> Topology:
     """This process as a rank: the checks that need no group (the feature's model check among
     them), then its place in the group (one rank, or the launcher's), on the device
     `trainer.device` chose."""
