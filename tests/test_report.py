@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from tepo_cli.eval.report import Options, build_report
+from tepo_cli.eval.report.runs import find_runs
 from tepo_cli.eval.report.stats import estimate, first_crossing, t_quantile_975
 
 OPTIONS = Options(threshold=0.5, threshold_key="accuracy", window=1, last=2)
@@ -194,6 +195,23 @@ def test_report_files(sweep, tmp_path):
         assert (out / f"plot_{key}.png").read_bytes()[:4] == b"\x89PNG"
     assert not (out / "plot_kl.png").exists()  # every kl is null: nothing to draw
     assert not (out / "plot_clip_frac.png").exists()
+
+
+def test_a_folder_of_links_gathers_runs_published_in_several_places(sweep, tmp_path):
+    """Runs published in two folders (one protocol's arms reused by another) read as one sweep
+    through a folder of links; a run reached by two links, or a link looping back, counts once."""
+    gathered = tmp_path / "gathered"
+    gathered.mkdir()
+    for name in ("0_algo=grpo,seed=0", "1_algo=grpo,seed=1"):  # published elsewhere
+        run = sweep / name
+        (gathered / run.name).symlink_to(run, target_is_directory=True)
+    elsewhere = tmp_path / "elsewhere"
+    write_run(elsewhere, "0_algo=mpo,seed=0", "mpo", 0, [(0.0, 0.0, 1.0, 200)], after=0.3)
+    (gathered / "0_algo=mpo,seed=0").symlink_to(elsewhere / "0_algo=mpo,seed=0")
+    (gathered / "loop").symlink_to(gathered, target_is_directory=True)
+    (gathered / "again").symlink_to(sweep / "0_algo=grpo,seed=0", target_is_directory=True)
+    found = [path.relative_to(gathered).as_posix() for path in find_runs(gathered)]
+    assert found == ["0_algo=grpo,seed=0", "0_algo=mpo,seed=0", "1_algo=grpo,seed=1"]
 
 
 def test_groups_from_configs_without_overrides(sweep, tmp_path):

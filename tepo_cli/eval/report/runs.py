@@ -51,18 +51,27 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(root: Path) -> list[Path]:
-    """Every run directory at or under `root`, in job order (natural sort of their paths)."""
+    """Every run directory at or under `root`, in job order (natural sort of their paths).
+    Links to directories are followed (a folder of links gathers runs published in several
+    places), each directory once however many links reach it."""
     if is_run_dir(root):
         return [root]
     found: list[Path] = []
-    for directory, subdirs, _ in os.walk(root):
+    seen: set[str] = set()
+    for directory, subdirs, _ in os.walk(root, followlinks=True):
         here = Path(directory)
+        if (real := os.path.realpath(here)) in seen:
+            subdirs.clear()
+            continue
+        seen.add(real)
         depth = len(here.relative_to(root).parts)
         if here != root and is_run_dir(here):
             found.append(here)
             subdirs.clear()  # a run's own sub-directories (final/, checkpoints/) are not runs
             continue
-        subdirs[:] = [d for d in subdirs if not d.startswith(".")] if depth < _MAX_DEPTH else []
+        subdirs[:] = (
+            sorted(d for d in subdirs if not d.startswith(".")) if depth < _MAX_DEPTH else []
+        )
     return sorted(found, key=lambda p: _natural_key(str(p.relative_to(root))))
 
 
