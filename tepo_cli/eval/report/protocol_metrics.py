@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from tepo_cli.eval.report.dynamics import held_out_curve
@@ -90,6 +91,27 @@ def train_accuracy_mean(run: Run, params: Params) -> float | None:
     return _window(run, "accuracy", window)
 
 
+def eval_max_drop(run: Run, params: Params) -> float | None:
+    """The largest fall of held-out accuracy between two consecutive evaluations (0 when it
+    never falls): a collapse is one large drop; the set's sampling noise gives small ones."""
+    curve = held_out_curve(run)
+    values = [curve[step] for step in sorted(curve)]
+    if len(values) < 2:
+        return None
+    return max(0.0, *(before - after for before, after in pairwise(values)))
+
+
+def grad_norm_spikes(run: Run, params: Params) -> float | None:
+    """Share of the updating steps whose gradient norm exceeds `factor` (default 3) times the
+    run's own median: spikes on each run's scale (objectives' norms differ in size). A step
+    that updated nothing (every row skipped: no or a zero norm) is not counted."""
+    norms = [float(m["grad_norm"]) for m in run.metrics if "step" in m and m.get("grad_norm")]
+    if not norms:
+        return None
+    bound = float(params.get("factor", 3.0)) * statistics.median(norms)
+    return sum(norm > bound for norm in norms) / len(norms)
+
+
 RUN_METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
@@ -113,6 +135,14 @@ RUN_METRICS: dict[str, Metric] = {
         Metric(
             "train_accuracy_mean", train_accuracy_mean, frozenset({"window"}),
             ("paired", "welch"), "mean training accuracy over the window",
+        ),
+        Metric(
+            "eval_max_drop", eval_max_drop, frozenset(), ("welch", "paired"),
+            "the largest fall between consecutive held-out evaluations",
+        ),
+        Metric(
+            "grad_norm_spikes", grad_norm_spikes, frozenset({"factor"}), ("welch", "paired"),
+            "share of updating steps with a gradient norm over factor x the run's median",
         ),
     )
 }  # fmt: skip
@@ -160,6 +190,7 @@ _PARAM_RULES: dict[str, Callable[[Any], str | None]] = {
     "level": lambda v: None if _is_number(v) and 0 <= v <= 1 else "an accuracy in [0, 1]",
     "consecutive": lambda v: None if isinstance(v, int) and v >= 1 else "an integer ≥ 1",
     "censor_at": lambda v: None if _is_number(v) and v > 0 else "a step > 0",
+    "factor": lambda v: None if _is_number(v) and v > 1 else "a number > 1",
 }
 
 
