@@ -210,10 +210,11 @@ def test_run_metrics_on_one_run(tmp_path):
 
 
 def test_stability_metrics_on_one_run(tmp_path):
-    # held-out .20 → .30 → .22 → .25 → .10: falls .08 and .15, the largest .15
+    # held-out .50 (step 0, left out) → .20 → .30 → .22 → .25 → .10: falls .08 and .15 after
+    # step 0, the largest .15 (with step 0 it would be .30)
     evals = [
         {"step": s, "accuracy": a}
-        for s, a in zip((0, 2, 4, 6, 8), (0.2, 0.3, 0.22, 0.25, 0.1), strict=True)
+        for s, a in zip((0, 1, 2, 4, 6, 8), (0.5, 0.2, 0.3, 0.22, 0.25, 0.1), strict=True)
     ]
     # gradient norms 1, 2, 2, 0 (nothing updated: not counted), 7, 3, None, 1: median of the six
     # updating steps (1, 1, 2, 2, 3, 7) is 2; over 3 × 2 = 6 only the 7 (1 of 6); over 1.2 × 2 = 2.4
@@ -224,8 +225,8 @@ def test_stability_metrics_on_one_run(tmp_path):
     assert RUN_METRICS["eval_max_drop"].of_run(run, {}) == pytest.approx(0.15)
     assert RUN_METRICS["grad_norm_spikes"].of_run(run, {}) == pytest.approx(1 / 6)
     assert RUN_METRICS["grad_norm_spikes"].of_run(run, {"factor": 1.2}) == pytest.approx(2 / 6)
-    rising = _run(tmp_path / "up", [], [{"step": 0, "accuracy": 0.1}, {"step": 5, "accuracy": 0.2}])
+    rising = _run(tmp_path / "up", [], [{"step": 5, "accuracy": 0.1}, {"step": 9, "accuracy": 0.2}])
     assert RUN_METRICS["eval_max_drop"].of_run(rising, {}) == 0.0  # never falls
     assert RUN_METRICS["grad_norm_spikes"].of_run(rising, {}) is None  # never updated
-    one = _run(tmp_path / "one", [], [{"step": 0, "accuracy": 0.1}])
+    one = _run(tmp_path / "one", [], [{"step": 0, "accuracy": 0.9}, {"step": 5, "accuracy": 0.1}])
     assert RUN_METRICS["eval_max_drop"].of_run(one, {}) is None  # no pair to fall between

@@ -92,10 +92,11 @@ def train_accuracy_mean(run: Run, params: Params) -> float | None:
 
 
 def eval_max_drop(run: Run, params: Params) -> float | None:
-    """The largest fall of held-out accuracy between two consecutive evaluations (0 when it
-    never falls): a collapse is one large drop; the set's sampling noise gives small ones."""
+    """The largest fall of held-out accuracy between two consecutive evaluations after step 0
+    (0 when it never falls): a collapse is one large drop; the set's sampling noise gives small
+    ones. Step 0 is left out as in eval_auc (a protocol may evaluate it in one run only)."""
     curve = held_out_curve(run)
-    values = [curve[step] for step in sorted(curve)]
+    values = [curve[step] for step in sorted(curve) if step > 0]
     if len(values) < 2:
         return None
     return max(0.0, *(before - after for before, after in pairwise(values)))
@@ -138,7 +139,7 @@ RUN_METRICS: dict[str, Metric] = {
         ),
         Metric(
             "eval_max_drop", eval_max_drop, frozenset(), ("welch", "paired"),
-            "the largest fall between consecutive held-out evaluations",
+            "the largest fall between consecutive held-out evaluations after step 0",
         ),
         Metric(
             "grad_norm_spikes", grad_norm_spikes, frozenset({"factor"}), ("welch", "paired"),
