@@ -242,6 +242,10 @@ def test_a_metric_the_report_does_not_compute_is_refused_before_anything_is_writ
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="test 'welch' does not apply to steps_to_level"):
         build_protocol_report(sweep, path, out)
+    data["primaries"][0].update(metric="step_mean", test="welch", params={"window": [1, 5]})
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"step_mean needs params.key \(the metrics.jsonl key"):
+        build_protocol_report(sweep, path, out)
     data["primaries"][0].update(metric="eval_auc", test="welch", params={})
     data["primaries"][1]["gate"]["params"] = {"first": 5, "last": [16, 20]}
     path.write_text(yaml.safe_dump(data))

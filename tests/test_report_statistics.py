@@ -230,3 +230,14 @@ def test_stability_metrics_on_one_run(tmp_path):
     assert RUN_METRICS["grad_norm_spikes"].of_run(rising, {}) is None  # never updated
     one = _run(tmp_path / "one", [], [{"step": 0, "accuracy": 0.9}, {"step": 5, "accuracy": 0.1}])
     assert RUN_METRICS["eval_max_drop"].of_run(one, {}) is None  # no pair to fall between
+
+
+def test_step_mean_averages_any_key_over_a_window(tmp_path):
+    # clip_frac .1 .2 .3 .4 at steps 1-4 (step 3 lacks it): all .7/3, steps 2-4 .6/2
+    metrics = [{"step": s, "clip_frac": c} for s, c in ((1, 0.1), (2, 0.2), (4, 0.4))]
+    metrics.insert(2, {"step": 3})
+    run = _run(tmp_path / "r", metrics)
+    step_mean = RUN_METRICS["step_mean"].of_run
+    assert step_mean(run, {"key": "clip_frac"}) == pytest.approx(0.7 / 3)
+    assert step_mean(run, {"key": "clip_frac", "window": [2, 4]}) == pytest.approx(0.3)
+    assert step_mean(run, {"key": "kl"}) is None  # never logged

@@ -91,6 +91,12 @@ def train_accuracy_mean(run: Run, params: Params) -> float | None:
     return _window(run, "accuracy", window)
 
 
+def step_mean(run: Run, params: Params) -> float | None:
+    """Mean of the training records' `params.key` (e.g. clip_frac) over `window` [first, last]
+    (default: every step): any per-step quantity a claim is about."""
+    return _window(run, str(params["key"]), params.get("window", _EVERY_STEP))
+
+
 def eval_max_drop(run: Run, params: Params) -> float | None:
     """The largest fall of held-out accuracy between two consecutive evaluations after step 0
     (0 when it never falls): a collapse is one large drop; the set's sampling noise gives small
@@ -136,6 +142,10 @@ RUN_METRICS: dict[str, Metric] = {
         Metric(
             "train_accuracy_mean", train_accuracy_mean, frozenset({"window"}),
             ("paired", "welch"), "mean training accuracy over the window",
+        ),
+        Metric(
+            "step_mean", step_mean, frozenset({"key", "window"}), ("welch", "paired"),
+            "mean of a metrics.jsonl key over the window",
         ),
         Metric(
             "eval_max_drop", eval_max_drop, frozenset(), ("welch", "paired"),
@@ -192,6 +202,7 @@ _PARAM_RULES: dict[str, Callable[[Any], str | None]] = {
     "consecutive": lambda v: None if isinstance(v, int) and v >= 1 else "an integer ≥ 1",
     "censor_at": lambda v: None if _is_number(v) and v > 0 else "a step > 0",
     "factor": lambda v: None if _is_number(v) and v > 1 else "a number > 1",
+    "key": lambda v: None if isinstance(v, str) and v else "a metrics.jsonl key (e.g. clip_frac)",
 }
 
 

@@ -106,6 +106,11 @@ def check(protocol: Any, source: Path) -> None:
                     f"{where}: params {', '.join(unknown)} are not parameters of {metric}; it "
                     f"takes: {', '.join(sorted(allowed)) or 'none'}. Nothing was written."
                 )
+            if metric == "step_mean" and "key" not in params:
+                raise ConfigError(
+                    f"{where}: step_mean needs {key.replace('metric', 'params')}.key (the "
+                    "metrics.jsonl key to average, e.g. clip_frac). Nothing was written."
+                )
             for name, value in params.items():
                 problem = param_problem(name, value)
                 if problem is not None:
