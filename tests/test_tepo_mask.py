@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from tepo_cli.algos.batch import PolicyBatch
 from tepo_cli.algos.tepo_mask import tepo_kl_mask
 from tepo_cli.kernels import token_entropy_terms
 from tepo_cli.kernels.naive import naive_entropy_terms
@@ -41,16 +42,16 @@ EXPECTED = {
 }
 
 
-def mask_for(criterion: str, adv: torch.Tensor = ADV) -> torch.Tensor:
-    return tepo_kl_mask(
-        adv,
-        MASK,
-        OLD_LOGP,
-        OLD_ENT,
-        ENTROPY,
-        criterion,  # type: ignore[arg-type]
-        old_entropy_term=TERM,
+def batch_of(adv, mask, old_logp, old_ent, entropy=None, term=None) -> PolicyBatch:
+    """The mask's inputs as a batch (unchecked: padding keeps the values planted there)."""
+    return PolicyBatch(
+        old_logp, old_logp, adv, mask, entropy=entropy, old_entropy=old_ent, old_entropy_term=term
     )
+
+
+def mask_for(criterion: str, adv: torch.Tensor = ADV) -> torch.Tensor:
+    batch = batch_of(adv, MASK, OLD_LOGP, OLD_ENT, ENTROPY, TERM)
+    return tepo_kl_mask(batch, criterion)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("criterion", sorted(EXPECTED))
@@ -81,12 +82,12 @@ def test_per_token_advantages(criterion: str) -> None:
 
 def test_first_order_without_entropy_term_raises() -> None:
     with pytest.raises(ValueError, match="old_entropy_term"):
-        tepo_kl_mask(ADV, MASK, OLD_LOGP, OLD_ENT, criterion="first_order")
+        tepo_kl_mask(batch_of(ADV, MASK, OLD_LOGP, OLD_ENT), criterion="first_order")
 
 
 def test_unknown_criterion_lists_all_four() -> None:
     with pytest.raises(ValueError) as info:
-        tepo_kl_mask(ADV, MASK, OLD_LOGP, OLD_ENT, criterion="bogus")  # type: ignore[arg-type]
+        tepo_kl_mask(batch_of(ADV, MASK, OLD_LOGP, OLD_ENT), criterion="bogus")  # type: ignore[arg-type]
     for name in EXPECTED:
         assert name in str(info.value)
 
@@ -108,7 +109,7 @@ def test_first_order_from_chunked_terms_matches_float64_reference() -> None:
         x.view(batch, length)
         for x in token_entropy_terms(hidden, weight, targets, temperature, 5, vocab_chunk_size=6)
     )
-    got = tepo_kl_mask(adv, mask, logp, ent, criterion="first_order", old_entropy_term=term)
+    got = tepo_kl_mask(batch_of(adv, mask, logp, ent, term=term), criterion="first_order")
 
     ref_logp, ref_ent, ref_term = (
         x.view(batch, length)
@@ -117,7 +118,7 @@ def test_first_order_from_chunked_terms_matches_float64_reference() -> None:
     c_ref = ref_logp.exp() * (ref_logp + ref_ent) - ref_term
     assert c_ref.abs().min().item() > 1e-3  # no token near the boundary: float32 must agree
     want = tepo_kl_mask(
-        adv, mask, ref_logp, ref_ent, criterion="first_order", old_entropy_term=ref_term
+        batch_of(adv, mask, ref_logp, ref_ent, term=ref_term), criterion="first_order"
     )
     assert got.tolist() == want.tolist()
     assert want.any() and (mask & (adv > 0).unsqueeze(1) & ~want).any()  # not all-or-nothing
