@@ -94,37 +94,14 @@ def check(protocol: Any, source: Path) -> None:
                 else []
             ),
         ]:
-            if metric not in metric_names():
-                raise ConfigError(
-                    f"{where}: {key} {metric!r} is not a metric the report computes; the metrics "
-                    f"are: {', '.join(metric_names())}. Nothing was written."
-                )
-            allowed, tests = accepted(metric)
-            unknown = sorted(set(params) - allowed)
-            if unknown:
-                raise ConfigError(
-                    f"{where}: params {', '.join(unknown)} are not parameters of {metric}; it "
-                    f"takes: {', '.join(sorted(allowed)) or 'none'}. Nothing was written."
-                )
-            if metric == "step_mean" and "key" not in params:
-                raise ConfigError(
-                    f"{where}: step_mean needs {key.replace('metric', 'params')}.key (the "
-                    "metrics.jsonl key to average, e.g. clip_frac). Nothing was written."
-                )
-            for name, value in params.items():
-                problem = param_problem(name, value)
-                if problem is not None:
-                    raise ConfigError(
-                        f"{where}: {key.replace('metric', 'params')}.{name}={value!r} is not "
-                        f"allowed: it is {problem}. Nothing was written."
-                    )
+            _check_metric(where, key, metric, params)
         gate = getattr(claim, "gate", None)
         if gate is not None and gate.metric not in RUN_METRICS:
             raise ConfigError(
                 f"{where}: gate.metric {gate.metric!r} must be one number per run, one of: "
                 f"{', '.join(RUN_METRICS)}. Nothing was written."
             )
-        allowed, tests = accepted(claim.metric)
+        _, tests = accepted(claim.metric)
         test = getattr(claim, "test", None)
         if test is not None and test not in tests:
             raise ConfigError(
@@ -140,6 +117,35 @@ def check(protocol: Any, source: Path) -> None:
             raise ConfigError(
                 f"{where}: direction {claim.direction!r} must be one of "
                 f"{', '.join(DIRECTIONS)}. Nothing was written."
+            )
+
+
+def _check_metric(where: str, key: str, metric: str, params: dict[str, Any]) -> None:
+    """`metric` (a claim's or its gate's, named by `key`) is one the report computes, with
+    params it takes, each with an allowed value."""
+    if metric not in metric_names():
+        raise ConfigError(
+            f"{where}: {key} {metric!r} is not a metric the report computes; the metrics "
+            f"are: {', '.join(metric_names())}. Nothing was written."
+        )
+    allowed, _ = accepted(metric)
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: params {', '.join(unknown)} are not parameters of {metric}; it "
+            f"takes: {', '.join(sorted(allowed)) or 'none'}. Nothing was written."
+        )
+    if metric == "step_mean" and "key" not in params:
+        raise ConfigError(
+            f"{where}: step_mean needs {key.replace('metric', 'params')}.key (the "
+            "metrics.jsonl key to average, e.g. clip_frac). Nothing was written."
+        )
+    for name, value in params.items():
+        problem = param_problem(name, value)
+        if problem is not None:
+            raise ConfigError(
+                f"{where}: {key.replace('metric', 'params')}.{name}={value!r} is not "
+                f"allowed: it is {problem}. Nothing was written."
             )
 
 
