@@ -28,7 +28,7 @@ def step_record(
     seconds = clock.elapsed()
     sums = _summed_over_ranks(cfg, experience)
     total, total_sq, correct, length, truncated, count, flat_groups, group_count = sums[:8]
-    sampled, overlong = sums[8:]
+    sampled, overlong, solved_groups, all_correct_groups = sums[8:]
     mean = total / count
     record: dict[str, Any] = {
         "step": step,
@@ -38,6 +38,8 @@ def step_record(
         "response_length": length / count,
         "truncated_frac": truncated / count,
         "zero_std_group_frac": flat_groups / group_count,
+        "solved_group_frac": solved_groups / group_count,  # a group with a right answer
+        "all_correct_group_frac": all_correct_groups / group_count,
         "dropped_group_frac": 1.0 - group_count / sampled,
         "refill_rounds": experience.refill_rounds,
         "overlong_penalty_mean": overlong / count,
@@ -121,9 +123,10 @@ def _throughput(engine: Any, record: dict[str, Any]) -> dict[str, float]:
 def _summed_over_ranks(cfg: TrainConfig, experience: Experience) -> list[float]:
     """Sums over every rank's rows (float64), in this order: rewards, their squares, correct
     answers, lengths, truncations, rows, groups with one reward for all, kept groups, sampled
-    groups, and the overlong penalty."""
+    groups, the overlong penalty, groups with a right answer and groups with only right ones."""
     rewards, lengths = experience.rewards, experience.rollout.lengths.float()
     groups = rewards.view(-1, cfg.rollout.n)
+    correct_groups = experience.correct.bool().view(-1, cfg.rollout.n)
     here = rewards.device  # the step's device: the counts are stacked with its tensors
     stats = torch.stack(
         [
@@ -137,6 +140,8 @@ def _summed_over_ranks(cfg: TrainConfig, experience: Experience) -> list[float]:
             torch.tensor(float(groups.shape[0]), device=here),
             torch.tensor(float(experience.sampled_groups), device=here),
             torch.tensor(experience.overlong_mean * rewards.numel(), device=here),
+            correct_groups.any(dim=1).float().sum(),
+            correct_groups.all(dim=1).float().sum(),
         ]
     ).double()
     return collective.all_sum(stats).tolist()
