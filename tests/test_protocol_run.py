@@ -94,6 +94,39 @@ def test_list_prints_every_run_in_order_and_writes_nothing(tmp_path):
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_status_says_where_each_run_stands_and_nothing_of_its_outcomes(tmp_path):
+    path = protocol_file(tmp_path, seeds=[0, 1])
+    results, runs = path.parent / "runs", tmp_path / "ckpts"
+    records = [{"step": 1, "reward_mean": 0.25, "step_seconds": 12.3}]
+    records += [{"step": 2, "reward_mean": 0.5, "step_seconds": 7.6}]
+
+    def run_dir(root: Path, name: str, state: str, steps: int) -> Path:
+        folder = root / name
+        folder.mkdir(parents=True)
+        lines = [json.dumps(r) for r in records[:steps]] + [json.dumps({"warmup_step": 0})]
+        (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (folder / "eval.jsonl").write_text(json.dumps({"step": 0, "accuracy": 0.625}) + "\n")
+        status = {"state": state, "pid": 1, "hostname": "elsewhere"}
+        (folder / "status.json").write_text(json.dumps(status))
+        return folder
+
+    run_dir(results, "grpo_seed0", "finished", 2)
+    interrupted = run_dir(runs, "tepo_seed0", "interrupted", 1)
+    (interrupted / "checkpoints" / "step_00000001").mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    result = tepo_protocol(tmp_path, str(path), "--status", "--runs-dir", str(runs), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"grpo_seed0: published in {results / 'grpo_seed0'} (2 steps)",
+        f"tepo_seed0: interrupted in {interrupted}, step 1 of 2 logged, newest checkpoint "
+        "step 1, that step took 12 s",
+        "grpo_seed1: not started",
+        "tepo_seed1: not started",
+    ]
+    assert "0.25" not in result.stdout and "0.625" not in result.stdout  # no outcome is read out
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

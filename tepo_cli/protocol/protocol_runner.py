@@ -43,7 +43,10 @@ RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "trai
 CONSOLE = "console.log"
 _CHECKPOINT = re.compile(r"^step_(\d{8})$")
 
-USAGE = "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] [--list] [--dry-run]"
+USAGE = (
+    "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
+    "[--list] [--status] [--dry-run]"
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Options:
     only: str | None
     list_only: bool
     dry_run: bool
+    status: bool
     allow_commit_mismatch: bool
     allow_protocol_change: bool
 
@@ -99,6 +103,12 @@ def _parse(argv: list[str]) -> Options:
     run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
     run.add_argument("--list", action="store_true", help="print the runs and their overrides")
     run.add_argument(
+        "--status",
+        action="store_true",
+        help="where each run stands (published, its step and checkpoint, or not started), "
+        "with no metric but steps and seconds: watch the experiment without reading outcomes",
+    )
+    run.add_argument(
         "--dry-run", action="store_true", help="validate every run's config, train nothing"
     )
     run.add_argument(
@@ -119,6 +129,7 @@ def _parse(argv: list[str]) -> Options:
         only=args.only,
         list_only=args.list,
         dry_run=args.dry_run,
+        status=args.status,
         allow_commit_mismatch=args.allow_commit_mismatch,
         allow_protocol_change=args.allow_protocol_change,
     )
@@ -133,6 +144,8 @@ def run_protocol(options: Options) -> int:
         for name, overrides in runs:
             print(f"{name}: {' '.join(overrides)}")
         return 0
+    if options.status:
+        return _status(runs, runs_dir, results_dir)
     if options.dry_run:
         return _dry_run(runs)
     checkout = code_checkout()
@@ -304,13 +317,45 @@ def _newest_checkpoint(run_dir: Path) -> int | None:
 
 
 def _last_step(run_dir: Path) -> int | None:
-    step = None
+    return _last_record(run_dir).get("step")
+
+
+def _last_record(run_dir: Path) -> dict:
+    """The last training step's record of metrics.jsonl ({} before the first)."""
+    last: dict = {}
     path = run_dir / METRICS
     if path.is_file():
         for line in path.read_text().splitlines():
             record = json.loads(line) if line.strip() else {}
-            step = record.get("step", step)
-    return step
+            last = record if "step" in record else last
+    return last
+
+
+def _status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
+    """One line a run: published (its steps), in progress (its state, last step of the planned
+    ones, newest checkpoint, that step's seconds) or not started. Nothing about rewards or
+    held-out results, so a pre-registered experiment can be watched without its outcomes."""
+    for name, overrides in runs:
+        planned = [o.split("=", 1)[1] for o in overrides if o.startswith("trainer.max_steps=")]
+        of = f" of {planned[-1]}" if planned else ""
+        if _published(results_dir / name):
+            print(
+                f"{name}: published in {results_dir / name} ({_last_step(results_dir / name)} steps)"
+            )
+            continue
+        run_dir = runs_dir / name
+        if not run_dir.is_dir():
+            print(f"{name}: not started")
+            continue
+        last = _last_record(run_dir)
+        step, seconds = last.get("step", 0), last.get("step_seconds")
+        took = f", that step took {seconds:.0f} s" if isinstance(seconds, int | float) else ""
+        checkpoint = _newest_checkpoint(run_dir)
+        print(
+            f"{name}: {effective_state(run_dir)} in {run_dir}, step {step}{of} logged, newest "
+            f"checkpoint {'none' if checkpoint is None else f'step {checkpoint}'}{took}"
+        )
+    return 0
 
 
 def _dry_run(runs: list[Run]) -> int:
