@@ -101,6 +101,23 @@ def _parse(argv: list[str]) -> Options:
         help="the published records and journal.jsonl (default runs/ beside the protocol file)",
     )
     run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
+    _add_modes(run)
+    args = parser.parse_args(argv)
+    return Options(
+        protocol=args.protocol,
+        runs_dir=args.runs_dir,
+        results_dir=args.results_dir,
+        only=args.only,
+        list_only=args.list,
+        dry_run=args.dry_run,
+        status=args.status,
+        allow_commit_mismatch=args.allow_commit_mismatch,
+        allow_protocol_change=args.allow_protocol_change,
+    )
+
+
+def _add_modes(run: argparse.ArgumentParser) -> None:
+    """What `run` does besides training (list, status, dry run) and the deviations it allows."""
     run.add_argument("--list", action="store_true", help="print the runs and their overrides")
     run.add_argument(
         "--status",
@@ -120,18 +137,6 @@ def _parse(argv: list[str]) -> Options:
         "--allow-protocol-change",
         action="store_true",
         help="go on after the protocol file changed since its runs started (journaled)",
-    )
-    args = parser.parse_args(argv)
-    return Options(
-        protocol=args.protocol,
-        runs_dir=args.runs_dir,
-        results_dir=args.results_dir,
-        only=args.only,
-        list_only=args.list,
-        dry_run=args.dry_run,
-        status=args.status,
-        allow_commit_mismatch=args.allow_commit_mismatch,
-        allow_protocol_change=args.allow_protocol_change,
     )
 
 
