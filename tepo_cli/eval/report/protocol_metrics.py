@@ -167,6 +167,13 @@ SPECIAL: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 }
 
 
+# The params a metric cannot do without, each with what it is (the refusal's words).
+REQUIRED: dict[str, dict[str, str]] = {
+    STEPS_TO_LEVEL: {"level": "the held-out accuracy to reach, e.g. 0.30"},
+    "step_mean": {"key": "the metrics.jsonl key to average, e.g. clip_frac"},
+}
+
+
 def metric_names() -> list[str]:
     return [*RUN_METRICS, *SPECIAL]
 

@@ -35,6 +35,7 @@ from tepo_cli.eval.report.inference import DIRECTIONS, Inference, adjust, paired
 from tepo_cli.eval.report.per_problem import per_problem_paired
 from tepo_cli.eval.report.protocol_metrics import (
     PER_PROBLEM,
+    REQUIRED,
     RUN_METRICS,
     STEPS_TO_LEVEL,
     accepted,
@@ -108,11 +109,6 @@ def check(protocol: Any, source: Path) -> None:
                 f"{where}: test {test!r} does not apply to {claim.metric}; it takes: "
                 f"{', '.join(tests)}. Nothing was written."
             )
-        if claim.metric == STEPS_TO_LEVEL and "level" not in _params(claim):
-            raise ConfigError(
-                f"{where}: steps_to_level needs params.level (the held-out accuracy to reach, "
-                "e.g. 0.30). Nothing was written."
-            )
         if claim.direction not in DIRECTIONS:
             raise ConfigError(
                 f"{where}: direction {claim.direction!r} must be one of "
@@ -135,11 +131,12 @@ def _check_metric(where: str, key: str, metric: str, params: dict[str, Any]) -> 
             f"{where}: params {', '.join(unknown)} are not parameters of {metric}; it "
             f"takes: {', '.join(sorted(allowed)) or 'none'}. Nothing was written."
         )
-    if metric == "step_mean" and "key" not in params:
-        raise ConfigError(
-            f"{where}: step_mean needs {key.replace('metric', 'params')}.key (the "
-            "metrics.jsonl key to average, e.g. clip_frac). Nothing was written."
-        )
+    for name, what in REQUIRED.get(metric, {}).items():
+        if name not in params:
+            raise ConfigError(
+                f"{where}: {metric} needs {key.replace('metric', 'params')}.{name} ({what}). "
+                "Nothing was written."
+            )
     for name, value in params.items():
         problem = param_problem(name, value)
         if problem is not None:
