@@ -139,7 +139,7 @@ NOT_DRY_RUN = {
 
 def missing_install(args: list[str]) -> str | None:
     """What this machine lacks that the page says the command needs (None: nothing)."""
-    if "rollout=vllm" in args and importlib.util.find_spec("vllm") is None:
+    if importlib.util.find_spec("vllm") is None and "vllm" in _rollout_backends(tuple(args)):
         return "rollout=vllm needs vLLM (`make install-vllm`), not installed here"
     for arg in args:
         if arg.startswith("logger="):
@@ -148,6 +148,20 @@ def missing_install(args: list[str]) -> str | None:
                 if package and importlib.util.find_spec(package) is None:
                     return f"logger={name} needs {package} (`make install-trackers`), not installed"
     return None
+
+
+@cache
+def _rollout_backends(args: tuple[str, ...]) -> set[str]:
+    """The rollout back-ends a command's jobs generate with, as Hydra composes them: set on the
+    command line (`rollout=vllm`) or chosen by a preset it names (`recipe=word_math`)."""
+    overrides = [a.replace("<date>/<time>", "2026-01-01/00-00-00") for a in args[2:]]
+    overrides = [a for a in overrides if not a.startswith("--")]  # cli.py's flags
+    backends = set()
+    for config_overrides in _configs(overrides):
+        with initialize_config_module(config_module="tepo_cli.conf", version_base="1.3"):
+            cfg = compose(config_name=args[1], overrides=quote_weight_specs(config_overrides))
+        backends.add(cfg.rollout.backend)
+    return backends
 
 
 def jobs(args: list[str]) -> int:
