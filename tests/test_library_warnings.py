@@ -55,3 +55,59 @@ def test_warnings_go_to_the_log_file_counted_and_verbose_shows_them(tmp_path):
     assert loud.returncode == 0, loud.stderr[-3000:]
     assert "FutureWarning: a library's deprecation notice" in loud.stderr + loud.stdout
     assert "went to train.log" not in loud.stderr
+
+
+@pytest.fixture
+def run_log(tmp_path, monkeypatch):
+    """A root logger with one log file, as Hydra sets up a run's train.log."""
+    import logging
+
+    monkeypatch.delenv("TEPO_VERBOSE", raising=False)
+    path = tmp_path / "train.log"
+    handler = logging.FileHandler(path)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    yield path
+    root.removeHandler(handler)
+    handler.close()
+
+
+def test_deepspeed_prints_and_log_records_go_to_the_log_file(run_log, capsys):
+    import logging
+
+    from tepo_cli.core.library_warnings import library_prints_to_log, warnings_to_log
+
+    deepspeed = logging.getLogger("DeepSpeed")
+    terminal = logging.StreamHandler(sys.stdout)  # DeepSpeed's logger as its import leaves it
+    deepspeed.addHandler(terminal)
+    propagate, deepspeed.propagate = deepspeed.propagate, False
+    try:
+        with warnings_to_log("train"):
+            with library_prints_to_log():
+                print("begin bf16_optimizer")
+                print("MA 1.02 GB ", end="")
+                print("Max_MA 1.02 GB")
+            deepspeed.warning("You are using ZeRO with an untested optimizer")
+            print("tepo's own line")
+        deepspeed.warning("after the run")
+    finally:
+        deepspeed.removeHandler(terminal)
+        deepspeed.propagate = propagate
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["tepo's own line", "after the run"]
+    log = run_log.read_text().splitlines()
+    assert log == [
+        "begin bf16_optimizer",
+        "MA 1.02 GB Max_MA 1.02 GB",
+        "You are using ZeRO with an untested optimizer",
+    ]
+
+
+def test_verbose_keeps_deepspeed_prints_on_the_terminal(run_log, capsys, monkeypatch):
+    from tepo_cli.core.library_warnings import library_prints_to_log
+
+    monkeypatch.setenv("TEPO_VERBOSE", "1")
+    with library_prints_to_log():
+        print("begin bf16_optimizer")
+    assert capsys.readouterr().out == "begin bf16_optimizer\n"
+    assert run_log.read_text() == ""

@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tepo_cli.config.schema import TrainConfig
+from tepo_cli.core.library_warnings import library_prints_to_log
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.lora import adapters_off
 from tepo_cli.models.packing import ExternalPrompts
@@ -123,7 +124,8 @@ def partitioned_engine(module: torch.nn.Module, cfg: TrainConfig, world: int) ->
         "fp16": {"enabled": dtype == torch.float16},
         "steps_per_print": 10**9,
     }
-    engine, *_ = deepspeed.initialize(model=module, config=config)
+    with library_prints_to_log():
+        engine, *_ = deepspeed.initialize(model=module, config=config)
     return engine
 
 

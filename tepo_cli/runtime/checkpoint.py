@@ -25,6 +25,7 @@ import torch
 from tepo_cli.core import collective
 from tepo_cli.core.atomic_write import replace
 from tepo_cli.core.errors import RunError
+from tepo_cli.core.library_warnings import library_prints_to_log
 from tepo_cli.core.run_dir import CHECKPOINTS
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
@@ -221,25 +222,27 @@ def load(
             f"checkpoint {checkpoint} has no state for rank {topo.rank}: it was written by a run "
             f"with a different number of ranks (trainer.nproc)."
         )
-    engine.load_checkpoint(
-        str(checkpoint),
-        tag=ENGINE_TAG,
-        load_module_strict=not _base_weights_frozen(engine),
-        load_optimizer_states=True,
-        load_lr_scheduler_states=True,
-    )
+    with library_prints_to_log():  # its loader prints each state it reads
+        engine.load_checkpoint(
+            str(checkpoint),
+            tag=ENGINE_TAG,
+            load_module_strict=not _base_weights_frozen(engine),
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
     if critic_engine is not None:
         if not (checkpoint / CRITIC_TAG).is_dir():
             raise RunError(
                 f"checkpoint {checkpoint} has no critic: it was written by a run without "
                 "advantage=gae."
             )
-        critic_engine.load_checkpoint(
-            str(checkpoint),
-            tag=CRITIC_TAG,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
-        )
+        with library_prints_to_log():
+            critic_engine.load_checkpoint(
+                str(checkpoint),
+                tag=CRITIC_TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
     rank_state = RankState.from_dict(torch.load(rank_file, weights_only=False))
     return read_trainer_state(checkpoint), rank_state
 

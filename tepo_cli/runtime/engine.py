@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from tepo_cli.config.schema import DeepSpeedConfig, TrainConfig
+from tepo_cli.core.library_warnings import library_prints_to_log
 from tepo_cli.runtime.guards import FiniteAdamW, GuardedLambdaLR
 
 
@@ -99,9 +100,10 @@ def build_engine(
     ds_config = deepspeed_config(
         cfg.deepspeed, trainer.micro_batch_size, accumulation, world, trainer.grad_clip, dtype
     )
-    engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
-    )
+    with library_prints_to_log():  # its bf16 optimizer prints its memory use
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
     if world == 1 and cfg.deepspeed.stage == 0:
         # One rank has nothing to reduce, yet ZeRO-0 would still flatten every gradient into a
         # bucket and copy it back after each backward: time for nothing.
