@@ -1,8 +1,10 @@
 """Run `tepo` command lines in one process, each with `--dry-run`; one JSON line per command.
 
-tests/test_docs_commands.py feeds it every command of a documentation page on stdin (a JSON list
-of arguments a line): one interpreter for the page's commands, where one process per command
-would spend most of its time importing torch. Each command's exit code and output come back."""
+tests/test_docs_commands.py keeps one of these per test worker and feeds it the commands of each
+documentation page as it reaches them, on stdin: a JSON object a line, `{"cwd": directory,
+"args": [arguments]}`. One interpreter for every page's commands, where one process per command
+(or per page) would spend most of its time importing torch and transformers. Each command's exit
+code and output come back, one line each, in order."""
 
 from __future__ import annotations
 
@@ -33,4 +35,6 @@ def run(args: list[str]) -> dict[str, object]:
 
 if __name__ == "__main__":
     for line in sys.stdin:
-        print(json.dumps(run(json.loads(line))), flush=True)
+        request = json.loads(line)
+        os.chdir(request["cwd"])
+        print(json.dumps(run(request["args"])), flush=True)

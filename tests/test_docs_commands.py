@@ -10,7 +10,7 @@ Not checked here, because other tests run them whole: the commands of the "exten
 stand for a run directory, made here with a saved model in its final/.
 
 Then each command runs as a reader runs it, through the command line with `--dry-run` appended
-(tests/dry_run_many.py runs a page's commands in one process): it exits 0, says "the
+(tests/dry_run_many.py runs them, one process per test worker): it exits 0, says "the
 configuration is valid" once per job of a sweep, and writes nothing. A command whose install is
 absent here (vLLM for `rollout=vllm`, a tracker's package for `logger=`) is skipped, the reason
 named in the skip.
@@ -26,8 +26,11 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import IO
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -198,29 +201,62 @@ def as_run(command: str, root: Path) -> list[str]:
     return [arg.replace("<date>/<time>", "2026-01-01/00-00-00") for arg in args]
 
 
-@cache
-def dry_runs(page: str, root: str) -> dict[str, dict]:
-    """Every command of `page` run with --dry-run in one process, in `root`: command -> result."""
-    commands = [command for where, command in documented_commands() if where == page]
-    runnable = [
-        c
-        for c in commands
-        if missing_install(args := shlex.split(c, comments=True)) is None
-        and " ".join(args) not in NOT_DRY_RUN
-    ]
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("dry_run_many.py"))],
-        input="".join(json.dumps(as_run(c, Path(root))) + "\n" for c in runnable),
-        cwd=root,
-        env=dict(os.environ, HYDRA_FULL_ERROR="0", HF_HUB_OFFLINE="1"),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(runnable), done.stderr[-3000:]
-    return dict(zip(runnable, results, strict=True))
+class DryRunner:
+    """tests/dry_run_many.py kept running for this test worker: each page's commands go to the
+    same interpreter, which imports tepo's libraries once for the whole session."""
+
+    def __init__(self, errors: IO[str]) -> None:
+        self.errors = errors  # a file: a full pipe would stall the process
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("dry_run_many.py"))],
+            env=dict(os.environ, HYDRA_FULL_ERROR="0", HF_HUB_OFFLINE="1"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            text=True,
+        )
+        self.pages: dict[str, dict[str, dict]] = {}
+
+    def page(self, page: str, root: Path) -> dict[str, dict]:
+        """Every command of `page` dry-run in `root`, once: command -> result."""
+        if page not in self.pages:
+            commands = [command for where, command in documented_commands() if where == page]
+            runnable = [
+                c
+                for c in commands
+                if missing_install(args := shlex.split(c, comments=True)) is None
+                and " ".join(args) not in NOT_DRY_RUN
+            ]
+            self.pages[page] = {c: self._run(as_run(c, root), root) for c in runnable}
+        return self.pages[page]
+
+    def _run(self, args: list[str], cwd: Path) -> dict:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"cwd": str(cwd), "args": args}) + "\n")
+        self.process.stdin.flush()
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise AssertionError(f"dry_run_many.py ended: {self._errors()}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def _errors(self) -> str:
+        self.errors.seek(0)
+        return self.errors.read()[-3000:]
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        assert self.process.wait(timeout=60) == 0, self._errors()
+
+
+@pytest.fixture(scope="session")
+def dry_runner() -> Iterator[DryRunner]:
+    with tempfile.TemporaryFile("w+") as errors:
+        runner = DryRunner(errors)
+        yield runner
+        runner.close()
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +268,9 @@ def dry_run_root(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     ("page", "command"), documented_commands(), ids=lambda v: re.sub(r"\s+", " ", v)[:60]
 )
-def test_a_documented_command_dry_runs_from_the_command_line(page, command, dry_run_root):
+def test_a_documented_command_dry_runs_from_the_command_line(
+    page, command, dry_run_root, dry_runner
+):
     args = shlex.split(command, comments=True)
     if "--help" in args:
         return  # prints and exits; tests/test_docs_site.py checks what --help says
@@ -244,7 +282,7 @@ def test_a_documented_command_dry_runs_from_the_command_line(page, command, dry_
         pytest.skip(f"{page}: {reason}")
     root = dry_run_root / re.sub(r"\W", "_", page)
     root.mkdir(exist_ok=True)
-    result = dry_runs(page, str(root))[command]
+    result = dry_runner.page(page, root)[command]
     assert result["code"] == 0, f"{command}\n{result['stderr'][-3000:]}"
     assert result["stdout"].count("the configuration is valid") == jobs(args[2:])
     assert sorted(p.name for p in root.iterdir()) == ["outputs"]  # the placeholder run only
