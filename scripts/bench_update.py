@@ -6,9 +6,10 @@ random ids, fixed rewards), in variants that differ by config overrides, each in
     python scripts/bench_update.py --smoke          # model=tiny, small shapes (CI)
 
 Per variant: the update's seconds (best of --repeats after a warm-up; --rounds alternates), its
-split, micro-batches, peak RSS, GFLOP/s on answer tokens beside an fp32 matmul of the model's MLP
-shape timed in the same process (benchlib/measure.py), and the update's MFU as the step records
-give it (tepo_cli/train/flops.py). --profile splits the operators' time (benchlib/measure.py).
+split, micro-batches, peak RSS, GFLOP/s on answer tokens beside a matmul of the model's MLP shape
+in the model's precision (`model.dtype`; auto: bf16 on a CPU with AMX or AVX-512 BF16), timed in
+the same process (benchlib/measure.py), and the update's MFU as the step records give it
+(tepo_cli/train/flops.py). --profile splits the operators' time (benchlib/measure.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from benchlib.runner import child_json
 VARIANTS = {
     "prompts-in-every-micro-batch": ["model.prompt_pass=false"],
     "prompt-pass": [],  # tepo's defaults: trainer.host_allocator=auto (jemalloc where installed)
+    # float32 where `model.dtype=auto` chooses bf16 (a CPU with AMX or AVX-512 BF16), and back
+    "prompt-pass-float32": ["model.dtype=float32"],
+    "prompt-pass-bf16": ["model.dtype=bfloat16"],
     "prompt-pass-tcmalloc": ["trainer.host_allocator=tcmalloc"],
     "prompt-pass-jemalloc": ["trainer.host_allocator=jemalloc"],
     # mimalloc from its wheel (cmeel-mimalloc): the reusing allocator pip alone installs
@@ -176,8 +180,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     rewards = torch.tensor([float(i % 3 == 0) for i in range(len(answers))], device="cpu")
     advantages = group_advantages(rewards, cfg.rollout.n)
     experience = Experience([], rollout, batch, rewards, rewards.bool(), advantages)
-    # The matmul rate before and after the updates, the better of the two (as bench_step does).
-    before = matmul_gflops(2048, lm.config.hidden_size, lm.config.intermediate_size)
+    # The matmul rate in the model's precision before and after the updates, the better of the two
+    # (as bench_step does).
+    dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
+    before = matmul_gflops(2048, lm.config.hidden_size, lm.config.intermediate_size, dtype=dtype)
     setup_topology(num_threads=None)
     try:
         policy = build_policy(cfg, lm)
@@ -201,7 +207,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     seconds, metrics = min(runs, key=lambda run: run[0])
     params = sum(p.numel() for p in lm.parameters())
     hidden, inner = lm.config.hidden_size, lm.config.intermediate_size
-    matmul = max(before, matmul_gflops(2048, hidden, inner), key=lambda m: m["gflops"])
+    after = matmul_gflops(2048, hidden, inner, dtype=dtype)
+    matmul = max(before, after, key=lambda m: m["gflops"])
     gflops = 6.0 * params * sum(answers) / seconds / 1e9
     # MFU as every step record gives it (tepo_cli/train/flops.py): the needed FLOPs the update
     # counted (each distinct prompt once, attention included) over its seconds x the rate above
@@ -220,6 +227,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "matmul_gflops": matmul["gflops"],
         "of_matmul_rate": gflops / matmul["gflops"],
         "update_mfu": needed / seconds / (matmul["gflops"] * 1e9),
+        "dtype": dtype,
         "threads": torch.get_num_threads(),
         "cpu": cpu_model(),  # the share of page faults differs by processor
         "host_allocator": allocator,
@@ -273,11 +281,18 @@ def _report(results: dict[str, dict[str, Any]]) -> None:
         f"{first.get('cpu', 'an unnamed CPU')}; peak RSS of each variant's process (load, "
         "warm-up and timed updates)\n"
     )
-    header = ["variant", "allocator", "update s (forward / backward / optimizer)", "micro-batches"]
-    header += ["peak RSS GB", "GFLOP/s on answer tokens", "/ matmul rate", "update MFU"]
+    header = ["variant", "dtype", "allocator", "update s (forward / backward / optimizer)"]
+    header += [
+        "micro-batches",
+        "peak RSS GB",
+        "GFLOP/s on answer tokens",
+        "/ matmul rate",
+        "update MFU",
+    ]
     rows = [
         (
             name,
+            run.get("dtype", "float32"),
             run["host_allocator"],
             f"{run['update_seconds']:.2f} ({run['forward_seconds']:.2f} / "
             f"{run['backward_seconds']:.2f} / {run['optimizer_seconds']:.2f})",
