@@ -90,9 +90,11 @@ def library_prints_to_log(source: str = DEEPSPEED_LOGGER) -> Iterator[None]:
         yield
         return
     writer = _LinesToFiles(files, source)
-    with redirect_stdout(writer):  # type: ignore[type-var]
-        yield
-    writer.write("\n")
+    try:
+        with redirect_stdout(writer):  # type: ignore[type-var]
+            yield
+    finally:
+        writer.write("\n")  # a last line without its newline, even when the call raised
 
 
 def verbose() -> bool:
