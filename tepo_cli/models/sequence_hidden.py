@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from tepo_cli.models.cache_key import with_cache
 from tepo_cli.models.packing import ExternalPrompts, pack, packed_forward, supports_packing
 from tepo_cli.models.shared_prompts import prefill
 
@@ -134,7 +135,7 @@ def _shared_prompt_hidden(
                 inputs_embeds=embedded[:, prompt_width:stop],
                 attention_mask=batch.attention_mask[:, :stop],
                 position_ids=batch.position_ids[:, prompt_width:stop],
-                past_key_values=cache,
+                **with_cache(cache),
                 use_cache=True,
             ).last_hidden_state
         )

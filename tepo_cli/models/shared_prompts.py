@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from tepo_cli.models.cache_key import with_cache
+
 
 def prefill(
     model: PreTrainedModel,
@@ -32,7 +34,7 @@ def prefill(
         inputs_embeds=inputs_embeds,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=cache,
+        **with_cache(cache),
         use_cache=True,
     ).last_hidden_state
     gather_rows(cache, owner)

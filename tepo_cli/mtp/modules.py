@@ -30,6 +30,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from tepo_cli.algos.algo_config import MtpConfig
 from tepo_cli.config.schema import KernelConfig
 from tepo_cli.core.sequences import SequenceBatch
+from tepo_cli.models.cache_key import with_cache
 from tepo_cli.models.logprob_head import LogprobHead
 from tepo_cli.models.policy import scatter_valid
 from tepo_cli.models.shared_prompts import gather_rows
@@ -76,15 +77,15 @@ class MtpDepth(nn.Module):
         attention_mask: torch.Tensor | None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         position_ids: torch.Tensor,
-        past_key_values: DynamicCache | None = None,
+        cache: DynamicCache | None = None,
     ) -> torch.Tensor:
         return self.block(
             self.combine(previous, embeds),
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=past_key_values is not None,
+            **with_cache(cache),
+            use_cache=cache is not None,
         )
 
 
@@ -330,12 +331,12 @@ class _DepthInputs:
                 config=self.lm.config,
                 inputs_embeds=head_in,
                 attention_mask=self.mask[first, :shared],
-                past_key_values=None,
+                **with_cache(None),
                 position_ids=head_positions,
             ),
             self._rotary(head_in, head_positions),
             head_positions,
-            past_key_values=cache,
+            cache=cache,
         )
         gather_rows(cache, owner)
         tail_positions = self.positions[:, shared:]
@@ -347,12 +348,12 @@ class _DepthInputs:
                 config=self.lm.config,
                 inputs_embeds=tail_in,
                 attention_mask=self.mask,
-                past_key_values=cache,
+                **with_cache(cache),
                 position_ids=tail_positions,
             ),
             self._rotary(tail_in, tail_positions),
             tail_positions,
-            past_key_values=cache,
+            cache=cache,
         )
         return torch.cat([head.index_select(0, owner), tail], dim=1)
 
@@ -370,7 +371,7 @@ class _DepthInputs:
                 config=self.lm.config,
                 inputs_embeds=like,
                 attention_mask=self.mask,
-                past_key_values=None,
+                **with_cache(None),
                 position_ids=self.positions,
             )
         return self._masks[kind]

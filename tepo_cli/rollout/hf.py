@@ -12,6 +12,7 @@ from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.core import collective
 from tepo_cli.core.rollout_record import Rollout, left_padded_positions, pad_right
 from tepo_cli.envs.episodes import SampledTurn
+from tepo_cli.models.cache_key import returned_cache, with_cache
 from tepo_cli.models.shared_prompts import prefill
 from tepo_cli.rollout.backend import Sampling, completion_mask, eos_ids
 from tepo_cli.rollout.turn_cache import Kept, TurnCache, build_batch, keep
@@ -141,14 +142,14 @@ def sample_turns(
         output = model.generate(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
-            past_key_values=batch.cache,
+            **with_cache(batch.cache),
             return_dict_in_generate=True,
             **_sampling_kwargs(sampling, max_new_tokens, eos, pad_id),
         )
         generated = output.sequences[:, batch.input_ids.shape[1] :]
         if turn_cache is not None:
             mask = torch.cat([batch.attention_mask, torch.ones_like(generated)], dim=1)
-            kept += keep(batch, output.past_key_values, generated, mask)
+            kept += keep(batch, returned_cache(output), generated, mask)
         valid, truncated = completion_mask(generated, eos)
         for row, ids, cut in zip(
             generated.tolist(), valid.tolist(), truncated.tolist(), strict=True
@@ -205,7 +206,7 @@ def _shared_prefill(
     mask = encoded["attention_mask"][prompt_index, :-1].to(device)
     positions = left_padded_positions(mask)
     _, cache = prefill(model, ids, mask, positions, (prompt_of_row - first_prompt).to(device))
-    return {"past_key_values": cache}
+    return with_cache(cache)
 
 
 def build(
