@@ -45,14 +45,16 @@ def load(name: str, dtype: torch.dtype) -> torch.nn.Module:
 @torch.no_grad()
 def step_seconds(model: torch.nn.Module, rows: int, steps: int) -> float:
     """Mean seconds of one decode step for `rows` rows over a cached CONTEXT-token prefix."""
+    from tepo_cli.models.cache_key import returned_cache, with_cache
+
     vocab = model.config.vocab_size
-    past = model(torch.randint(0, vocab, (rows, CONTEXT)), use_cache=True).past_key_values
+    past = returned_cache(model(torch.randint(0, vocab, (rows, CONTEXT)), use_cache=True))
     token = torch.randint(0, vocab, (rows, 1))
     for _ in range(3):  # warm-up: allocations, kernels
-        model(token, past_key_values=past, use_cache=True)
+        model(token, **with_cache(past), use_cache=True)
     start = time.perf_counter()
     for _ in range(steps):
-        model(token, past_key_values=past, use_cache=True)
+        model(token, **with_cache(past), use_cache=True)
     return (time.perf_counter() - start) / steps
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tepo_cli.models.cache_key import returned_cache
 from tepo_cli.rollout import hf
 from tepo_cli.rollout.backend import Sampling
 from tepo_cli.rollout.turn_cache import TurnCache
@@ -55,7 +56,7 @@ def test_the_kept_keys_and_values_are_a_fresh_forwards(model64, tiny_tokenizer):
     for kept in cache.kept:
         ids = torch.tensor([kept.tokens])
         with torch.no_grad():
-            fresh = model64(input_ids=ids, use_cache=True).past_key_values
+            fresh = returned_cache(model64(input_ids=ids, use_cache=True))
         assert len(kept.layers) == len(fresh.layers)
         for (keys, values), layer in zip(kept.layers, fresh.layers, strict=True):
             torch.testing.assert_close(keys, layer.keys[0], rtol=0, atol=1e-10)
