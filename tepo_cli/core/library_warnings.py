@@ -53,9 +53,7 @@ class _LinesToFiles:
         *lines, self.pending = (self.pending + text).split("\n")
         for line in lines:
             if line.strip():
-                record = logging.LogRecord(self.source, logging.INFO, "", 0, line, None, None)
-                for handler in self.files:
-                    handler.handle(record)
+                _to(self.files, logging.LogRecord(self.source, logging.INFO, "", 0, line, (), None))
         return len(text)
 
     def flush(self) -> None:
@@ -71,9 +69,13 @@ class _ToFiles(logging.Filter):
         self.files = files
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for handler in self.files:
-            handler.handle(record)
+        _to(self.files, record)
         return False
+
+
+def _to(files: list[logging.FileHandler], record: logging.LogRecord) -> None:
+    for handler in files:
+        handler.handle(record)
 
 
 def _log_files() -> list[logging.FileHandler]:

@@ -222,7 +222,11 @@ def load(
             f"checkpoint {checkpoint} has no state for rank {topo.rank}: it was written by a run "
             f"with a different number of ranks (trainer.nproc)."
         )
-    with library_prints_to_log():  # its loader prints each state it reads
+    if critic_engine is not None and not (checkpoint / CRITIC_TAG).is_dir():
+        raise RunError(
+            f"checkpoint {checkpoint} has no critic: it was written by a run without advantage=gae."
+        )
+    with library_prints_to_log():  # DeepSpeed's loader prints each state it reads
         engine.load_checkpoint(
             str(checkpoint),
             tag=ENGINE_TAG,
@@ -230,13 +234,7 @@ def load(
             load_optimizer_states=True,
             load_lr_scheduler_states=True,
         )
-    if critic_engine is not None:
-        if not (checkpoint / CRITIC_TAG).is_dir():
-            raise RunError(
-                f"checkpoint {checkpoint} has no critic: it was written by a run without "
-                "advantage=gae."
-            )
-        with library_prints_to_log():
+        if critic_engine is not None:
             critic_engine.load_checkpoint(
                 str(checkpoint),
                 tag=CRITIC_TAG,
