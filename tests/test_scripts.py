@@ -35,6 +35,7 @@ SMOKE_TESTS = {
     "bench_packing.py": "tests/test_scripts.py::test_bench_packing_smoke",
     "bench_precision.py": "tests/test_scripts.py::test_bench_precision_smoke",
     "bench_step.py": "tests/test_scripts.py::test_bench_step_short_smoke",
+    "bench_stop.py": "tests/test_scripts.py::test_bench_stop_smoke",
     "bench_update.py": "tests/test_scripts.py::test_bench_update_smoke",
     "bench_vllm.py": "tests/test_scripts.py::test_bench_vllm_smoke",
     "bench_weight_rounding.py": "tests/test_scripts.py::test_bench_weight_rounding_smoke",
@@ -195,6 +196,17 @@ def test_bench_precision_smoke(tmp_path):
     config = (tmp_path / "runs" / "bfloat16-round1" / "config.yaml").read_text()
     assert "dtype: bfloat16" in config
     assert "| bf16 / float32 |" in (tmp_path / "results.md").read_text()
+
+
+def test_bench_stop_smoke(tmp_path):
+    """The same job with and without a stop string: the stopped answers are shorter."""
+    run_script("scripts/bench_stop.py", "--smoke", "--out", str(tmp_path))
+    free, stop = json.loads((tmp_path / "results.json").read_text())
+    assert (free["name"], stop["name"]) == ("free", "stop")
+    assert "rollout.stop=[e]" in stop["overrides"] and len(stop["steps"]) == 2
+    assert stop["summary"]["response_length"] < free["summary"]["response_length"]
+    assert finite(stop["summary"]["step_seconds"]) and stop["summary"]["step_seconds"] > 0
+    assert "| stop / free |" in (tmp_path / "results.md").read_text()
 
 
 def test_bench_hf_decode_smoke(tmp_path):

@@ -68,8 +68,12 @@ def test_engine_kwargs_reach_the_engine_and_cannot_set_tepos_own_arguments():
     cfg = EngineConfig(engine_kwargs={"enable_chunked_prefill": False, "block_size": 32})
     arguments = engine_arguments(cfg, "/m", torch.float32, 7, None, CPU_MODES)
     assert (arguments["enable_chunked_prefill"], arguments["block_size"]) == (False, 32)
-    placed = engine_arguments(EngineConfig(), "/m", torch.float32, 7, Placement(0, 0), CPU_MODES)
+    placed = engine_arguments(
+        EngineConfig(), "/m", torch.float32, 7, Placement(0, 0), CPU_MODES, tokenizer_dir="/t"
+    )
     assert set(placed) == set(TEPO_ENGINE_ARGUMENTS)
+    assert (placed["tokenizer"], placed["skip_tokenizer_init"]) == ("/t", False)  # rollout.stop
+    assert "tokenizer" not in arguments and arguments["skip_tokenizer_init"]
     with pytest.raises(ValidationError, match=r"max_num_seqs \(rollout.engine.max_num_seqs\)"):
         EngineConfig(engine_kwargs={"max_num_seqs": 8, "block_size": 32})
 

@@ -12,6 +12,7 @@ from tepo_cli.config.schema import (
     RewardConfig,
     RolloutConfig,
     Strict,
+    check_stop_with_episodes,
     resolve_engine_length,
 )
 
@@ -48,6 +49,7 @@ class EvalConfig(Strict):
     def _engine_length(self) -> EvalConfig:
         # the engine holds one answer, or a whole episode, after the prompt
         resolve_engine_length(self.rollout.engine, self.env.row_tokens(self.turn_tokens))
+        check_stop_with_episodes(self.rollout, self.env)
         return self
 
     @property

@@ -3,6 +3,7 @@ engine's knobs (conf/rollout/vllm.yaml documents each one; schema.py re-exports 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -44,6 +45,7 @@ class EngineConfig(Strict):
 TEPO_ENGINE_ARGUMENTS = {
     "model": "the trainer's own weights",
     "skip_tokenizer_init": "tepo tokenizes",
+    "tokenizer": "rollout.stop (vLLM loads the tokenizer for stop strings only)",
     "load_format": "the trainer's own weights",
     "dtype": "model.dtype",
     "seed": "seed",
@@ -86,6 +88,12 @@ class RolloutConfig(Strict):
     # rollout=hf's multi-turn episodes: each conversation's keys and values kept from one turn to
     # the next (rollout/turn_cache.py); false: every turn prefills its whole conversation again
     turn_cache: bool = True
+    # where an answer ends besides its EOS (rollout/stop_rule.py): after the first of these strings
+    # (`string`) or at the end of its line (`line`); kept in the answer, which counts as ended
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    stop_at: Literal["string", "line"] = "string"
+    # line: a line ends the answer only if what follows the string on it matches this regex
+    stop_pattern: str | None = None
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")
@@ -96,6 +104,9 @@ class RolloutConfig(Strict):
                 "log-probs and the trainer's, but with rollout=hf the trainer's own model "
                 "generates: there is no gap. Use rollout.correction=auto or none with hf."
             )
+        if not self.stop:  # acts on nothing: kept at its default (resume compares)
+            self.stop_at, self.stop_pattern = "string", None
+        _check_stop_pattern(self.stop_pattern, self.stop_at)
         truncated = self.top_p < 1.0 or self.top_k > 0
         if not truncated:  # the setting acts on nothing: kept at its default (resume compares)
             self.truncated_sampling = "renormalise"
@@ -117,3 +128,21 @@ class RolloutConfig(Strict):
         if self.correction != "auto":
             return self.correction
         return "none" if self.backend == "hf" else "seq_mask"
+
+
+def _check_stop_pattern(pattern: str | None, at: str) -> None:
+    if pattern is None:
+        return
+    if at != "line":
+        raise ValueError(
+            f"rollout.stop_pattern={pattern!r} says which lines end an answer, but "
+            f"rollout.stop_at={at} ends it at the string itself: set rollout.stop_at=line, or "
+            "drop rollout.stop_pattern"
+        )
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(
+            f"rollout.stop_pattern={pattern!r} is not a regular expression ({error}); e.g. "
+            "'\\d' (a number follows the string on its line)"
+        ) from None

@@ -311,6 +311,7 @@ class TrainConfig(Strict):
                 "generate() under ZeRO-3 is a collective that all ranks must enter together; use "
                 "rollout=vllm (one engine per rank), or deepspeed=zero2"
             )
+        check_stop_with_episodes(self.rollout, self.env)
         return self
 
     @model_validator(mode="after")
@@ -369,3 +370,13 @@ class TrainConfig(Strict):
                 f"(prompts_per_step / nproc x rollout.n = {sequences})"
             )
         return self
+
+
+def check_stop_with_episodes(rollout: RolloutConfig, env: EnvConfig) -> None:
+    """`rollout.stop` ends single answers; an episode's turns end at the model's end of message."""
+    if env.multi_turn and rollout.stop:
+        raise ValueError(
+            f"rollout.stop={rollout.stop} ends an answer at a string, but env={env.name} plays "
+            "episodes, whose turns end at the model's end of message and whose environment "
+            "decides when an episode ends; drop rollout.stop, or use single answers (env=single)"
+        )

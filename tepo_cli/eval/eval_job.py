@@ -104,7 +104,8 @@ def refuse_training_sampling_keys(overrides: list[str]) -> None:
                 f"{key} sets the training rollout's sampling; tepo eval samples with eval.n, "
                 f"eval.greedy, eval.temperature, eval.top_p, eval.max_new_tokens and "
                 f"eval.batch_size ({instead}). In tepo eval, rollout=<name> picks the "
-                f"generation back-end and rollout.engine.* configures it."
+                f"generation back-end, rollout.engine.* configures it and rollout.stop, "
+                f"rollout.stop_at and rollout.stop_pattern say where answers end."
             )
 
 
@@ -112,7 +113,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     from tepo_cli.benchmarks import build_reward, build_task, get_benchmark
     from tepo_cli.envs.sampler import build_sampler
     from tepo_cli.eval.summary import summarize
-    from tepo_cli.rollout import Sampling
+    from tepo_cli.rollout import Sampling, stop_rule
 
     options, benchmark = config.eval, config.benchmark
     problems = build_task(benchmark).eval_problems(options.limit)
@@ -129,6 +130,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         max_new_tokens=options.max_new_tokens or benchmark.max_new_tokens,
         batch_size=options.batch_size,
         seed=config.seed,
+        stop=stop_rule(config.rollout.stop, config.rollout.stop_at, config.rollout.stop_pattern),
     )
     sampler = build_sampler(config.env, benchmark, config.turn_tokens)  # answers or episodes
     start = time.perf_counter()

@@ -22,6 +22,7 @@ from tepo_cli.core.discovery import ModuleRegistry
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.rollout.backend import OnPolicyDevice, RolloutBackend, Sampling
+from tepo_cli.rollout.stop_rule import stop_rule
 
 __all__ = [
     "Rollout",
@@ -31,6 +32,7 @@ __all__ = [
     "build_backend",
     "check_backend",
     "register_backend",
+    "stop_rule",
 ]
 
 

@@ -12,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import SampledTurn
+from tepo_cli.rollout.stop_rule import StopRule
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class Sampling:
     # Engines that seed each request (vllm): prompt i's j-th sample draws from seed + i * n + j, so
     # a run reproduces. None: the engine's own stream. hf draws from torch's global generator.
     seed: int | None = None
+    # `rollout.stop`: where an answer ends besides its EOS (stop_rule.py); None: at its EOS
+    stop: StopRule | None = None
 
 
 class RolloutBackend(Protocol):

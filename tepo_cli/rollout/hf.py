@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteriaList
 
 from tepo_cli.config.schema import RolloutConfig
 from tepo_cli.core import collective
@@ -15,6 +15,7 @@ from tepo_cli.envs.episodes import SampledTurn
 from tepo_cli.models.cache_key import returned_cache, with_cache
 from tepo_cli.models.shared_prompts import prefill
 from tepo_cli.rollout.backend import Sampling, completion_mask, eos_ids
+from tepo_cli.rollout.stop_rule import StopCriterion, cut_at_stop
 from tepo_cli.rollout.turn_cache import Kept, TurnCache, build_batch, keep
 
 NAME = "hf"  # rollout.backend (conf/rollout/hf.yaml)
@@ -74,6 +75,7 @@ def generate(
     With `share_prompts` and n > 1, each prompt's prefill runs once and its KV cache is gathered
     to its n rows (models/shared_prompts.py); the samples are the same either way.
     Runs under no_grad (not inference_mode): the returned ids are later used in autograd graphs.
+    With `sampling.stop`, a row stops generating where the rule ends it and is cut there.
     """
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -87,6 +89,11 @@ def generate(
     # Every rank must take the same branch below: under ZeRO-3 the prefill's forward gathers
     # parameters from all ranks, so the shortest prompt width decides for all of them.
     width = _smallest_across_ranks(prompt_ids.shape[1]) if synced else prompt_ids.shape[1]
+    criteria = None
+    if sampling.stop:
+        criteria = StoppingCriteriaList(
+            [StopCriterion(sampling.stop, tokenizer, prompt_ids.shape[1])]
+        )
     chunks = []
     for start in range(0, prompt_ids.shape[0], sampling.batch_size):
         stop = start + sampling.batch_size
@@ -100,6 +107,7 @@ def generate(
             attention_mask=prompt_mask[start:stop],
             **_sampling_kwargs(sampling, sampling.max_new_tokens, eos, pad_id),
             synced_gpus=synced,
+            stopping_criteria=criteria,
             **shared,
         )
         chunks.append(output[:, prompt_ids.shape[1] :])
@@ -112,7 +120,8 @@ def generate(
         [ids[mask].tolist() for ids, mask in zip(completion_ids, valid, strict=True)],
         skip_special_tokens=True,
     )
-    return Rollout(prompt_ids, prompt_mask, completion_ids, valid, texts, torch.cat(truncated))
+    rollout = Rollout(prompt_ids, prompt_mask, completion_ids, valid, texts, torch.cat(truncated))
+    return cut_at_stop(rollout, sampling.stop, tokenizer) if sampling.stop else rollout
 
 
 @torch.no_grad()

@@ -43,6 +43,8 @@ from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import SampledTurn
 from tepo_cli.rollout.backend import Sampling, eos_ids
 from tepo_cli.rollout.cpu_sleep import release_kv_cache, release_weights
+from tepo_cli.rollout.stop_rule import cut_at_stop
+from tepo_cli.rollout.vllm_line_end import continue_to_line_end
 from tepo_cli.rollout.vllm_model import engine_length, policy_weights, write_model_config
 from tepo_cli.rollout.vllm_modes import Call, EngineModes, SleepCycle, mode_arguments, resolve_modes
 from tepo_cli.rollout.vllm_outputs import outputs_rollout, outputs_turn
@@ -70,7 +72,10 @@ class VllmBackend:
         lm: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         seed: int = 0,
+        stop_strings: bool = False,
     ) -> None:
+        """`stop_strings`: requests will carry stop strings (`rollout.stop`), which vLLM finds in
+        decoded text: the engine then loads the tokenizer (saved beside the model's config)."""
         self.tokenizer = tokenizer
         self.eos = eos_ids(lm, tokenizer)
         cfg = cfg.model_copy(update={"max_model_len": engine_length(cfg, lm)})
@@ -80,7 +85,11 @@ class VllmBackend:
         self._weights_released = False  # CPU sleep: until the next sync the engine cannot run
         self._config_dir = tempfile.TemporaryDirectory(prefix="tepo-vllm-")
         write_model_config(lm, Path(self._config_dir.name))
-        self.engine = start_engine(cfg, lm, self._config_dir.name, seed, self.modes)
+        tokenizer_dir = None
+        if stop_strings:
+            tokenizer.save_pretrained(self._config_dir.name)
+            tokenizer_dir = self._config_dir.name
+        self.engine = start_engine(cfg, lm, self._config_dir.name, seed, self.modes, tokenizer_dir)
         self.sync(lm)
         self._warm_up(lm)
         self._release_kv_pages()  # the zero-filled KV cache, resident since its allocation
@@ -95,10 +104,16 @@ class VllmBackend:
         requests = [TokensPrompt(prompt_token_ids=row) for row in ids]
         outputs = self.engine.generate(requests, params, use_tqdm=False)
         samples = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]
-        completions = [s for group in samples for s in group]
         if any(len(group) != sampling.n for group in samples):
             raise RunError(f"vLLM returned {[len(g) for g in samples]} samples, not {sampling.n}")
-        return outputs_rollout(self.tokenizer, ids, completions, sampling)
+        if sampling.stop is None:
+            return outputs_rollout(self.tokenizer, ids, [s for g in samples for s in g], sampling)
+        if sampling.stop.at == "line":
+            samples = continue_to_line_end(
+                self.engine, self.tokenizer, ids, samples, sampling, self._params
+            )
+        rollout = outputs_rollout(self.tokenizer, ids, [s for g in samples for s in g], sampling)
+        return cut_at_stop(rollout, sampling.stop, self.tokenizer)
 
     def sample_turns(
         self, contexts: list[list[int]], max_new_tokens: int, sampling: Sampling
@@ -175,11 +190,14 @@ class VllmBackend:
             getattr(self.engine, call.method)(**call.kwargs)
 
     def _params(self, sampling: Sampling, prompt_index: int) -> Any:
+        """Request `prompt_index`'s sampling parameters (its `sampling.n` answers); with
+        `sampling.stop`, vLLM's stop strings, kept in the output, which needs the text decoded."""
         from vllm import SamplingParams
 
         seed = None
         if self.modes.per_request_seeds and sampling.seed is not None:
             seed = sampling.seed + prompt_index * sampling.n
+        stop = list(sampling.stop.strings) if sampling.stop else None
         return SamplingParams(
             n=sampling.n,
             temperature=0.0 if sampling.greedy else sampling.temperature,
@@ -189,7 +207,9 @@ class VllmBackend:
             stop_token_ids=self.eos,
             logprobs=None if sampling.greedy else 0,
             seed=seed,
-            detokenize=False,
+            stop=stop,
+            include_stop_str_in_output=stop is not None,
+            detokenize=stop is not None,
         )
 
     def _check_length(self, ids: list[list[int]], max_new_tokens: int) -> None:
@@ -214,7 +234,12 @@ class VllmBackend:
 
 
 def start_engine(
-    cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int, modes: EngineModes
+    cfg: EngineConfig,
+    lm: PreTrainedModel,
+    model_dir: str,
+    seed: int,
+    modes: EngineModes,
+    tokenizer_dir: str | None = None,
 ) -> Any:
     """A colocated vLLM engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: in this process, beside the
     trainer) that leaves the process as it found it: torch's, Python's and NumPy's random states,
@@ -228,7 +253,7 @@ def start_engine(
         logging.getLogger("vllm").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # vLLM's own deprecated torch calls
-        return _engine(cfg, lm, model_dir, seed, modes)
+        return _engine(cfg, lm, model_dir, seed, modes, tokenizer_dir)
 
 
 def engine_arguments(
@@ -238,6 +263,7 @@ def engine_arguments(
     seed: int,
     placement: Placement | None,
     modes: EngineModes,
+    tokenizer_dir: str | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `vllm.LLM` for this process's engine.
 
@@ -255,11 +281,12 @@ def engine_arguments(
     it at start, which `_process_state_kept` undoes: requests without seeds draw from the
     trainer's own generator (seeded per rank, checkpointed); with per-request seeds they carry
     their own (train/sampling.py `rollout_seed`). CUDA graphs and sleep mode: `modes`
-    (vllm_modes.py).
+    (vllm_modes.py). The tokenizer is loaded only from `tokenizer_dir`, for stop strings.
     """
     arguments: dict[str, Any] = dict(
         model=model_dir,
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=tokenizer_dir is None,
+        **({} if tokenizer_dir is None else {"tokenizer": tokenizer_dir}),
         load_format="dummy",
         dtype=str(dtype).removeprefix("torch."),
         seed=seed + (placement.rank if placement else 0),
@@ -277,7 +304,12 @@ def engine_arguments(
 
 
 def _engine(
-    cfg: EngineConfig, lm: PreTrainedModel, model_dir: str, seed: int, modes: EngineModes
+    cfg: EngineConfig,
+    lm: PreTrainedModel,
+    model_dir: str,
+    seed: int,
+    modes: EngineModes,
+    tokenizer_dir: str | None,
 ) -> Any:
     try:
         from vllm import LLM
@@ -289,7 +321,7 @@ def _engine(
         ) from None
     placement = trainer_placement()
     dtype = next(lm.parameters()).dtype
-    arguments = engine_arguments(cfg, model_dir, dtype, seed, placement, modes)
+    arguments = engine_arguments(cfg, model_dir, dtype, seed, placement, modes, tokenizer_dir)
     with _process_state_kept(), rank_environment(placement):
         try:
             engine = LLM(**arguments)
@@ -363,4 +395,4 @@ def build(
 ) -> VllmBackend:
     """The registry's entry point (rollout/__init__.py); vLLM shares prompts by itself (prefix
     caching), so `share_prompts` has no meaning here."""
-    return VllmBackend(cfg.engine, lm, tokenizer)
+    return VllmBackend(cfg.engine, lm, tokenizer, stop_strings=bool(cfg.stop))

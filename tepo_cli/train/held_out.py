@@ -13,7 +13,7 @@ from tepo_cli.core import collective
 from tepo_cli.core.records import Problem
 from tepo_cli.envs.sampler import Sampler
 from tepo_cli.rewards import Reward
-from tepo_cli.rollout import RolloutBackend, Sampling
+from tepo_cli.rollout import RolloutBackend, Sampling, stop_rule
 from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.metrics import RunLog
 from tepo_cli.train.env_errors import report_env_errors
@@ -48,11 +48,13 @@ def held_out_accuracy(
     disjoint shards and add up. With a multi-turn environment each problem is one greedy
     episode, graded by its environment, and no answers are logged."""
     problems, padding = rank_shard(sampler.held_out_problems(task), topo.rank, topo.world_size)
+    rollout = cfg.rollout  # answers end where training's do (rollout.stop), and are graded so
     sampling = Sampling(
         n=1,
         greedy=True,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        batch_size=cfg.rollout.batch_size,
+        max_new_tokens=rollout.max_new_tokens,
+        batch_size=rollout.batch_size,
+        stop=stop_rule(rollout.stop, rollout.stop_at, rollout.stop_pattern),
     )
     held_out = sampler.held_out(backend, tokenizer, problems, padding, reward, sampling)
     report_env_errors(held_out.errors, f"eval {when} (step {step})", log)

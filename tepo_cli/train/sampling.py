@@ -29,7 +29,7 @@ from tepo_cli.data.prompt_templates import render_prompt
 from tepo_cli.envs.sampler import Sampler
 from tepo_cli.envs.samples import Samples
 from tepo_cli.rewards import Reward
-from tepo_cli.rollout import RolloutBackend, Sampling
+from tepo_cli.rollout import RolloutBackend, Sampling, stop_rule
 from tepo_cli.runtime.clock import StepClock
 from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
 from tepo_cli.train.grading import Graded, grade
@@ -207,7 +207,8 @@ def _with_errors(errors: list[str] | None, samples: Samples) -> list[str] | None
 def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:
     """The rollout's sampling settings (`rollout.*`), as the training steps draw."""
     knobs = {"n", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size"}
-    return Sampling(**cfg.rollout.model_dump(include=knobs), seed=seed)
+    stop = stop_rule(cfg.rollout.stop, cfg.rollout.stop_at, cfg.rollout.stop_pattern)
+    return Sampling(**cfg.rollout.model_dump(include=knobs), seed=seed, stop=stop)
 
 
 def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:
