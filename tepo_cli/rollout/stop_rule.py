@@ -14,7 +14,8 @@ strings, and for `line` more requests for the answers that stopped at a string o
 that did not end them, vllm_line_end.py), and both
 cut the returned answer with `cut_at_stop`, so an answer ends at the same token whichever engine
 sampled it. The rule reads decoded text, at token granularity: the cut keeps the whole token that
-completes the rule, whatever characters that token carries after it.
+completes the rule, whatever characters that token carries after it. What is trained then:
+docs/objectives.md §0.10.
 """
 
 from __future__ import annotations
