@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from tepo_cli.config.rollout_schema import RolloutConfig
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.rollout.backend import Sampling
@@ -33,7 +34,8 @@ def test_ends_at_the_string_or_at_the_end_of_its_line():
     assert not number.ends("The answer is N.\nSo the answer is 9.")
     assert number.ends("The answer is N.\nSo The answer is 9.\n")
     assert not number.ends("The answer is N.\nthe answer is 9.\n")  # the strings are literal
-    assert stop_rule([], "line") is None and stop_rule(["x"], "line") == StopRule(("x",), "line")
+    line_x = RolloutConfig(stop=["x"], stop_at="line")
+    assert stop_rule(RolloutConfig()) is None and stop_rule(line_x) == StopRule(("x",), "line")
 
 
 @pytest.mark.parametrize("at", ["string", "line"])

@@ -130,7 +130,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         max_new_tokens=options.max_new_tokens or benchmark.max_new_tokens,
         batch_size=options.batch_size,
         seed=config.seed,
-        stop=stop_rule(config.rollout.stop, config.rollout.stop_at, config.rollout.stop_pattern),
+        stop=stop_rule(config.rollout),
     )
     sampler = build_sampler(config.env, benchmark, config.turn_tokens)  # answers or episodes
     start = time.perf_counter()

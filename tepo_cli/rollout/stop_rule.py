@@ -11,9 +11,8 @@ end-of-sequence token is trained after it.
 
 Both back-ends stop generating there (hf: a stopping criterion per row; vllm: the engine's stop
 strings, and for `line` more requests for the answers that stopped at a string or at a line
-that did not end them, vllm_line_end.py), and both
-cut the returned answer with `cut_at_stop`, so an answer ends at the same token whichever engine
-sampled it. The rule reads decoded text, at token granularity: the cut keeps the whole token that
+that did not end them, vllm_line_end.py), and both cut the returned answer with `cut_at_stop`, so
+an answer ends at the same token whichever engine sampled it. The rule reads decoded text, at token granularity: the cut keeps the whole token that
 completes the rule, whatever characters that token carries after it. What is trained then:
 docs/objectives.md §0.10.
 """
@@ -29,6 +28,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerBase, StoppingCriteria
 
+from tepo_cli.config.rollout_schema import RolloutConfig
 from tepo_cli.core.rollout_record import Rollout
 
 LINE_END = "\n"
@@ -73,10 +73,12 @@ class StopRule:
         return high
 
 
-def stop_rule(strings: Sequence[str], at: str, pattern: str | None = None) -> StopRule | None:
+def stop_rule(rollout: RolloutConfig) -> StopRule | None:
     """The rule of `rollout.stop`, `rollout.stop_at` and `rollout.stop_pattern` (None when no
-    string is given)."""
-    return StopRule(tuple(strings), at, pattern) if strings else None  # type: ignore[arg-type]
+    string is given), for training, its held-out evaluation and `tepo eval` alike."""
+    if not rollout.stop:
+        return None
+    return StopRule(tuple(rollout.stop), rollout.stop_at, rollout.stop_pattern)
 
 
 def cut_at_stop(rollout: Rollout, rule: StopRule, tokenizer: PreTrainedTokenizerBase) -> Rollout:

@@ -48,13 +48,12 @@ def held_out_accuracy(
     disjoint shards and add up. With a multi-turn environment each problem is one greedy
     episode, graded by its environment, and no answers are logged."""
     problems, padding = rank_shard(sampler.held_out_problems(task), topo.rank, topo.world_size)
-    rollout = cfg.rollout  # answers end where training's do (rollout.stop), and are graded so
     sampling = Sampling(
         n=1,
         greedy=True,
-        max_new_tokens=rollout.max_new_tokens,
-        batch_size=rollout.batch_size,
-        stop=stop_rule(rollout.stop, rollout.stop_at, rollout.stop_pattern),
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        batch_size=cfg.rollout.batch_size,
+        stop=stop_rule(cfg.rollout),  # answers end where training's do, and are graded so
     )
     held_out = sampler.held_out(backend, tokenizer, problems, padding, reward, sampling)
     report_env_errors(held_out.errors, f"eval {when} (step {step})", log)

@@ -207,7 +207,7 @@ def _with_errors(errors: list[str] | None, samples: Samples) -> list[str] | None
 def training_sampling(cfg: TrainConfig, seed: int | None = None) -> Sampling:
     """The rollout's sampling settings (`rollout.*`), as the training steps draw."""
     knobs = {"n", "temperature", "top_p", "top_k", "max_new_tokens", "batch_size"}
-    stop = stop_rule(cfg.rollout.stop, cfg.rollout.stop_at, cfg.rollout.stop_pattern)
+    stop = stop_rule(cfg.rollout)
     return Sampling(**cfg.rollout.model_dump(include=knobs), seed=seed, stop=stop)
 
 
