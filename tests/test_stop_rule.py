@@ -134,6 +134,18 @@ def test_a_line_pattern_that_is_no_regex_or_without_line_ends_is_refused(compose
     assert cfg.rollout.stop_pattern == "x"
 
 
+def test_training_draws_with_the_configured_rule(compose_config):
+    from tepo_cli.config.validate import load_train_config
+    from tepo_cli.train.sampling import training_sampling
+
+    keys = ["rollout.stop=[The answer is]", "rollout.stop_at=line", "rollout.stop_pattern=x"]
+    cfg = load_train_config(compose_config("train", ["model=tiny", *keys]))
+    assert training_sampling(cfg).stop == StopRule(("The answer is",), "line", "x")
+    assert (
+        training_sampling(load_train_config(compose_config("train", ["model=tiny"]))).stop is None
+    )
+
+
 def test_stop_strings_are_refused_with_episodes(compose_config):
     from tepo_cli.config.validate import load_train_config
 
