@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from trainer_logprobs import trainer_logprobs
 
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.core.errors import RunError
@@ -52,18 +53,6 @@ def _process_state() -> dict:
         "threads": torch.get_num_threads(),
         "set_num_threads": torch.set_num_threads,
     }
-
-
-def _trainer_logprobs(lm, rollout, temperature: float) -> torch.Tensor:
-    """The trainer's float64 log-probs of the sampled tokens at `temperature`."""
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = lm(input_ids=ids, attention_mask=mask, position_ids=positions).logits.double()
-    width = rollout.prompt_ids.shape[1]
-    scaled = logits[:, width - 1 : -1] / temperature
-    return torch.log_softmax(scaled, dim=-1).gather(-1, rollout.completion_ids[..., None])[..., 0]
 
 
 def _engine_prompt_logprobs(backend, token_ids: list[int]) -> torch.Tensor:
@@ -182,7 +171,7 @@ def test_sampled_logprobs_are_the_trainers_after_temperature(engine_and_model):
         assert rollout.logprobs is not None
         assert rollout.completion_ids.shape == rollout.logprobs.shape
         assert rollout.prompt_ids.shape[0] == len(PROMPTS) * 4
-        trainer = _trainer_logprobs(lm, rollout, temperature)
+        trainer = trainer_logprobs(lm, rollout, temperature)
         valid = rollout.completion_mask
         assert (trainer - rollout.logprobs.double())[valid].abs().max() < 1e-4
         assert (rollout.logprobs[~valid] == 0).all()

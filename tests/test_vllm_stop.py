@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from trainer_logprobs import trainer_logprobs
 
 from tepo_cli.config.schema import EngineConfig
 from tepo_cli.rollout.backend import Sampling
@@ -33,18 +34,6 @@ def backend_and_model(tiny_tokenizer):
     backend = VllmBackend(engine, lm, tiny_tokenizer, stop_strings=True)
     yield backend, lm
     backend.close()
-
-
-def _trainer_logprobs(lm, rollout) -> torch.Tensor:
-    """The trainer's float64 log-probs of the sampled tokens at temperature 1."""
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = lm(input_ids=ids, attention_mask=mask, position_ids=positions).logits.double()
-    width = rollout.prompt_ids.shape[1]
-    scores = torch.log_softmax(logits[:, width - 1 : -1], dim=-1)
-    return scores.gather(-1, rollout.completion_ids[..., None])[..., 0]
 
 
 def test_stop_strings_end_answers_where_the_rule_cuts_the_unstopped_ones(
@@ -100,6 +89,6 @@ def test_line_ends_are_reached_by_continuations_with_the_trainers_logprobs(
             assert bool(rollout.truncated[row]) == (len(ids) == 48)
     assert ended >= 2 if pattern is None else ended == 0
     mask = rollout.completion_mask
-    trainer = _trainer_logprobs(lm, rollout)
+    trainer = trainer_logprobs(lm, rollout)
     assert (rollout.logprobs.double() - trainer)[mask].abs().max() < 1e-4
     assert (rollout.logprobs[~mask] == 0).all()
