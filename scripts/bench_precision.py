@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.report import median, table
-from benchlib.runner import run_child, step_records
+from benchlib.runner import parse_timed_steps, run_child, step_records
 
 REPO = Path(__file__).resolve().parent.parent
 DTYPES = ("float32", "bfloat16")
@@ -39,21 +39,12 @@ SMOKE = (
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument(
-        "--steps", type=int, default=4, help="steps per run (default 4; the 1st is left out)"
-    )
     p.add_argument("--rounds", type=int, default=1, help="float32, bf16 alternations (default 1)")
     p.add_argument(
         "--out", type=Path, help="results directory (default outputs/bench_precision/<time>)"
     )
-    p.add_argument("--smoke", action="store_true", help="model=tiny, rollout=hf, 2 steps (CI)")
     p.add_argument("overrides", nargs="*", help="more tepo train overrides for both sides")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.steps = 2
-    if args.steps < 2:
-        p.error("--steps must be at least 2: the first step of each run is left out")
-    return args
+    return parse_timed_steps(p, argv)
 
 
 def job_overrides(args: argparse.Namespace, dtype: str, run_dir: Path) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.report import median, table
-from benchlib.runner import log_tail, run_child, step_records
+from benchlib.runner import log_tail, parse_timed_steps, run_child, step_records
 
 REPO = Path(__file__).resolve().parent.parent
 # word_math's answer line ("The answer is 12.") ends the answer; "The answer is N." (the
@@ -47,16 +47,9 @@ KEYS = ("step_seconds", "rollout_seconds", "score_seconds", "update_seconds", "r
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model-path", help="the policy to start from (model.path)")
-    p.add_argument("--steps", type=int, default=4, help="steps per run (the first is left out)")
     p.add_argument("--out", type=Path, help="results directory (default outputs/bench_stop/<time>)")
-    p.add_argument("--smoke", action="store_true", help="model=tiny, rollout=hf, 2 steps (CI)")
     p.add_argument("overrides", nargs="*", help="more tepo train overrides for both arms")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.steps = 2
-    if args.steps < 2:
-        p.error("--steps must be at least 2: the first step of each run is left out")
-    return args
+    return parse_timed_steps(p, argv)
 
 
 def run_arm(args: argparse.Namespace, name: str, arm: list[str], out: Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.rollout.backend import Sampling
 from tepo_cli.rollout.hf import generate
-from tepo_cli.rollout.stop_rule import StopRule, cut_at_stop, stop_rule
+from tepo_cli.rollout.stop_rule import StopCriterion, StopRule, cut_at_stop, stop_rule
 
 WORD_MATH = (
     "Tom has 3 apples and buys 9 more.\nSo he has 3 + 9 = 12 apples.\nThe answer is 12.\n"
@@ -52,6 +52,36 @@ def test_the_end_is_the_first_token_whose_text_ends(tiny_tokenizer, at):
     else:
         assert kept.endswith("The answer is")
     assert StopRule(("never said",)).end_of(ids, tiny_tokenizer) is None
+
+
+def test_the_criterion_decodes_only_the_rows_still_going(tiny_tokenizer):
+    """Step by step over two rows (prompt width 1): row 0 ends at the string's last token and
+    stays done without being decoded again; row 1 never ends and is decoded at every step."""
+    tok = tiny_tokenizer
+    ended = tok("x The answer is 12", add_special_tokens=False)["input_ids"]
+    going = tok("x Tom has twelve apples today, he", add_special_tokens=False)["input_ids"]
+    end = StopRule(("The answer is",)).end_of(ended[1:], tok)
+    assert end is not None and 1 + end < len(ended)
+    decoded: list[int] = []
+    batch_decode = tok.batch_decode
+
+    def counting(rows, **kwargs):
+        decoded.append(len(rows))
+        return batch_decode(rows, **kwargs)
+
+    criterion = StopCriterion(StopRule(("The answer is",)), tok, prompt_width=1)
+    tok.batch_decode = counting
+    try:
+        done = []
+        for length in range(2, min(len(ended), len(going)) + 1):
+            ids = torch.tensor([ended[:length], going[:length]])
+            done.append(criterion(ids, torch.zeros(2, 8)).tolist())
+    finally:
+        del tok.batch_decode
+    steps = len(done)
+    assert [row[0] for row in done] == [length - 1 >= end for length in range(2, steps + 2)]
+    assert not any(row[1] for row in done)
+    assert decoded == [2] * (end) + [1] * (steps - end)
 
 
 def test_a_cut_pads_the_rest_and_the_cut_answer_is_not_truncated(tiny_tokenizer):

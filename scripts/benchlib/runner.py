@@ -4,6 +4,7 @@ a run directory's step records. One copy, so every benchmark measures the same w
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import functools
@@ -260,6 +261,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def parse_timed_steps(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`p`'s arguments with `--steps` (per run; the first, which holds the start-up, is left out
+    of the timings, so at least 2) and `--smoke` (CI: 2 steps), both added here."""
+    p.add_argument("--steps", type=int, default=4, help="steps per run (the first is left out)")
+    p.add_argument("--smoke", action="store_true", help="model=tiny, rollout=hf, 2 steps (CI)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps = 2
+    if args.steps < 2:
+        p.error("--steps must be at least 2: the first step of each run is left out")
+    return args
 
 
 def step_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -89,14 +89,14 @@ def generate(
     # Every rank must take the same branch below: under ZeRO-3 the prefill's forward gathers
     # parameters from all ranks, so the shortest prompt width decides for all of them.
     width = _smallest_across_ranks(prompt_ids.shape[1]) if synced else prompt_ids.shape[1]
-    criteria = None
-    if sampling.stop:
-        criteria = StoppingCriteriaList(
-            [StopCriterion(sampling.stop, tokenizer, prompt_ids.shape[1])]
-        )
     chunks = []
     for start in range(0, prompt_ids.shape[0], sampling.batch_size):
         stop = start + sampling.batch_size
+        criteria = None  # one per call: it keeps which of the call's rows are done
+        if sampling.stop:
+            criteria = StoppingCriteriaList(
+                [StopCriterion(sampling.stop, tokenizer, prompt_ids.shape[1])]
+            )
         shared = (
             _shared_prefill(model, encoded, start, min(stop, len(prompt_ids)), sampling.n)
             if share_prompts and sampling.n > 1 and width > 1

@@ -110,21 +110,26 @@ def cut_at_stop(rollout: Rollout, rule: StopRule, tokenizer: PreTrainedTokenizer
 
 
 class StopCriterion(StoppingCriteria):
-    """transformers' per-row stopping criterion for `rule`: a row is done once its generated
-    text (the tokens after `prompt_width`) ends under the rule. The rows' ids are cut afterwards
-    by `cut_at_stop`; this only saves the decode steps after the end."""
+    """transformers' per-row stopping criterion for `rule`, for one `generate` call: a row is
+    done once its generated text (the tokens after `prompt_width`) ends under the rule, and stays
+    done (a longer text still ends), so only the rows still going are decoded at each step. The
+    rows' ids are cut afterwards by `cut_at_stop`; this only saves the decode steps after the end."""
 
     def __init__(
         self, rule: StopRule, tokenizer: PreTrainedTokenizerBase, prompt_width: int
     ) -> None:
         self.rule, self.tokenizer, self.prompt_width = rule, tokenizer, prompt_width
+        self.done: list[bool] | None = None
 
     def __call__(
         self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object
     ) -> torch.Tensor:
-        generated = input_ids[:, self.prompt_width :].tolist()
+        done = self.done = self.done or [False] * input_ids.shape[0]
+        going = [row for row, ended in enumerate(done) if not ended]
+        generated = input_ids[going, self.prompt_width :].tolist()
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
-        done = [self.rule.ends(text) for text in texts]
+        for row, text in zip(going, texts, strict=True):
+            done[row] = self.rule.ends(text)
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
