@@ -18,8 +18,10 @@ Two arms (grpo, tepo) × seeds 10, 11, 12; 20 steps; held-out evaluations at ste
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.cells import cell_len
+from rich.console import Console
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.build_protocol import build_protocol_report
@@ -225,6 +229,30 @@ def test_the_command_prints_the_verdicts(sweep, tmp_path):
     assert "primary claims" in result.stdout and "Exploratory" in result.stdout
     assert "supported" in result.stdout and "untestable (gate)" in result.stdout
     assert (sweep / "report_protocol.md").is_file() and (sweep / "report_protocol.csv").is_file()
+
+
+@pytest.mark.parametrize("width", [120, 100])
+def test_on_a_narrow_terminal_the_tables_fit_and_no_word_is_folded(sweep, tmp_path, width):
+    """The verdict and exploratory tables at the width of the terminal: each line within it,
+    every metric's name, test and verdict word whole in the rows, the parts of a table too wide
+    each naming their claims, and the text columns wider than their widest word where they fit."""
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    build_protocol_report(sweep, protocol(tmp_path / "p.yaml"), tmp_path / "out", console)
+    text = console.file.getvalue()
+    assert max(cell_len(line) for line in text.splitlines()) <= width
+    rows = " ".join(line for line in text.splitlines() if line.startswith("│"))
+    words = [
+        "convergence", "eval_auc:", "entropy_change:", "steps_to_level:", "train_accuracy_mean:",
+        "per_problem_paired:", "(greater)", "supported", "(gate)", "logrank",
+    ]  # fmt: skip
+    for word in words:
+        assert f" {word} " in rows, word
+    assert "not shown: test: welch; n per arm: 3 / 3." in " ".join(text.split())  # both primaries'
+    names = ("convergence", "entropy", "steps_to_045", "train_accuracy", "per_problem")
+    for part in re.split(r"\n(?=\S.*\(\d/\d\)\n)", text):  # a split table's parts
+        if "┏" in part:
+            table = [line for line in part.splitlines() if line.startswith("│")]
+            assert any(name in line for line in table for name in names)
 
 
 def test_a_metric_the_report_does_not_compute_is_refused_before_anything_is_written(

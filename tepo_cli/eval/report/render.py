@@ -6,8 +6,6 @@ import csv
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.table import Table
-
 from tepo_cli.eval.report.dynamics import DynamicsRow, Reach, Reference
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
 from tepo_cli.eval.report.stats import Estimate
@@ -180,16 +178,6 @@ def write_csv_curve(path: Path, rows: list[DynamicsRow]) -> None:
             for step, value in sorted(row.curve.items()):
                 half = "" if value.half_width is None else value.half_width
                 writer.writerow([row.group.label, step, value.mean, half, value.n])
-
-
-def rich_table(title: str, columns: list, rows: list, caption: str = "") -> Table:
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for header, _ in columns:
-        justify = "left" if header in TEXT_COLUMNS else "right"
-        table.add_column(header, justify=justify, overflow="fold")
-    for row in rows:
-        table.add_row(*(get(row) for _, get in columns))
-    return table
 
 
 def legend(options: Options) -> str:

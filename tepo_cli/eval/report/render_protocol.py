@@ -10,7 +10,8 @@ from rich.console import Console
 
 from tepo_cli.eval.report.protocol_metrics import STEPS_TO_LEVEL
 from tepo_cli.eval.report.protocol_report import ClaimResult, ProtocolReport
-from tepo_cli.eval.report.render import markdown_table, rich_table
+from tepo_cli.eval.report.render import markdown_table
+from tepo_cli.eval.report.terminal import Spec, print_fitted
 
 NONE = "—"
 
@@ -105,14 +106,16 @@ def notes(report: ProtocolReport) -> list[str]:
 
 
 def print_protocol(console: Console, report: ProtocolReport) -> None:
+    """The verdict table, its legend and notes, then the exploratory table, each fitted to the
+    terminal as the sweep report's tables are (terminal.py): no word folded, a column the same
+    in every row said once under its table, a table too wide split into parts."""
     title = f"Protocol {report.name}: primary claims"
-    table = rich_table(title, verdict_columns(report.correction), report.primaries, legend(report))
-    console.print(table, highlight=False)
+    columns = verdict_columns(report.correction)
+    print_fitted(console, [Spec(title, columns, report.primaries, legend(report))], [])
     for line in notes(report):
         console.print(line, highlight=False)
-    if report.secondaries:
-        title = "Exploratory (secondary, not corrected; no verdicts)"
-        console.print(rich_table(title, exploratory_columns(), report.secondaries), highlight=False)
+    title = "Exploratory (secondary, not corrected; no verdicts)"
+    print_fitted(console, [Spec(title, exploratory_columns(), report.secondaries)], [])
 
 
 def markdown(report: ProtocolReport, source: Path) -> str:

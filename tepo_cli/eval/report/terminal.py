@@ -68,7 +68,7 @@ def print_fitted(console: Console, specs: list[Spec], labels: list[str]) -> None
         parts = _split(table, names, console.width)
         for number, part in enumerate(parts, start=1):
             title = part.title if len(parts) == 1 else f"{part.title} ({number}/{len(parts)})"
-            console.print(_table(replace(part, title=title), names), highlight=False)
+            console.print(_table(replace(part, title=title), names, console.width), highlight=False)
         # under the last part, at the console's width (a caption would wrap to the table's)
         if table.caption:
             console.print(table.caption, highlight=False, markup=False)
@@ -176,19 +176,45 @@ def _column_width(shown: Shown, index: int, names: dict[str, str]) -> int:
     return max(cell_len(piece) for piece in [*pieces, *header.split()])
 
 
-def _table(shown: Shown, names: dict[str, str]) -> Table:
+def _table(shown: Shown, names: dict[str, str], room: int) -> Table:
     table = Table(title=shown.title, title_justify="left")
+    widths = _fitted_widths(shown, names, room)
     for index, header in enumerate(shown.headers):
-        if header in TEXT_COLUMNS:  # wraps between words, folds a word only if it must
-            table.add_column(header, justify="left", overflow="fold")
+        width = _column_width(shown, index, names)
+        if header in TEXT_COLUMNS:  # wraps between words, never narrower than its widest word
+            table.add_column(header, justify="left", overflow="fold", width=widths[index])
         else:  # a number never wraps: its header is wrapped to the numbers' width instead
-            width = _column_width(shown, index, names)
             lines = textwrap.wrap(header, width, break_long_words=False)
             table.add_column("\n".join(lines), justify="right", no_wrap=True, min_width=width)
     for row in shown.cells:
         table.add_row(*(Text(names.get(cell, cell) if h == GROUP_COLUMN else cell)  # not markup
                         for h, cell in zip(shown.headers, row, strict=True)))  # fmt: skip
     return table
+
+
+def _fitted_widths(shown: Shown, names: dict[str, str], room: int) -> list[int | None]:
+    """The text columns' widths when the table does not fit `room` whole: each as wide as its
+    widest word, then the columns that could use more widened one character at a time, the one
+    short of its widest cell by the most first, until the table fills `room`; None for every
+    column when it fits (rich sizes it). rich's own shrinking evens the wrapping columns out and
+    would fold a word of a column whose widest word is wider than the others'."""
+    count = len(shown.headers)
+    least = [_column_width(shown, index, names) for index in range(count)]
+    whole = [
+        max(least[i], *(cell_len(names.get(row[i], row[i])) for row in shown.cells))
+        if shown.headers[i] in TEXT_COLUMNS
+        else least[i]
+        for i in range(count)
+    ]
+    if sum(whole) + 3 * count + 1 <= room:
+        return [None] * count
+    widths = list(least)
+    for _ in range(room - (sum(least) + 3 * count + 1)):
+        short = max(range(count), key=lambda i: whole[i] - widths[i])
+        if whole[short] == widths[short]:
+            break
+        widths[short] += 1
+    return [*widths]
 
 
 def _names_said(names: dict[str, str], width: int) -> str:
