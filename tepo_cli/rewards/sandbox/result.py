@@ -70,15 +70,6 @@ class SandboxResult:
     cpu_time_s: float
     isolation: str
 
-    @property
-    def signal_name(self) -> str | None:
-        if self.signal is None:
-            return None
-        try:
-            return _signal.Signals(self.signal).name
-        except ValueError:
-            return f"signal {self.signal}"
-
 
 def classify(
     *,
