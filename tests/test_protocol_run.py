@@ -119,12 +119,27 @@ def test_status_says_where_each_run_stands_and_nothing_of_its_outcomes(tmp_path)
     assert result.stdout.splitlines() == [
         f"grpo_seed0: published in {results / 'grpo_seed0'} (2 steps)",
         f"tepo_seed0: interrupted in {interrupted}, step 1 of 2 logged, newest checkpoint "
-        "step 1, that step took 12 s",
+        "step 1, that step took 12 s, under a minute of steps left at the median pace of its "
+        "last 1",
         "grpo_seed1: not started",
         "tepo_seed1: not started",
     ]
     assert "0.25" not in result.stdout and "0.625" not in result.stdout  # no outcome is read out
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_status_says_the_time_left_from_the_median_of_the_last_ten_steps():
+    """Steps 1-12 of 100: the last ten took 60 s but one paused one (2,000 s); the median, 60 s,
+    times the 88 steps left is 88 min. Without step seconds, or at the last step, nothing."""
+    from tepo_cli.protocol.protocol_runner import _time_left
+
+    steps = [{"step": s, "step_seconds": 2000.0 if s == 7 else 60.0} for s in range(1, 13)]
+    assert _time_left(steps, ["100"]) == (
+        ", about 1 h 28 min of steps left at the median pace of its last 10"
+    )
+    assert _time_left([{"step": 3}], ["100"]) == ""
+    assert _time_left([{"step": 100, "step_seconds": 9.0}], ["100"]) == ""
+    assert _time_left(steps, []) == ""
 
 
 @pytest.mark.parametrize(

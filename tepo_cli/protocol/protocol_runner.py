@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from tepo_cli.protocol.spec import Protocol, Run, load_protocol
 RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "train.log")
 CONSOLE = "console.log"
 _CHECKPOINT = re.compile(r"^step_(\d{8})$")
+RECENT = 10  # steps whose median seconds `--status` reads the time left from
 
 USAGE = (
     "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
@@ -322,18 +324,31 @@ def _newest_checkpoint(run_dir: Path) -> int | None:
 
 
 def _last_step(run_dir: Path) -> int | None:
-    return _last_record(run_dir).get("step")
+    steps = _step_records(run_dir)
+    return steps[-1]["step"] if steps else None
 
 
-def _last_record(run_dir: Path) -> dict:
-    """The last training step's record of metrics.jsonl ({} before the first)."""
-    last: dict = {}
+def _step_records(run_dir: Path) -> list[dict]:
+    """The training steps' records of metrics.jsonl, in order (none before the first)."""
     path = run_dir / METRICS
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            record = json.loads(line) if line.strip() else {}
-            last = record if "step" in record else last
-    return last
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [record for record in records if "step" in record]
+
+
+def _time_left(steps: list[dict], planned: list[str]) -> str:
+    """ ", about N min of steps left ...": the median seconds of the last RECENT steps times the
+    steps still planned, the held-out evaluations aside; a pause inside those steps raises it."""
+    recent = [r.get("step_seconds") for r in steps[-RECENT:]]
+    seconds = [value for value in recent if isinstance(value, int | float)]
+    left = int(planned[-1]) - steps[-1]["step"] if planned and steps else 0
+    if not seconds or left <= 0:
+        return ""
+    minutes = round(statistics.median(seconds) * left / 60)
+    said = f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+    said = "under a minute" if minutes < 1 else f"about {said}"
+    return f", {said} of steps left at the median pace of its last {len(seconds)}"
 
 
 def _status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
@@ -352,13 +367,15 @@ def _status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
         if not run_dir.is_dir():
             print(f"{name}: not started")
             continue
-        last = _last_record(run_dir)
+        steps = _step_records(run_dir)
+        last = steps[-1] if steps else {}
         step, seconds = last.get("step", 0), last.get("step_seconds")
         took = f", that step took {seconds:.0f} s" if isinstance(seconds, int | float) else ""
         checkpoint = _newest_checkpoint(run_dir)
         print(
             f"{name}: {effective_state(run_dir)} in {run_dir}, step {step}{of} logged, newest "
             f"checkpoint {'none' if checkpoint is None else f'step {checkpoint}'}{took}"
+            f"{_time_left(steps, planned)}"
         )
     return 0
 
