@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tepo_cli.config.model_path import looks_local, model_path_problem
+from tepo_cli.config.model_path import local_reason, model_path_problem
 
 
 @pytest.mark.parametrize(
@@ -27,14 +27,14 @@ from tepo_cli.config.model_path import looks_local, model_path_problem
 )
 def test_what_reads_as_a_local_path(path, local, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert looks_local(path) is local
+    assert (local_reason(path) is not None) is local
 
 
 def test_an_existing_first_part_makes_a_local_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert not looks_local("outputs/final")
+    assert local_reason("outputs/final") is None
     (tmp_path / "outputs").mkdir()
-    assert looks_local("outputs/final")
+    assert local_reason("outputs/final") is not None
     assert "its first part outputs/ is a directory here" in (
         model_path_problem("outputs/final") or ""
     )

@@ -32,10 +32,6 @@ def local_reason(path: str) -> str | None:
     return None
 
 
-def looks_local(path: str) -> bool:
-    return local_reason(path) is not None
-
-
 def model_path_problem(path: str) -> str | None:
     """One sentence on why `path` cannot be the model's directory; None when it can (or when it
     is a hub id, which only the hub can check)."""
