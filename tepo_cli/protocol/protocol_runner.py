@@ -338,8 +338,8 @@ def _step_records(run_dir: Path) -> list[dict]:
 
 
 def _time_left(steps: list[dict], planned: list[str]) -> str:
-    """ ", about N min of steps left ...": the median seconds of the last RECENT steps times the
-    steps still planned, the held-out evaluations aside; a pause inside those steps raises it."""
+    """The status line's time left: the median seconds of the last RECENT steps times the steps
+    still planned, the held-out evaluations aside; a pause inside those steps raises it."""
     recent = [r.get("step_seconds") for r in steps[-RECENT:]]
     seconds = [value for value in recent if isinstance(value, int | float)]
     left = int(planned[-1]) - steps[-1]["step"] if planned and steps else 0

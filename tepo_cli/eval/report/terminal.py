@@ -180,10 +180,10 @@ def _table(shown: Shown, names: dict[str, str], room: int) -> Table:
     table = Table(title=shown.title, title_justify="left")
     widths = _fitted_widths(shown, names, room)
     for index, header in enumerate(shown.headers):
-        width = _column_width(shown, index, names)
         if header in TEXT_COLUMNS:  # wraps between words, never narrower than its widest word
             table.add_column(header, justify="left", overflow="fold", width=widths[index])
         else:  # a number never wraps: its header is wrapped to the numbers' width instead
+            width = _column_width(shown, index, names)
             lines = textwrap.wrap(header, width, break_long_words=False)
             table.add_column("\n".join(lines), justify="right", no_wrap=True, min_width=width)
     for row in shown.cells:
