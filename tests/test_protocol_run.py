@@ -131,7 +131,7 @@ def test_status_says_where_each_run_stands_and_nothing_of_its_outcomes(tmp_path)
 def test_status_says_the_time_left_from_the_median_of_the_last_ten_steps():
     """Steps 1-12 of 100: the last ten took 60 s but one paused one (2,000 s); the median, 60 s,
     times the 88 steps left is 88 min. Without step seconds, or at the last step, nothing."""
-    from tepo_cli.protocol.protocol_runner import _time_left
+    from tepo_cli.protocol.run_progress import time_left as _time_left
 
     steps = [{"step": s, "step_seconds": 2000.0 if s == 7 else 60.0} for s in range(1, 13)]
     assert _time_left(steps, ["100"]) == (

@@ -12,10 +12,8 @@ checkpoints deleted; every start, resume, finish and failure is a line of RESULT
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,13 +35,12 @@ from tepo_cli.core.run_dir import (
 )
 from tepo_cli.core.run_status import effective_state
 from tepo_cli.protocol.journal import Checkout, CpuShare, Journal, code_checkout, file_digest
+from tepo_cli.protocol.run_progress import last_step, newest_checkpoint, print_status, published
 from tepo_cli.protocol.spec import Protocol, Run, load_protocol
 
 # What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
 RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "train.log")
 CONSOLE = "console.log"
-_CHECKPOINT = re.compile(r"^step_(\d{8})$")
-RECENT = 10  # steps whose median seconds `--status` reads the time left from
 
 USAGE = (
     "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
@@ -152,7 +149,7 @@ def run_protocol(options: Options) -> int:
             print(f"{name}: {' '.join(overrides)}")
         return 0
     if options.status:
-        return _status(runs, runs_dir, results_dir)
+        return print_status(runs, runs_dir, results_dir)
     if options.dry_run:
         return _dry_run(runs)
     checkout = code_checkout()
@@ -163,7 +160,7 @@ def run_protocol(options: Options) -> int:
         journal.write("*", "commit_mismatch", pinned=protocol.commit)
         print(f"tepo protocol run: {mismatch}", file=sys.stderr)
     for run in runs:
-        if _published(results_dir / run.name):
+        if published(results_dir / run.name):
             print(f"== {run.name}: finished and published already, skipped", flush=True)
             continue
         code = _train(run, runs_dir, results_dir, journal)
@@ -234,14 +231,10 @@ def _check_unchanged(journal: Journal, options: Options) -> None:
     )
 
 
-def _published(published: Path) -> bool:
-    return effective_state(published) == "finished"
-
-
 def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int:
     run_dir = runs_dir / run.name
     before = effective_state(run_dir) if run_dir.is_dir() else None
-    after_step = _newest_checkpoint(run_dir)
+    after_step = newest_checkpoint(run_dir)
     if before is None:
         journal.write(run.name, "start")
     elif before == "finished":
@@ -267,14 +260,14 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
     if code == 0 and state == "finished":
         shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
         _publish(run_dir, console, results_dir / run.name)
-        journal.write(run.name, "finish", steps=_last_step(run_dir), **shared)
+        journal.write(run.name, "finish", steps=last_step(run_dir), **shared)
         return 0
     journal.write(
         run.name,
         "fail",
         exit_code=code,
         state=state,
-        last_checkpoint=_newest_checkpoint(run_dir),
+        last_checkpoint=newest_checkpoint(run_dir),
         **shared,
     )
     return code or 1
@@ -303,11 +296,11 @@ def _stream(command: list[str], console: Path) -> int:
     return 128 - code if code < 0 else code
 
 
-def _publish(run_dir: Path, console: Path, published: Path) -> None:
-    """Copy the run's records into `published` whole or not at all (a staging folder renamed),
+def _publish(run_dir: Path, console: Path, destination: Path) -> None:
+    """Copy the run's records into `destination` whole or not at all (a staging folder renamed),
     so a run is skipped next time only when every record is there."""
-    published.parent.mkdir(parents=True, exist_ok=True)
-    with staged(published) as staging:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with staged(destination) as staging:
         staging.mkdir()
         if (run_dir / HYDRA).is_dir():
             shutil.copytree(run_dir / HYDRA, staging / HYDRA)
@@ -315,69 +308,6 @@ def _publish(run_dir: Path, console: Path, published: Path) -> None:
             if (run_dir / name).is_file():
                 shutil.copy2(run_dir / name, staging / name)
         shutil.copy2(console, staging / CONSOLE)
-
-
-def _newest_checkpoint(run_dir: Path) -> int | None:
-    root = run_dir / CHECKPOINTS
-    steps = [int(m.group(1)) for p in root.glob("step_*") if (m := _CHECKPOINT.match(p.name))]
-    return max(steps, default=None)
-
-
-def _last_step(run_dir: Path) -> int | None:
-    steps = _step_records(run_dir)
-    return steps[-1]["step"] if steps else None
-
-
-def _step_records(run_dir: Path) -> list[dict]:
-    """The training steps' records of metrics.jsonl, in order (none before the first)."""
-    path = run_dir / METRICS
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [record for record in records if "step" in record]
-
-
-def _time_left(steps: list[dict], planned: list[str]) -> str:
-    """The status line's time left: the median seconds of the last RECENT steps times the steps
-    still planned, the held-out evaluations aside; a pause inside those steps raises it."""
-    recent = [r.get("step_seconds") for r in steps[-RECENT:]]
-    seconds = [value for value in recent if isinstance(value, int | float)]
-    left = int(planned[-1]) - steps[-1]["step"] if planned and steps else 0
-    if not seconds or left <= 0:
-        return ""
-    minutes = round(statistics.median(seconds) * left / 60)
-    said = f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
-    said = "under a minute" if minutes < 1 else f"about {said}"
-    return f", {said} of steps left at the median pace of its last {len(seconds)}"
-
-
-def _status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
-    """One line a run: published (its steps), in progress (its state, last step of the planned
-    ones, newest checkpoint, that step's seconds) or not started. Nothing about rewards or
-    held-out results, so a pre-registered experiment can be watched without its outcomes."""
-    for name, overrides in runs:
-        planned = [o.split("=", 1)[1] for o in overrides if o.startswith("trainer.max_steps=")]
-        of = f" of {planned[-1]}" if planned else ""
-        if _published(results_dir / name):
-            print(
-                f"{name}: published in {results_dir / name} ({_last_step(results_dir / name)} steps)"
-            )
-            continue
-        run_dir = runs_dir / name
-        if not run_dir.is_dir():
-            print(f"{name}: not started")
-            continue
-        steps = _step_records(run_dir)
-        last = steps[-1] if steps else {}
-        step, seconds = last.get("step", 0), last.get("step_seconds")
-        took = f", that step took {seconds:.0f} s" if isinstance(seconds, int | float) else ""
-        checkpoint = _newest_checkpoint(run_dir)
-        print(
-            f"{name}: {effective_state(run_dir)} in {run_dir}, step {step}{of} logged, newest "
-            f"checkpoint {'none' if checkpoint is None else f'step {checkpoint}'}{took}"
-            f"{_time_left(steps, planned)}"
-        )
-    return 0
 
 
 def _dry_run(runs: list[Run]) -> int:
