@@ -284,6 +284,8 @@ def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
         ended = ", ".join(f"{end} {share:.0%}" for end, share in env["ends"].items() if share)
         console.print(
             f"env={env['name']}: {env['turns_mean']:.2f} turns and {env['tool_calls_mean']:.2f} "
-            f"tool calls per episode; ended by {ended}"
+            f"tool calls per episode; ended by {ended}",
+            soft_wrap=True,
         )
-    console.print(f"summary: {run_dir / SUMMARY}   per-sample records: {run_dir / SAMPLES}")
+    paths = f"summary: {run_dir / SUMMARY}   per-sample records: {run_dir / SAMPLES}"
+    console.print(paths, highlight=False, markup=False, soft_wrap=True)  # to copy: never folded

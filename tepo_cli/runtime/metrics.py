@@ -94,17 +94,20 @@ class RunLog:
         self.console.print(
             f"[bold]eval[/] ({record['when']}, step {record['step']}): accuracy "
             f"{record['accuracy']:.3f} on {record['problems']} held-out problems "
-            f"({record['seconds']:.1f} s)"
+            f"({record['seconds']:.1f} s)",
+            soft_wrap=True,
         )
 
     def before_training(self, record: dict[str, Any], line: str) -> None:
         """One record of work before step 1 (MPO's warm-up): metrics.jsonl, and its console
         line."""
         self.metrics.write(record)
-        self.console.print(line, highlight=False)
+        self.console.print(line, highlight=False, soft_wrap=True)
 
     def info(self, message: str) -> None:
-        self.console.print(message, highlight=False)
+        """A line as it is, never folded (soft_wrap): it may hold a path or a command to copy, and
+        a console that is a file is 80 columns wide."""
+        self.console.print(message, highlight=False, markup=False, soft_wrap=True)
 
 
 def _finite(record: dict[str, Any]) -> dict[str, Any]:

@@ -134,7 +134,7 @@ def main(arguments: list[str]) -> int:
     except ConfigError as error:
         print(f"tepo report: {error}", file=sys.stderr)
         return 2
-    console.print(f"wrote {', '.join(str(path) for path in report.files)}", highlight=False)
+    _say_wrote(console, report.files)
     return 0
 
 
@@ -149,5 +149,11 @@ def _protocol(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"tepo report: {error}", file=sys.stderr)
         return 2
-    console.print(f"wrote {', '.join(str(path) for path in files)}", highlight=False)
+    _say_wrote(console, files)
     return 0
+
+
+def _say_wrote(console: Console, files: list[Path]) -> None:
+    """The files written, on one line however long: paths to copy, as they are (no markup)."""
+    line = f"wrote {', '.join(str(path) for path in files)}"
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
