@@ -4,7 +4,9 @@ token for every row, keys and values of a 300-token context cached) at several b
 
 A step whose time hardly grows with its rows is bound by its fixed cost (the layers' small
 operations), not by the work per row: then dropping finished rows saves little, and fewer
-sequential steps (continuous batching across turns) is the lever. Results:
+sequential steps (continuous batching across turns) is the lever. Beside each step, the least
+it could take here: every weight and the cached keys and values read once from memory, at the
+machine's read rate (a sum over 512 MiB, measured first). Results:
 docs/results/multi_turn/index.md.
 
     python scripts/bench_hf_decode.py --out docs/results/multi_turn/hf_decode
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,6 +61,30 @@ def step_seconds(model: torch.nn.Module, rows: int, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def read_rate(repeats: int = 5) -> float:
+    """Bytes per second a sum over a 512 MiB float32 tensor reads (best of `repeats`)."""
+    data = torch.ones(128 * 1024 * 1024)
+    data.sum()
+    best = min(_seconds(data.sum) for _ in range(repeats))
+    return data.numel() * data.element_size() / best
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def step_bytes(model: torch.nn.Module, rows: int) -> int:
+    """What one decode step must read at least: each weight once (a tied embedding once) and
+    every row's cached keys and values (CONTEXT tokens)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # unique tensors
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+    return weights + rows * CONTEXT * per_token * next(model.parameters()).element_size()
+
+
 def generate_rate(model: torch.nn.Module, rows: int, new_tokens: int, compiled: bool) -> float:
     """`generate`'s new tokens per second over `rows` rows of CONTEXT tokens, sampling, every row
     made to run `new_tokens` tokens; the best of two calls after a first (which compiles)."""
@@ -90,19 +117,23 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load(args.model, getattr(torch, args.dtype))
+    rate = read_rate()
     steps = {rows: step_seconds(model, rows, args.steps) for rows in BATCHES}
+    floors = {rows: step_bytes(model, rows) / rate for rows in BATCHES}
     rates = {
         mode: generate_rate(model, BATCHES[-1], args.new_tokens, mode == "static, compiled")
         for mode in ("eager", "static, compiled")
     }
     lines = [
         f"Decode steps, {args.model} in {args.dtype}, {args.threads} threads, {CONTEXT} tokens "
-        f"cached, mean of {args.steps}:",
+        f"cached, mean of {args.steps}; memory read rate {rate / 1e9:.1f} GB/s (a sum over 512 MiB); "
+        "floor: the step's weights and cached keys and values read once at that rate:",
         "",
-        "| rows | ms/step | tokens/s | step ÷ 1 row's |",
-        "|---:|---:|---:|---:|",
+        "| rows | ms/step | tokens/s | step ÷ 1 row's | MB read at least | floor ms | step ÷ floor |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {rows} | {s * 1e3:.1f} | {rows / s:.0f} | {s / steps[1]:.2f} |"
+            f"| {rows} | {s * 1e3:.1f} | {rows / s:.0f} | {s / steps[1]:.2f} "
+            f"| {step_bytes(model, rows) / 1e6:.0f} | {floors[rows] * 1e3:.1f} | {s / floors[rows]:.1f} |"
             for rows, s in steps.items()
         ),
         "",
@@ -117,7 +148,9 @@ def main() -> None:
     results = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "torch": torch.__version__,
+        "read_bytes_per_s": rate,
         "step_seconds": steps,
+        "floor_seconds": floors,
         "generate_tokens_per_s": rates,
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
