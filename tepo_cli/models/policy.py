@@ -149,11 +149,8 @@ class Policy(nn.Module):
         make: set[str],
         prompts: ExternalPrompts | None,
     ) -> Scores:
-        attached, others = self.attached, make - {"entropy", "entropy_term"}
-        if others and (attached is None or others != {attached.scores}):
-            wanted = ", ".join(sorted(others))
-            raise ValueError(f"{wanted} needs a policy built with the modules that score it")
-        with_attached = bool(others)
+        attached = self.attached
+        with_attached = attached is not None and attached.scores in make
         # The sequence is embedded once for the backbone and the attached modules: every lookup's
         # backward is a dense [vocab, hidden] gradient, the largest tensor of a small model.
         embedded = self.lm.get_input_embeddings()(batch.input_ids)
@@ -184,6 +181,10 @@ class Policy(nn.Module):
             scores[attached.scores], _ = attached.score(
                 self, batch, hidden, temperature, embedded=embedded
             )
+        unmade = make - scores.keys()  # what neither the head nor attached modules make
+        if unmade:
+            wanted = ", ".join(sorted(unmade))
+            raise ValueError(f"{wanted} needs a policy built with the modules that score it")
         return scores
 
     def backbone_hidden(self, batch: SequenceBatch) -> torch.Tensor:
