@@ -31,13 +31,14 @@ def test_the_final_model_line_is_one_line_with_the_path_as_it_is(deep_dir, capsy
     assert "held-out accuracy: 0.200 -> 0.500 (+30.0 points)" in lines
 
 
-def test_the_eval_record_paths_are_one_line(deep_dir, capsys):
+def test_the_eval_table_and_record_paths_are_whole(deep_dir, capsys):
     summary = {
-        "benchmark": "gsm8k", "grader": "lm-eval", "model": "m", "problems": 2, "samples": 2,
+        "benchmark": "gsm8k", "grader": "lm-eval", "model": str(deep_dir / "final"), "problems": 2, "samples": 2,
         "accuracy": 0.5, "mean_length": 3.0, "median_length": 3.0, "samples_per_second": 1.0,
     }  # fmt: skip
     eval_job._print_table(summary, deep_dir)
     out = capsys.readouterr().out.splitlines()
+    assert any(str(deep_dir / "final") in line for line in out)  # the model's cell, not cut to "…"
     assert (
         f"summary: {deep_dir / 'summary.json'}   per-sample records: {deep_dir / 'samples.jsonl'}"
         in out

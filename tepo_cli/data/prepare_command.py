@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tepo_cli.core.errors import ConfigError, RunError
+from tepo_cli.core.whole_table import print_whole
 from tepo_cli.data.prepare import PreparedBenchmark, benchmark_names, prepare, split_file
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -55,10 +56,7 @@ def render_table(results: Sequence[PreparedBenchmark], console: Console) -> None
         for split, rows in result.splits.items():
             path = Text(str(result.folder / split_file(split)))  # as it is: never markup
             table.add_row(result.name, split, f"{rows:,}", path, Text(result.status, style=style))
-    if not console.is_terminal:  # a file or a pipe: each path whole on its line, to copy
-        wide = console.options.update_width(10_000)
-        console.width = max(console.width, console.measure(table, options=wide).maximum)
-    console.print(table)
+    print_whole(console, table)  # each path whole, to copy
 
 
 def prepare_command(arguments: Sequence[str], console: Console | None = None) -> int:

@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tepo_cli.config.added_keys import check_added_keys
 from tepo_cli.config.eval_schema import EvalConfig
@@ -29,6 +30,7 @@ from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError
 from tepo_cli.core.records import Problem
 from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY, discard_if_unused
+from tepo_cli.core.whole_table import print_whole
 from tepo_cli.rewards import Reward
 
 if TYPE_CHECKING:
@@ -268,7 +270,7 @@ def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
         table.add_column(column)
     rate = summary["samples_per_second"]
     table.add_row(
-        str(summary["model"]),
+        Text(str(summary["model"])),  # a path as it is: never markup
         str(summary["problems"]),
         str(summary["samples"]),
         f"{summary['accuracy']:.3f}",
@@ -278,7 +280,7 @@ def _print_table(summary: dict[str, Any], run_dir: Path) -> None:
         f"{rate:.2f}" if rate else "-",
     )
     console = Console()
-    console.print(table)
+    print_whole(console, table)  # the model's path whole in a log
     if "env" in summary:
         env = summary["env"]
         ended = ", ".join(f"{end} {share:.0%}" for end, share in env["ends"].items() if share)
