@@ -123,6 +123,8 @@ def test_status_says_where_each_run_stands_and_nothing_of_its_outcomes(tmp_path)
         "last 1",
         "grpo_seed1: not started",
         "tepo_seed1: not started",
+        "1 of 4 runs published; about 1 min of training steps left (the run in progress at its "
+        "recent pace, 2 not started at the median of the 1 published), evaluations aside",
     ]
     assert "0.25" not in result.stdout and "0.625" not in result.stdout  # no outcome is read out
     assert sorted(tmp_path.rglob("*")) == before
@@ -140,6 +142,26 @@ def test_status_says_the_time_left_from_the_median_of_the_last_ten_steps():
     assert _time_left([{"step": 3}], ["100"]) == ""
     assert _time_left([{"step": 100, "step_seconds": 9.0}], ["100"]) == ""
     assert _time_left(steps, []) == ""
+
+
+def test_status_closes_with_the_time_left_in_all():
+    """Published runs took 3,000, 3,600 and 4,000 s of steps: two not started at the median
+    (3,600 s) and the run in progress's 1,800 s are 2 h 30 min. Before any run is published the
+    runs not started are not guessed at; with nothing left only the count is said."""
+    from tepo_cli.protocol.run_progress import total_left
+
+    assert total_left([3000.0, 4000.0, 3600.0], 1800.0, 2, 6) == (
+        "3 of 6 runs published; about 2 h 30 min of training steps left (the run in progress at "
+        "its recent pace, 2 not started at the median of the 3 published), evaluations aside"
+    )
+    assert total_left([], 1800.0, 3, 4) == (
+        "0 of 4 runs published; the 3 not started are estimated once a run is published"
+    )
+    assert total_left([3000.0], 0.0, 1, 2) == (
+        "1 of 2 runs published; about 50 min of training steps left (1 not started at the median "
+        "of the 1 published), evaluations aside"
+    )
+    assert total_left([3000.0, 3000.0], 0.0, 0, 2) == "2 of 2 runs published"
 
 
 @pytest.mark.parametrize(
