@@ -193,7 +193,8 @@ def test_a_partial_sweep_reports_n_as_it_is_and_names_what_is_missing(tmp_path):
         write_run(root, "tepo", seed)
     write_run(root, "grpo", 12, state="failed")
     write_run(root, "tepo", 12, algo="grpo")  # named tepo, ran grpo: not a tepo run
-    report, files = build_protocol_report(root, protocol(tmp_path / "p.yaml"), tmp_path / "out")
+    path = protocol(tmp_path / "p.yaml")
+    report, files = build_protocol_report(root, path, tmp_path / "out", interim=True)
     rows = by_name(report.primaries)
     assert (rows["convergence"].result.n_treatment, rows["convergence"].result.n_control) == (2, 2)
     assert rows["convergence"].result.p == pytest.approx(
@@ -205,13 +206,43 @@ def test_a_partial_sweep_reports_n_as_it_is_and_names_what_is_missing(tmp_path):
     markdown = files[0].read_text()
     assert "missing (not found): tepo_seed12" in markdown
     assert "not finished (left out): grpo_seed12 (failed)" in markdown
+    assert report.interim == "INTERIM, 4 of 6 registered runs: not the registered analysis"
+    assert f"**{report.interim}.**" in markdown
+
+
+def test_before_every_registered_run_is_in_nothing_is_written_or_shown(tmp_path, capsys):
+    """A look at the outcomes before the end is refused unless asked for (--interim), and then
+    every table says so: the registered analysis is the one over every registered run."""
+    from tepo_cli.eval.report import command
+
+    root, out = tmp_path / "runs", tmp_path / "out"
+    for seed in (10, 11):
+        write_run(root, "grpo", seed)
+        write_run(root, "tepo", seed)
+    write_run(root, "grpo", 12, state="interrupted")
+    path = protocol(tmp_path / "p.yaml")
+    with pytest.raises(ConfigError) as refused:
+        build_protocol_report(root, path, out)
+    assert str(refused.value).startswith(
+        "protocol 'claims_test': 4 of 6 registered runs are finished (not found: tepo_seed12; "
+        "not finished: grpo_seed12 (interrupted)). The registered analysis reads the outcomes once"
+    )
+    assert "--interim" in str(refused.value) and not out.exists()
+    assert command.main([str(root), "--protocol", str(path), "--out", str(out)]) == 2
+    shown = capsys.readouterr()
+    assert "0.45" not in shown.out + shown.err and not out.exists()
+    assert command.main([str(root), "--interim", "--out", str(out)]) == 2  # needs --protocol
+    assert "needs --protocol" in capsys.readouterr().err
+    assert command.main([str(root), "--protocol", str(path), "--out", str(out), "--interim"]) == 0
+    assert "INTERIM, 4 of 6 registered runs" in capsys.readouterr().out
 
 
 def test_fewer_than_two_runs_an_arm_is_untestable(tmp_path):
     root = tmp_path / "runs"
     write_run(root, "grpo", 10)
     write_run(root, "tepo", 10)
-    report, _ = build_protocol_report(root, protocol(tmp_path / "p.yaml"), tmp_path / "out")
+    path = protocol(tmp_path / "p.yaml")
+    report, _ = build_protocol_report(root, path, tmp_path / "out", interim=True)
     convergence = by_name(report.primaries)["convergence"]
     assert convergence.verdict == "untestable (n < 2)"
     assert convergence.result.estimate == pytest.approx(0.15)  # .45 − .30, shown, not tested

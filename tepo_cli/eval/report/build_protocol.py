@@ -17,11 +17,17 @@ CSV = "report_protocol.csv"
 
 
 def build_protocol_report(
-    root: Path, protocol_path: Path, out: Path | None = None, console: Console | None = None
+    root: Path,
+    protocol_path: Path,
+    out: Path | None = None,
+    console: Console | None = None,
+    interim: bool = False,
 ) -> tuple[ProtocolReport, list[Path]]:
     """Verdicts of the protocol's primaries over the runs under `root`; writes report_protocol.md
     and report_protocol.csv into `out` (default `root`). The protocol is checked against the
-    report's metrics before anything is read or written; ConfigError (one paragraph) otherwise."""
+    report's metrics before anything is read or written; ConfigError (one paragraph) otherwise.
+    Until every registered run is in, nothing is written or shown unless `interim`: then every
+    table is labelled as an interim look."""
     protocol = load_protocol(protocol_path)
     check(protocol, protocol_path)
     if not root.is_dir():
@@ -36,6 +42,8 @@ def build_protocol_report(
             f"no run of protocol {protocol.name!r} under {root}: its runs are directories named "
             f"{{arm}}_seed{{seed}} (e.g. {protocol.runs()[0].name}). Nothing was written."
         )
+    if report.interim and not interim:
+        raise ConfigError(_not_yet(protocol.name, protocol_path, report))
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKDOWN).write_text(render_protocol.markdown(report, protocol_path), encoding="utf-8")
@@ -43,3 +51,16 @@ def build_protocol_report(
     if console is not None:
         render_protocol.print_protocol(console, report)
     return report, [out / MARKDOWN, out / CSV]
+
+
+def _not_yet(name: str, protocol_path: Path, report: ProtocolReport) -> str:
+    lists = [("not found", report.missing), ("not finished", report.unfinished)]
+    lists.append(("excluded", report.excluded))
+    waiting = "; ".join(f"{what}: {', '.join(runs)}" for what, runs in lists if runs)
+    return (
+        f"protocol {name!r}: {report.runs_in} are finished ({waiting}). The registered analysis "
+        f"reads the outcomes once every run is in: finish them with `tepo protocol run "
+        f"{protocol_path}`, or pass --interim to compute the verdicts now, every table labelled "
+        "as an interim look (one the protocol did not register: list it among its deviations). "
+        "Nothing was written or shown."
+    )

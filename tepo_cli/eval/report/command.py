@@ -89,7 +89,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="PROTOCOL.yaml",
         help="a pre-registered protocol: compute exactly its primary claims and print their\n"
         "verdicts (Holm-adjusted one-sided p), then its secondaries as exploratory; runs are\n"
-        "the directories named {arm}_seed{seed} under DIR. Writes report_protocol.md/.csv",
+        "the directories named {arm}_seed{seed} under DIR. Writes report_protocol.md/.csv;\n"
+        "refused until every registered run is finished (see --interim)",
+    )
+    parse.add_argument(
+        "--interim",
+        action="store_true",
+        help="with --protocol: compute the verdicts before every registered run is in, each\n"
+        "table labelled INTERIM (a look the protocol did not register)",
     )
     return parse
 
@@ -109,6 +116,10 @@ def main(arguments: list[str]) -> int:
             "commas, e.g. 0.5,0.9.",
             file=sys.stderr,
         )
+        return 2
+    if args.interim and args.protocol is None:
+        print("tepo report: --interim labels a pre-registered protocol's verdicts; it needs "
+              "--protocol PROTOCOL.yaml. Nothing was written.", file=sys.stderr)  # fmt: skip
         return 2
     if args.protocol is not None:
         return _protocol(args)
@@ -145,7 +156,9 @@ def _protocol(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console.width = 160
     try:
-        _, files = build_protocol_report(args.directory, args.protocol, args.out, console)
+        _, files = build_protocol_report(
+            args.directory, args.protocol, args.out, console, args.interim
+        )
     except ConfigError as error:
         print(f"tepo report: {error}", file=sys.stderr)
         return 2

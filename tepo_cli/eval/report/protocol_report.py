@@ -74,6 +74,23 @@ class ProtocolReport:
     missing: list[str] = field(default_factory=list)  # declared runs not found
     unfinished: list[str] = field(default_factory=list)  # found, not finished (state)
     excluded: list[str] = field(default_factory=list)  # named like a run, but not one (why)
+    registered: int = 0  # the runs the protocol declares
+
+    @property
+    def runs_in(self) -> str:
+        """'' when every registered run is finished and used; else "k of N registered runs"."""
+        finished = sum(len(runs) for runs in self.arms.values())
+        return (
+            ""
+            if finished == self.registered
+            else f"{finished} of {self.registered} registered runs"
+        )
+
+    @property
+    def interim(self) -> str:
+        """'' for the registered analysis; else the label every table of a look before the end
+        carries."""
+        return f"INTERIM, {self.runs_in}: not the registered analysis" if self.runs_in else ""
 
 
 def _params(claim: Any) -> dict[str, Any]:
@@ -274,5 +291,5 @@ def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolRep
     ]
     return ProtocolReport(
         protocol.name, alpha, correction, arms, primaries, secondaries, missing, unfinished,
-        excluded,
+        excluded, len(protocol.runs()),
     )  # fmt: skip

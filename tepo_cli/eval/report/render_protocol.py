@@ -110,11 +110,13 @@ def print_protocol(console: Console, report: ProtocolReport) -> None:
     terminal as the sweep report's tables are (terminal.py): no word folded, a column the same
     in every row said once under its table, a table too wide split into parts."""
     title = f"Protocol {report.name}: primary claims"
+    title += f" ({report.interim})" if report.interim else ""
     columns = verdict_columns(report.correction)
     print_fitted(console, [Spec(title, columns, report.primaries, legend(report))], [])
     for line in notes(report):
         console.print(line, highlight=False)
     title = "Exploratory (secondary, not corrected; no verdicts)"
+    title += f" ({report.interim})" if report.interim else ""
     print_fitted(console, [Spec(title, exploratory_columns(), report.secondaries)], [])
 
 
@@ -122,6 +124,7 @@ def markdown(report: ProtocolReport, source: Path) -> str:
     parts = [
         f"# Protocol {report.name}: verdicts",
         "",
+        *([f"**{report.interim}.**", ""] if report.interim else []),
         f"Registered in `{source}`; α = {report.alpha:g}, correction {report.correction}.",
         "",
         "## Primary claims",
