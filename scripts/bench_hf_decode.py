@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import yaml
+from benchlib.runner import best_seconds
 
 BATCHES = (1, 2, 4, 8, 16)
 CONTEXT = 300  # tokens cached before the timed steps: a word_math prompt and a turn or two
@@ -64,15 +64,7 @@ def step_seconds(model: torch.nn.Module, rows: int, steps: int) -> float:
 def read_rate(repeats: int = 5) -> float:
     """Bytes per second a sum over a 512 MiB float32 tensor reads (best of `repeats`)."""
     data = torch.ones(128 * 1024 * 1024)
-    data.sum()
-    best = min(_seconds(data.sum) for _ in range(repeats))
-    return data.numel() * data.element_size() / best
-
-
-def _seconds(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
+    return data.numel() * data.element_size() / best_seconds(data.sum, repeats, warmup=1)
 
 
 def step_bytes(model: torch.nn.Module, rows: int) -> int:
