@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -22,6 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
     thread pools by the cores it may use (trainer.num_threads: null), so two workers that both
     saw every core would each start a pool per core and spin against each other. Without xdist
     nothing changes."""
+    if not hasattr(config, "workerinput"):  # the controlling process, once
+        _stop_on_a_full_disk()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
@@ -32,6 +36,47 @@ def pytest_configure(config: pytest.Config) -> None:
         own = cores[int(worker[2:]) % count :: count]
         os.sched_setaffinity(0, own)
         torch.set_num_threads(len(own))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """Remembers whether a test's body passed, for `_free_the_tmp_path_of_a_passing_test`."""
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _free_the_tmp_path_of_a_passing_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A passing test's tmp_path goes as soon as the test ends, not at the session's end (the
+    `tmp_path_retention_policy = "failed"` of pyproject.toml): the end-to-end tests' checkpoints
+    reach GBs, and together they would fill a small CI disk. A failed test keeps its own."""
+    yield
+    path = request.node.funcargs.get("tmp_path")
+    if path is not None and request.node.stash.get(_PASSED, False):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# The suite's peak in the temporary directory: 1.8 GB, `make test` on 2026-11-30, each passing
+# test's tmp_path removed as it ends (below). Less free space than this fails dozens of tests
+# with "No space left on device" far from the cause; the session stops at once instead.
+_DISK_NEEDED_GB = 3.0
+
+
+def _stop_on_a_full_disk() -> None:
+    """One line naming the directory and its free space, instead of a suite of ENOSPC errors."""
+    tmp = tempfile.gettempdir()
+    free_gb = shutil.disk_usage(tmp).free / 1e9
+    if free_gb < _DISK_NEEDED_GB:
+        pytest.exit(
+            f"{tmp} has {free_gb:.1f} GB free; the suite needs about {_DISK_NEEDED_GB:.0f} GB "
+            "there (checkpoints of its end-to-end runs): free some space or point TMPDIR elsewhere",
+            returncode=3,
+        )
 
 
 _SESSION_CORES: list[int] = []  # every core the session may use, when xdist workers split them
