@@ -18,10 +18,12 @@ commands:
             `tepo data check mbpp math500:train`: exit 2 naming what is not prepared
   deepspeed-env  `tepo deepspeed-env [--file PATH]`: merge TEPO_*, HF_*, TRANSFORMERS_* into
             ./.deepspeed_env, which DeepSpeed's ssh launch exports on every node
-  report    `tepo report DIR [--out DIR] [--threshold 0.5]`: tables (terminal, Markdown, CSV)
-            and plots over the runs of a run or multirun directory (`tepo report --help`)
-  protocol  `tepo protocol run PROTOCOL.yaml [--list] [--dry-run] [--only REGEX]`: train a
-            pre-registered experiment's runs in order, resumable (`tepo protocol run --help`)
+  report    `tepo report DIR [--out DIR] [--protocol PROTOCOL.yaml]`: tables (terminal, Markdown,
+            CSV) and plots over the runs of a run or multirun directory; with --protocol, the
+            registered metrics and verdicts of a pre-registered experiment (`tepo report --help`)
+  protocol  `tepo protocol run PROTOCOL.yaml [--status] [--list] [--dry-run] [--only REGEX]`:
+            train a pre-registered experiment's runs in order, resumable; --status: how far
+            they are, no outcome read (`tepo protocol run --help`)
 
 examples:
   tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU

@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
         return 2
 
 
-def _parse(argv: list[str]) -> Options:
+def parser() -> argparse.ArgumentParser:
+    """`tepo protocol`'s arguments (its one command, `run`)."""
     parser = argparse.ArgumentParser(
         prog="tepo protocol",
         description="Pre-registered experiments (docs/guides/sweeps.md#pre-registered-experiments).",
@@ -101,7 +102,11 @@ def _parse(argv: list[str]) -> Options:
     )
     run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
     _add_modes(run)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _parse(argv: list[str]) -> Options:
+    args = parser().parse_args(argv)
     return Options(
         protocol=args.protocol,
         runs_dir=args.runs_dir,
