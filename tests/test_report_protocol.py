@@ -119,6 +119,12 @@ def _mp_t_sf(t: float, df: float) -> float:
     return float(mp.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True) / 2)
 
 
+def _mp_t_ppf(probability: float, df: float) -> float:
+    """t's quantile, mpmath's root of P(T > t) = 1 − probability (probability > 1/2)."""
+    mp = pytest.importorskip("mpmath")
+    return float(mp.findroot(lambda t: _mp_t_sf(float(t), df) - (1 - probability), 1.0))
+
+
 def _welch_p(treatment: list[float], control: list[float]) -> float:
     """One-sided (greater) Welch p from the textbook formulas (float64 sums by hand)."""
     n, m = len(treatment), len(control)
@@ -148,7 +154,13 @@ def test_the_verdicts_of_a_sweep_whose_answers_are_known(sweep, tmp_path):
     assert entropy.verdict == "untestable (gate)" and entropy.adjusted_p is None
     assert "gate failed" in entropy.gate and "-0.125" in entropy.gate
     assert report.missing == [] and report.unfinished == [] and report.excluded == []
+    # detectable with 80 % power at α / 2 = .025 (Holm's first step over two primaries), at the
+    # runs' se √(.0005/3) and Welch's df 2.941176: (t₀.₉₇₅ + t₀.₈) · se, quantiles from mpmath
+    se, df = math.sqrt(0.0005 / 3), 0.0005**2 / (0.0004**2 / 2 + 0.0001**2 / 2)
+    smallest = (_mp_t_ppf(0.975, df) + _mp_t_ppf(0.8, df)) * se
+    assert convergence.detectable == pytest.approx(smallest, rel=1e-8)
     markdown = files[0].read_text()
+    assert f"| {smallest:.3f} |" in markdown and "detectable: the smallest true" in markdown
     assert "| convergence | eval_auc: tepo − grpo (greater) | welch | +0.160 |" in markdown
     assert "| 3 / 3 |" in markdown and "| untestable (gate) |" in markdown
     assert markdown.index("## Primary claims") < markdown.index("## Exploratory")

@@ -15,7 +15,7 @@ import pytest
 
 from tepo_cli.eval.report.censored import Time, logrank, logrank_z, time_to_level
 from tepo_cli.eval.report.distributions import t_cdf, t_ppf, t_sf
-from tepo_cli.eval.report.inference import adjust, interval_level, paired, welch
+from tepo_cli.eval.report.inference import adjust, detectable, interval_level, paired, welch
 from tepo_cli.eval.report.per_problem import per_problem_paired
 from tepo_cli.eval.report.protocol_metrics import RUN_METRICS
 from tepo_cli.eval.report.runs import Run
@@ -86,6 +86,30 @@ def test_paired_by_seed_on_a_small_table():
     # 90 % interval: .15 ± t₀.₉₅,₂ · .05 = .15 ± 2.919986 · .05
     assert result.low == pytest.approx(0.15 - 0.9 * math.sqrt(2 / 0.19) * 0.05, rel=1e-9)
     assert paired({10: 0.5}, {10: 0.3}, 0.05, "greater").p is None
+
+
+def test_the_difference_a_design_detects_with_80_percent_power():
+    # the paired table above: se .05 at 2 df, where t's quantiles have a closed form,
+    # t_p = (2p − 1) / √(2p(1 − p)): t₀.₉₇₅ = .95/√.04875 = 4.302653, t₀.₈ = .6/√.32 = 1.060660,
+    # so (4.302653 + 1.060660) · .05 = .268166 at one-sided α = .025
+    def closed(p: float) -> float:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+
+    result = paired({10: 0.5, 11: 0.4, 12: 0.6}, {10: 0.3, 11: 0.35, 12: 0.4}, 0.05, "greater")
+    expected = (closed(0.975) + closed(0.8)) * 0.05
+    assert expected == pytest.approx(0.268166, abs=1e-6)
+    assert detectable(result, 0.025, "greater") == pytest.approx(expected, rel=1e-9)
+    assert detectable(result, 0.025, "less") == pytest.approx(expected, rel=1e-9)
+    # a two-sided claim splits α over its sides: α = .05 is .025 a side, the same figure
+    assert detectable(result, 0.05, "two-sided") == pytest.approx(expected, rel=1e-9)
+    # at 90 % power: t₀.₉ at 2 df = .8/√.18
+    at_90 = (closed(0.975) + closed(0.9)) * 0.05
+    assert detectable(result, 0.025, "greater", power=0.9) == pytest.approx(at_90, rel=1e-9)
+    # no t statistic, no figure: a single pair, no spread, a log-rank test
+    assert detectable(paired({10: 0.5}, {10: 0.3}, 0.05, "greater"), 0.05, "greater") is None
+    assert detectable(welch([0.4, 0.4], [0.3, 0.3], 0.05, "greater"), 0.05, "greater") is None
+    times = [Time(10, True), Time(20, False)]
+    assert detectable(logrank(times, times, 0.05, "less"), 0.05, "less") is None
 
 
 def test_holm_bonferroni_and_none():

@@ -34,6 +34,8 @@ class Inference:
     n_control: int
     test: str
     note: str = ""
+    se: float | None = None  # the t statistic's standard error (t tests with an interval only)
+    df: float | None = None  # and its degrees of freedom
 
 
 def interval_level(alpha: float, direction: str) -> float:
@@ -55,7 +57,19 @@ def t_result(
         return Inference(estimate, None, None, level, None, *n, test, "no spread: no interval")
     half = t_ppf(0.5 + level / 2.0, df) * se
     p = tail_p(estimate / se, direction, lambda s: t_cdf(s, df))
-    return Inference(estimate, estimate - half, estimate + half, level, p, *n, test)
+    return Inference(estimate, estimate - half, estimate + half, level, p, *n, test, "", se, df)
+
+
+def detectable(result: Inference, alpha: float, direction: str, power: float = 0.8) -> float | None:
+    """The smallest true difference (its size, in the claim's direction) the design detects with
+    probability `power` at level `alpha` (split over the two sides of a two-sided claim), at the
+    spread the runs showed: (t_{1−α, df} + t_{power, df}) · se, the usual shift approximation of
+    the non-central t. What a "not supported" can rule out: a true effect this large would have
+    been found four times in five. None for a test without a t statistic (log-rank, McNemar)."""
+    if result.se is None or result.df is None:
+        return None
+    side = alpha / 2.0 if direction == "two-sided" else alpha
+    return (t_ppf(1.0 - side, result.df) + t_ppf(power, result.df)) * result.se
 
 
 def welch(

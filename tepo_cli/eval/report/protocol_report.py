@@ -31,7 +31,14 @@ from typing import Any
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.censored import Time, logrank, time_to_level
 from tepo_cli.eval.report.dynamics import held_out_curve
-from tepo_cli.eval.report.inference import DIRECTIONS, Inference, adjust, paired, welch
+from tepo_cli.eval.report.inference import (
+    DIRECTIONS,
+    Inference,
+    adjust,
+    detectable,
+    paired,
+    welch,
+)
 from tepo_cli.eval.report.per_problem import per_problem_paired
 from tepo_cli.eval.report.protocol_metrics import (
     PER_PROBLEM,
@@ -61,6 +68,7 @@ class ClaimResult:
     adjusted_p: float | None = None  # primaries only
     verdict: str = ""  # primaries only
     gate: str = ""  # what the gate found, when there is one
+    detectable: float | None = None  # primaries: at 80 % power and α / primaries (inference.py)
 
 
 @dataclass
@@ -280,9 +288,11 @@ def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolRep
             verdict = UNTESTABLE_N
         else:
             verdict = SUPPORTED if p_adjusted < alpha else NOT_SUPPORTED
+        # at α / m, Holm's first step: what the claim detects whatever the other primaries show
+        smallest = detectable(result, alpha / len(protocol.primaries), claim.direction)
         row = ClaimResult(
             claim.name, claim.metric, claim.treatment, claim.control, claim.direction, result,
-            p_adjusted if ok else None, verdict, gate_text,
+            p_adjusted if ok else None, verdict, gate_text, smallest,
         )  # fmt: skip
         primaries.append(row)
     secondaries = [

@@ -54,6 +54,11 @@ def _what(row: ClaimResult) -> str:
     return f"{row.metric}: {row.treatment} − {row.control} ({row.direction})"
 
 
+def _detectable(row: ClaimResult) -> str:
+    value = row.detectable
+    return NONE if value is None else f"{value:.{_digits(row)}f}"
+
+
 def verdict_columns(correction: str) -> list[tuple[str, Callable[[ClaimResult], str]]]:
     return [
         ("claim", lambda r: r.name),
@@ -62,6 +67,7 @@ def verdict_columns(correction: str) -> list[tuple[str, Callable[[ClaimResult], 
         ("difference", _estimate),
         ("interval", _interval),
         ("n per arm", _n),
+        ("detectable", _detectable),
         ("p", lambda r: _p(r.result.p)),
         (f"{correction} p", lambda r: _p(r.adjusted_p)),
         ("verdict", lambda r: r.verdict),
@@ -86,7 +92,10 @@ def legend(report: ProtocolReport) -> str:
         f"steps, unreached runs counted at their censoring step). interval: two-sided, "
         f"1 − 2α for a one-sided claim (so it lies beyond 0 exactly when p < α = {report.alpha:g} "
         f"before correction), 1 − α for a two-sided one. n per arm: treatment / control (runs; "
-        f"seed pairs for a paired test). p: for the declared direction. {report.correction} p: "
+        f"seed pairs for a paired test). detectable: the smallest true difference this design "
+        f"finds with 80 % power at the runs' spread, at α / {len(report.primaries)} (the "
+        f"strictest step of the correction), so a smaller true effect could well have been missed. "
+        f"p: for the declared direction. {report.correction} p: "
         f"adjusted over the {len(report.primaries)} primaries (an untestable one counts as p = 1). "
         "supported: adjusted p < α."
     )
@@ -150,7 +159,7 @@ def markdown(report: ProtocolReport, source: Path) -> str:
 def write_csv(path: Path, report: ProtocolReport) -> None:
     fields = ["kind", "claim", "metric", "treatment", "control", "direction", "test"]
     fields += ["difference", "low", "high", "level", "n_treatment", "n_control", "p"]
-    fields += ["adjusted_p", "verdict", "note"]
+    fields += ["adjusted_p", "detectable", "verdict", "note"]
     rows = [("primary", r) for r in report.primaries]
     rows += [("exploratory", r) for r in report.secondaries]
     with path.open("w", newline="", encoding="utf-8") as handle:
@@ -160,7 +169,8 @@ def write_csv(path: Path, report: ProtocolReport) -> None:
             t = r.result
             values = (
                 kind, r.name, r.metric, r.treatment, r.control, r.direction, t.test, t.estimate,
-                t.low, t.high, t.level, t.n_treatment, t.n_control, t.p, r.adjusted_p, r.verdict,
+                t.low, t.high, t.level, t.n_treatment, t.n_control, t.p, r.adjusted_p, r.detectable,
+                r.verdict,
                 "; ".join(x for x in (t.note, r.gate) if x),
             )  # fmt: skip
             writer.writerow(["" if v is None else v for v in values])
