@@ -15,7 +15,14 @@ import pytest
 
 from tepo_cli.eval.report.censored import Time, logrank, logrank_z, time_to_level
 from tepo_cli.eval.report.distributions import t_cdf, t_ppf, t_sf
-from tepo_cli.eval.report.inference import adjust, detectable, interval_level, paired, welch
+from tepo_cli.eval.report.inference import (
+    Inference,
+    adjust,
+    detectable,
+    interval_level,
+    paired,
+    welch,
+)
 from tepo_cli.eval.report.per_problem import per_problem_paired
 from tepo_cli.eval.report.protocol_metrics import RUN_METRICS
 from tepo_cli.eval.report.runs import Run
@@ -110,6 +117,21 @@ def test_the_difference_a_design_detects_with_80_percent_power():
     assert detectable(welch([0.4, 0.4], [0.3, 0.3], 0.05, "greater"), 0.05, "greater") is None
     times = [Time(10, True), Time(20, False)]
     assert detectable(logrank(times, times, 0.05, "less"), 0.05, "less") is None
+
+
+def test_at_the_detectable_difference_a_paired_test_finds_it_about_four_times_in_five():
+    # the shift approximation against the t test itself: 40,000 seeded draws of n differences
+    # ~ N(d, 1) with d the detectable difference at the true se 1/√n; the one-sided test at
+    # α = .025 rejects 76.6 % (n = 3), 79.3 % (n = 5), 79.9 % (n = 10) of them at 200,000 draws
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    for n, low in ((3, 0.75), (5, 0.775), (10, 0.785)):
+        design = Inference(0.0, None, None, 0.95, None, n, n, "paired", "", 1 / math.sqrt(n), n - 1)
+        d = detectable(design, 0.025, "greater")
+        draws = rng.normal(d, 1.0, (40_000, n))
+        t = draws.mean(axis=1) / (draws.std(axis=1, ddof=1) / math.sqrt(n))
+        power = float((t > t_ppf(0.975, n - 1)).mean())
+        assert low < power < 0.81, (n, power)
 
 
 def test_holm_bonferroni_and_none():
