@@ -265,6 +265,13 @@ def gate_status(gate: Any, arms: dict[str, dict[int, Run]]) -> tuple[bool, str]:
     return passed, f"gate {word}: {gate.arm} {gate.metric} mean {mean:+.3f} ({each}), needs {bound}"
 
 
+def power_family(correction: str, primaries: int) -> int:
+    """The divisor of α for the detectable difference: the primaries' count under a correction
+    (Holm's first step, Bonferroni's every step: what a claim detects whatever the others show),
+    1 without one."""
+    return 1 if correction == "none" else primaries
+
+
 def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolReport:
     """The verdicts of the protocol's primaries and its exploratory secondaries."""
     check(protocol, source)
@@ -288,8 +295,9 @@ def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolRep
             verdict = UNTESTABLE_N
         else:
             verdict = SUPPORTED if p_adjusted < alpha else NOT_SUPPORTED
-        # at α / m, Holm's first step: what the claim detects whatever the other primaries show
-        smallest = detectable(result, alpha / len(protocol.primaries), claim.direction)
+        smallest = detectable(
+            result, alpha / power_family(correction, len(protocol.primaries)), claim.direction
+        )
         row = ClaimResult(
             claim.name, claim.metric, claim.treatment, claim.control, claim.direction, result,
             p_adjusted if ok else None, verdict, gate_text, smallest,

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tepo_cli.eval.report.protocol_metrics import STEPS_TO_LEVEL
-from tepo_cli.eval.report.protocol_report import ClaimResult, ProtocolReport
+from tepo_cli.eval.report.protocol_report import ClaimResult, ProtocolReport, power_family
 from tepo_cli.eval.report.render import markdown_table
 from tepo_cli.eval.report.terminal import Spec, print_fitted
 
@@ -87,13 +87,14 @@ def exploratory_columns() -> list[tuple[str, Callable[[ClaimResult], str]]]:
 
 
 def legend(report: ProtocolReport) -> str:
+    divisor = power_family(report.correction, len(report.primaries))
     return (
         f"difference: treatment − control of each run's metric (steps_to_level: restricted mean "
         f"steps, unreached runs counted at their censoring step). interval: two-sided, "
         f"1 − 2α for a one-sided claim (so it lies beyond 0 exactly when p < α = {report.alpha:g} "
         f"before correction), 1 − α for a two-sided one. n per arm: treatment / control (runs; "
         f"seed pairs for a paired test). detectable: the smallest true difference this design "
-        f"finds with 80 % power at the runs' spread, at α / {len(report.primaries)} (the "
+        f"finds with 80 % power at the runs' spread, at α / {divisor} (the "
         f"strictest step of the correction), so a smaller true effect could well have been missed. "
         f"p: for the declared direction. {report.correction} p: "
         f"adjusted over the {len(report.primaries)} primaries (an untestable one counts as p = 1). "
