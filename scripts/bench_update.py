@@ -149,12 +149,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
     from benchlib.measure import matmul_gflops, profiled_shares
-    from benchlib.report import cpu_model
     from hydra import compose, initialize_config_module
 
     from tepo_cli.algos.advantage import group_advantages
     from tepo_cli.config.validate import load_train_config
     from tepo_cli.core.host_allocator import release_free_memory
+    from tepo_cli.core.machine import cpu_model
     from tepo_cli.core.sequences import SequenceBatch
     from tepo_cli.kernels.lean_layers import make_lean
     from tepo_cli.models.loading import load_model, load_tokenizer

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tepo_cli.core.machine import cpu_model
 from tepo_cli.protocol.journal import code_checkout, others_cores
 
 TEPO = Path(sys.executable).parent / "tepo"
@@ -267,6 +268,7 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
     assert (fail["event"], fail["exit_code"], fail["last_checkpoint"]) == ("fail", 137, 1)
     assert fail["state"] == "crashed" and fail["cpus"] == os.cpu_count()
     assert start["commit"] == code_checkout().commit and start["time"].endswith("+00:00")
+    assert start["cpu"] == fail["cpu"] == cpu_model()  # which processor each event ran on
 
     again = tepo_protocol(tmp_path, str(path))
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from run_files import WEIGHTS_FILES, comparable_metrics
 
+from tepo_cli.core.machine import cpu_model
+
 pytestmark = pytest.mark.slow
 
 STEPS = 4
@@ -83,6 +85,8 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and len(summary) >= 4
+    # resumed on the machine it started on: one machine, from the start
+    assert [(m["cpu"], m["from_step"]) for m in summary["machines"]] == [(cpu_model(), 0)]
 
 
 def uninterrupted(tmp_path_factory, name: str, make_args) -> Path:

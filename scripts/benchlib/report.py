@@ -4,13 +4,11 @@ results page reads the same. Pure (no torch): tested without a model.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 MISSING = "—"
@@ -76,17 +74,10 @@ def versions(trl: str | None = None) -> dict[str, str]:
     """The packages a figure depends on, and the processor (memory and speed differ by it)."""
     found = {name: version(name) for name in ("tepo", "torch", "transformers", "deepspeed")}
     found["trl"] = trl or "not run"
+    from tepo_cli.core.machine import cpu_model  # imports torch: only when a report is written
+
     found["cpu"] = cpu_model()
     return found
-
-
-def cpu_model() -> str:
-    """The processor's model name (/proc/cpuinfo; platform's answer elsewhere)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def version(name: str) -> str:

@@ -21,7 +21,6 @@ import copy
 import functools
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import torch
 
 from tepo_cli.cache import cache_root
 from tepo_cli.core.atomic_write import write_text
+from tepo_cli.core.machine import bf16_instructions, cpu_model
 
 MIN_SPEEDUP = 1.2  # bf16 must beat float32 by this factor on the probe to be chosen
 PROBE_SHAPE = (512, 576, 1536)  # rows x hidden x out: a SmolLM2-135M MLP projection's block
@@ -46,16 +46,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class CpuPrecision:
     dtype: str  # "bfloat16" or "float32"
     reason: str  # one clause: why, in the user's terms
-
-
-def bf16_instructions() -> list[str]:
-    """The processor's bf16 matrix instructions torch can use (empty: none)."""
-    found = []
-    if torch.cpu._is_amx_tile_supported():
-        found.append("AMX")
-    if torch.cpu._is_avx512_bf16_supported():
-        found.append("AVX-512 BF16")
-    return found
 
 
 def probe_speedup(lengths: tuple[int, ...] = PROBE_LENGTHS, rounds: int = PROBE_ROUNDS) -> float:
@@ -104,19 +94,7 @@ def probe_speedup(lengths: tuple[int, ...] = PROBE_LENGTHS, rounds: int = PROBE_
 
 
 def _machine_key() -> str:
-    cpu = platform.processor() or platform.machine()
-    model = _cpu_model_name() or cpu
-    return f"{model} | {os.cpu_count()} cores | torch {torch.__version__} | probe {PROBE_VERSION}"
-
-
-def _cpu_model_name() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
+    return f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | probe {PROBE_VERSION}"
 
 
 def _busy() -> float | None:

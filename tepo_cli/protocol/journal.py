@@ -1,10 +1,11 @@
 """RESULTS_DIR/journal.jsonl: one line per run event of a pre-registered experiment.
 
 The results page quotes it for what the records alone do not show: when each run started, that it
-resumed after step N (and at which commit), that it crashed with which exit code, and whether the
-machine was shared while it trained (the other processes' CPU use slows a run several-fold on a
-small CPU, which shows up in its timings, not in its metrics). Append-only: an earlier line is
-never rewritten, so the journal is the experiment's history, interruptions included.
+resumed after step N (and at which commit, on which processor: `cpu`), that it crashed with which
+exit code, and whether the machine was shared while it trained (the other processes' CPU use slows
+a run several-fold on a small CPU, which shows up in its timings, not in its metrics). Append-only:
+an earlier line is never rewritten, so the journal is the experiment's history, interruptions
+included.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import psutil
 
 import tepo_cli
+from tepo_cli.core.machine import cpu_model
 
 JOURNAL = "journal.jsonl"
 
@@ -81,6 +83,7 @@ class Journal:
             "commit": self.checkout.commit,
             "dirty": self.checkout.dirty,
             "host": socket.gethostname(),
+            "cpu": cpu_model(),
             "protocol_sha256": self.protocol_sha256,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import torch
 
 from tepo_cli.cache import cache_root
 from tepo_cli.core.atomic_write import write_text
+from tepo_cli.core.machine import cpu_model
 
 PROBE_SIZE = 1024
 TRIALS = 5  # timed trials after one warm-up; the fastest counts
@@ -63,7 +63,7 @@ def machine_key(dtype: torch.dtype) -> str:
     """What the peak depends on: CPU model, cores, torch's threads, torch version, dtype."""
     cores = os.cpu_count() or 0
     return (
-        f"{_cpu_model()}|cores={cores}|threads={torch.get_num_threads()}|"
+        f"{cpu_model()}|cores={cores}|threads={torch.get_num_threads()}|"
         f"torch={torch.__version__}|{str(dtype).removeprefix('torch.')}"
     )
 
@@ -96,16 +96,6 @@ def raise_peak(dtype: torch.dtype, achieved: float) -> float:
         )
         peak = achieved
     return _store(key, peak) if peak > old else old
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _path() -> Path:

@@ -20,6 +20,7 @@ import torch
 from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import host_allocator
+from tepo_cli.core.machine import describe, note_machine
 from tepo_cli.core.run_dir import METRICS
 from tepo_cli.data.tasks import DatasetTask, Task
 from tepo_cli.envs.sampler import Sampler, build_sampler
@@ -73,8 +74,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     )
     resume_from = choose_checkpoint(cfg, run_dir, topo)
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
-    summary = {"run_dir": str(run_dir), "steps": 0, "data": data, **model_sizes(model, critic)}
-    summary["host_allocator"] = allocator
+    summary = _first_summary(run_dir, data, model_sizes(model, critic), allocator)
     feature = feature_of(cfg)
     if feature is not None and resume_from is None:
         sampling = training_sampling(cfg)
@@ -89,6 +89,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
         cfg.rollout, engine.module.lm, tokenizer, model.share_prompts, topo.device
     )
     state.summary.update(tf32=tf32, rollout_engine=backend.settings())
+    note_machine(state.summary, describe(topo.device), state.step)
     prompts = open_prompts(cfg, task.train_stream, topo, state, rank_state)
     if rank_state.rng:
         restore_rng(rank_state.rng, generator)
@@ -111,6 +112,13 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     run.hooks = hooks  # built by train/train_job.py: the kill tests' TEPO_FAULT points, or none
     run.trackers = start_trackers(cfg, run_dir, topo, state)
     return run
+
+
+def _first_summary(
+    run_dir: Path, data: dict[str, Any], sizes: dict[str, int], allocator: str
+) -> dict[str, Any]:
+    """summary.json as a new run starts it (a resumed run's comes from its checkpoint)."""
+    return {"run_dir": str(run_dir), "steps": 0, "data": data, **sizes, "host_allocator": allocator}
 
 
 def _task_and_sampler(

@@ -1,0 +1,64 @@
+"""What machine a run computes on, in one place: the processor's name (the key of tepo's per-machine
+caches: the bf16 probe, the matmul peak), its bf16 matrix instructions, and the description a run
+records in `summary.json` (`machines`) and a protocol's journal in each event (`cpu`).
+
+A run's numbers depend on the processor: bf16 matmuls run on AMX tiles on one CPU and on AVX-512
+BF16 dot products on another, and round differently, so a run resumed on another machine continues
+on other arithmetic. `summary.json` lists each machine the run trained on and the step it
+started from there, so such a run says so itself.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def cpu_model() -> str:
+    """The processor's model name (/proc/cpuinfo's first `model name`; platform's answer where
+    there is no such file)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def bf16_instructions() -> list[str]:
+    """The processor's bf16 matrix instructions torch can use (empty: none)."""
+    found = []
+    if torch.cpu._is_amx_tile_supported():
+        found.append("AMX")
+    if torch.cpu._is_avx512_bf16_supported():
+        found.append("AVX-512 BF16")
+    return found
+
+
+def describe(device: torch.device) -> dict[str, Any]:
+    """The machine one rank computes on: processor, cores this process may use, bf16
+    instructions, the accelerator (None on CPU ranks) and torch's version."""
+    accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {
+        "cpu": cpu_model(),
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "bf16_instructions": bf16_instructions(),
+        "accelerator": accelerator,
+        "torch": torch.__version__,
+    }
+
+
+def note_machine(summary: dict[str, Any], machine: dict[str, Any], step: int) -> None:
+    """Add `machine` to `summary["machines"]` with the step its training starts after (0: the
+    run's start), unless the run's last machine is the same one (a resume where it stopped)."""
+    machines = summary.setdefault("machines", [])
+    if machines and {k: v for k, v in machines[-1].items() if k != "from_step"} == machine:
+        return
+    machines.append({**machine, "from_step": step})
