@@ -251,3 +251,35 @@ def test_cli_bad_directory_is_one_paragraph(tmp_path, make):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.startswith("tepo report: ")
     assert ("no runs found" if make == "empty" else "is not a directory") in result.stderr
+
+
+def _set_machines(run: Path, *machines: tuple[str, int]) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    summary["machines"] = [
+        {"cpu": cpu, "cores": 2, "bf16_instructions": [], "accelerator": None, "from_step": step}
+        for cpu, step in machines
+    ]
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_runs_on_several_machines_are_named_and_a_run_that_moved_says_where(sweep, tmp_path):
+    out = tmp_path / "out"
+    build_report(sweep, out, OPTIONS)  # no run recorded a machine: nothing said
+    assert "started on" not in (out / "report.md").read_text()
+    _set_machines(sweep / "0_algo=grpo,seed=0", ("Intel Xeon", 0))
+    _set_machines(sweep / "1_algo=grpo,seed=1", ("Intel Xeon", 0), ("AMD EPYC", 2))
+    _set_machines(sweep / "3_algo=mpo,seed=0", ("AMD EPYC", 0))
+    report = build_report(sweep, out, OPTIONS)
+    assert report.machines == (
+        "The runs started on 2 machines: Intel Xeon (2 runs), AMD EPYC (1 run); 4 did not record "
+        "one; moved during training: 1_algo=grpo,seed=1. Compare seconds, tokens/s and MFU only "
+        "between runs on one machine."
+    )
+    assert report.machines in (out / "report.md").read_text()
+    with (out / "report_runs.csv").open() as handle:
+        notes = {row["run"]: row["notes"] for row in csv.DictReader(handle)}
+    assert notes["1_algo=grpo,seed=1"] == "trained on Intel Xeon, then on AMD EPYC after step 2"
+    assert notes["0_algo=grpo,seed=0"] == ""
+    _set_machines(sweep / "1_algo=grpo,seed=1", ("Intel Xeon", 0), ("Intel Xeon", 2))
+    _set_machines(sweep / "3_algo=mpo,seed=0", ("Intel Xeon", 0))
+    assert build_report(sweep, out, OPTIONS).machines is None  # one machine: nothing to say

@@ -166,6 +166,20 @@ def test_the_verdicts_of_a_sweep_whose_answers_are_known(sweep, tmp_path):
     assert markdown.index("## Primary claims") < markdown.index("## Exploratory")
 
 
+def test_a_protocol_whose_seeds_trained_on_two_machines_says_so_under_its_verdicts(sweep, tmp_path):
+    for arm in ("grpo", "tepo"):
+        for seed in SEEDS:
+            cpu = "AMD EPYC" if seed == SEEDS[-1] else "Intel Xeon"
+            summary = {"machines": [{"cpu": cpu, "accelerator": None, "from_step": 0}]}
+            (sweep / f"{arm}_seed{seed}" / "summary.json").write_text(json.dumps(summary))
+    report, files = build_protocol_report(sweep, protocol(tmp_path / "p.yaml"), tmp_path / "out")
+    assert report.machines == (
+        "The runs started on 2 machines: Intel Xeon (4 runs), AMD EPYC (2 runs). Compare "
+        "seconds, tokens/s and MFU only between runs on one machine."
+    )
+    assert f"- {report.machines}" in files[0].read_text()
+
+
 def test_the_exploratory_secondaries(sweep, tmp_path):
     report, _ = build_protocol_report(sweep, protocol(tmp_path / "p.yaml"), tmp_path / "out")
     rows = by_name(report.secondaries)

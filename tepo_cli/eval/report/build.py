@@ -12,6 +12,7 @@ from tepo_cli.eval.report import render, render_compare
 from tepo_cli.eval.report.compare import Difference, compare_groups
 from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics, matching_groups
 from tepo_cli.eval.report.grouping import Group, group_runs
+from tepo_cli.eval.report.machines import machines_note, moved_note
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
 from tepo_cli.eval.report.runs import Run, find_runs, load_run
@@ -35,6 +36,7 @@ class Report:
     differences: list[Difference] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     no_reference: str | None = None  # why there is no "Against the reference" (reference_note)
+    machines: str | None = None  # that the runs trained on several machines (machines.py)
 
 
 def build_report(
@@ -65,12 +67,15 @@ def build_report(
         )
     runs = [load_run(path, root) for path in paths]
     _check_threshold_key(runs, options.threshold_key)
+    for run in runs:
+        run.notes += [note] if (note := moved_note(run)) else []
     swept, groups = _chosen(*group_runs(runs), options)
     group_rows, run_rows = build_rows(groups, options)
     reference, dynamics = build_dynamics(groups, options)
     differences = compare_groups(groups, reference, options.last, options.fractions)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     report.no_reference = reference_note(groups, options) if reference is None else None
+    report.machines = machines_note(runs)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     label = reference.label if reference is not None else None
@@ -114,6 +119,8 @@ def _print(console: Console, report: Report, options: Options) -> None:
     print_fitted(console, specs, [row.group.label for row in report.groups])
     if report.no_reference:
         console.print(f"[bold]Against the reference[/bold]: {report.no_reference}", highlight=False)
+    if report.machines:
+        console.print(f"[bold]Machines[/bold]: {report.machines}", highlight=False)
 
 
 def reference_note(groups: list[Group], options: Options) -> str | None:
@@ -161,6 +168,7 @@ def _markdown(root: Path, report: Report, options: Options, images: list[Path]) 
         f"{len(report.runs)} runs in {len(report.groups)} groups; swept: {swept}. Values are "
         + render.legend(options),
         "",
+        *([report.machines, ""] if report.machines else []),
         render.markdown_table(render.group_columns(options), report.groups),
         "",
         "## Runs",

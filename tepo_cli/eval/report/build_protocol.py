@@ -8,6 +8,7 @@ from rich.console import Console
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render_protocol
+from tepo_cli.eval.report.machines import machines_note
 from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
 from tepo_cli.eval.report.runs import find_runs, load_run
 from tepo_cli.protocol.spec import load_protocol
@@ -37,6 +38,7 @@ def build_protocol_report(
         )
     runs = [load_run(path, root) for path in find_runs(root)]
     report = protocol_report(protocol, runs, protocol_path)
+    report.machines = machines_note([run for arm in report.arms.values() for run in arm.values()])
     if not any(report.arms.values()) and not report.unfinished:
         raise ConfigError(
             f"no run of protocol {protocol.name!r} under {root}: its runs are directories named "

@@ -112,7 +112,7 @@ def notes(report: ProtocolReport) -> list[str]:
         lines.append(f"not finished (left out): {', '.join(report.unfinished)}")
     if report.excluded:
         lines.append(f"excluded: {', '.join(report.excluded)}")
-    return lines
+    return lines + ([report.machines] if report.machines else [])
 
 
 def print_protocol(console: Console, report: ProtocolReport) -> None:

@@ -1,0 +1,50 @@
+"""Which machines a report's runs trained on (summary.json's `machines`, tepo_cli/core/machine.py).
+
+Seconds, tokens/s and MFU compare only between runs on one kind of processor, and a run that
+moved continues on other arithmetic (bf16 rounds differently on AMX than on AVX-512 BF16), so a
+report says when its runs did not all train on one machine, and which run moved where.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from tepo_cli.eval.report.runs import Run
+
+
+def _label(machine: dict[str, Any]) -> str:
+    """A processor as a reader tells them apart: its name, and the GPU where there is one."""
+    accelerator = machine.get("accelerator")
+    return f"{machine.get('cpu', '?')}" + (f" + {accelerator}" if accelerator else "")
+
+
+def _machines(run: Run) -> list[dict[str, Any]]:
+    found = (run.summary or {}).get("machines")
+    return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
+
+
+def moved_note(run: Run) -> str | None:
+    """'trained on A, then on B after step 95' for a run that changed machine (None otherwise)."""
+    machines = _machines(run)
+    if len({_label(m) for m in machines}) < 2:
+        return None
+    parts = [f"{_label(m)} after step {m.get('from_step', 0)}" for m in machines[1:]]
+    return f"trained on {_label(machines[0])}, then on " + ", then on ".join(parts)
+
+
+def machines_note(runs: list[Run]) -> str | None:
+    """One sentence when the runs trained on more than one machine (None when they share one, or
+    none recorded it: runs from before `machines` existed)."""
+    counts = Counter(_label(m) for run in runs for m in _machines(run)[:1])
+    moved = [run.name for run in runs if moved_note(run)]
+    if len(counts) < 2 and not moved:
+        return None
+    unrecorded = sum(1 for run in runs if not _machines(run))
+    listed = ", ".join(
+        f"{label} ({count} run{'s' * (count > 1)})" for label, count in counts.items()
+    )
+    sentence = f"The runs started on {len(counts)} machine{'s' * (len(counts) > 1)}: {listed}"
+    sentence += f"; {unrecorded} did not record one" if unrecorded else ""
+    sentence += f"; moved during training: {', '.join(moved)}" if moved else ""
+    return sentence + ". Compare seconds, tokens/s and MFU only between runs on one machine."
