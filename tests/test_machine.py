@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tepo_cli.core import machine
-from tepo_cli.core.machine import cpu_model, describe, note_machine
+from tepo_cli.core.machine import cpu_model, describe, moved_warning, note_machine
 
 XEON = {"cpu": "Intel Xeon", "cores": 2, "bf16_instructions": ["AMX", "AVX-512 BF16"]}
 EPYC = {"cpu": "AMD EPYC", "cores": 2, "bf16_instructions": ["AVX-512 BF16"]}
@@ -17,11 +17,11 @@ EPYC = {"cpu": "AMD EPYC", "cores": 2, "bf16_instructions": ["AVX-512 BF16"]}
 
 def test_a_run_lists_each_machine_it_trained_on_with_the_step_it_continued_from():
     summary: dict = {}
-    note_machine(summary, XEON, 0)
-    note_machine(summary, dict(XEON), 40)  # resumed where it stopped: nothing to add
-    note_machine(summary, EPYC, 95)  # resumed on another processor after step 95
-    note_machine(summary, EPYC, 97)
-    note_machine(summary, XEON, 98)  # and back
+    assert note_machine(summary, XEON, 0) is None  # the run's first machine
+    assert note_machine(summary, dict(XEON), 40) is None  # resumed where it stopped: nothing
+    assert note_machine(summary, EPYC, 95) == XEON  # resumed on another processor after step 95
+    assert note_machine(summary, EPYC, 97) is None
+    assert note_machine(summary, XEON, 98) == EPYC  # and back
     assert summary["machines"] == [
         {**XEON, "from_step": 0},
         {**EPYC, "from_step": 95},
@@ -57,3 +57,11 @@ def test_a_cpu_rank_is_described_without_an_accelerator():
     assert found["torch"] == torch.__version__
     assert set(found["bf16_instructions"]) <= {"AMX", "AVX-512 BF16"}
     assert 1 <= found["cores"] <= (os.cpu_count() or 1)
+
+
+def test_a_run_resumed_on_another_machine_is_told_what_changed_and_from_which_step():
+    warning = moved_warning(XEON, EPYC, 95)
+    assert warning.startswith("this run continues after step 95 on another machine than it ")
+    assert "(cpu Intel Xeon -> AMD EPYC; bf16_instructions ['AMX', 'AVX-512 BF16'] -> " in warning
+    assert "['AVX-512 BF16'])" in warning and "cores" not in warning  # only what differs
+    assert "equals an uninterrupted run only up to step 95" in warning

@@ -55,10 +55,29 @@ def describe(device: torch.device) -> dict[str, Any]:
     }
 
 
-def note_machine(summary: dict[str, Any], machine: dict[str, Any], step: int) -> None:
+def note_machine(summary: dict[str, Any], machine: dict[str, Any], step: int) -> dict | None:
     """Add `machine` to `summary["machines"]` with the step its training starts after (0: the
-    run's start), unless the run's last machine is the same one (a resume where it stopped)."""
+    run's start), unless the run's last machine is the same one (a resume where it stopped).
+    Returns that last machine when the run now continues on another (None otherwise)."""
     machines = summary.setdefault("machines", [])
-    if machines and {k: v for k, v in machines[-1].items() if k != "from_step"} == machine:
-        return
+    last = {k: v for k, v in machines[-1].items() if k != "from_step"} if machines else None
+    if last == machine:
+        return None
     machines.append({**machine, "from_step": step})
+    return last
+
+
+def moved_warning(previous: dict[str, Any], machine: dict[str, Any], step: int) -> str:
+    """What a run resumed on another machine tells its user: the arithmetic changed at `step`."""
+    where = [
+        f"{key} {previous.get(key)} -> {machine.get(key)}"
+        for key in machine
+        if previous.get(key) != machine.get(key)
+    ]
+    return (
+        f"this run continues after step {step} on another machine than it trained on ("
+        + "; ".join(where)
+        + "): from here its numbers come from that machine's arithmetic (bf16, for one, rounds "
+        "differently on AMX than on AVX-512 BF16), so it equals an uninterrupted run only up to "
+        f"step {step}. summary.json's `machines` records the change."
+    )

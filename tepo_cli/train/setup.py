@@ -20,7 +20,7 @@ import torch
 from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import host_allocator
-from tepo_cli.core.machine import describe, note_machine
+from tepo_cli.core.machine import describe, moved_warning, note_machine
 from tepo_cli.core.run_dir import METRICS
 from tepo_cli.data.tasks import DatasetTask, Task
 from tepo_cli.envs.sampler import Sampler, build_sampler
@@ -89,7 +89,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
         cfg.rollout, engine.module.lm, tokenizer, model.share_prompts, topo.device
     )
     state.summary.update(tf32=tf32, rollout_engine=backend.settings())
-    note_machine(state.summary, describe(topo.device), state.step)
+    _note_machine(state, topo)
     prompts = open_prompts(cfg, task.train_stream, topo, state, rank_state)
     if rank_state.rng:
         restore_rng(rank_state.rng, generator)
@@ -323,6 +323,14 @@ def choose_checkpoint(cfg: TrainConfig, run_dir: Path, topo: Topology) -> Path |
     if topo.is_main:
         truncate_logs(run_dir, checkpoint.read_trainer_state(found).logs)
     return found
+
+
+def _note_machine(state: TrainerState, topo: Topology) -> None:
+    """summary.json's `machines`; a warning when a resumed run continues on another machine."""
+    machine = describe(topo.device)
+    previous = note_machine(state.summary, machine, state.step)
+    if previous is not None and topo.is_main:
+        _warn(moved_warning(previous, machine, state.step))
 
 
 def _say_resumed(found: Path, state: TrainerState, topo: Topology) -> None:
