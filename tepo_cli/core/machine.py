@@ -41,14 +41,12 @@ def bf16_instructions() -> list[str]:
 
 
 def describe(device: torch.device) -> dict[str, Any]:
-    """The machine one rank computes on: processor, cores this process may use, bf16
-    instructions, the accelerator (None on CPU ranks) and torch's version."""
+    """The machine one rank computes on: processor, its cores, bf16 instructions, the accelerator
+    (None on CPU ranks) and torch's version."""
     accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {
         "cpu": cpu_model(),
-        "cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "cores": os.cpu_count(),  # the machine's, not this rank's share: ranks bind to subsets
         "bf16_instructions": bf16_instructions(),
         "accelerator": accelerator,
         "torch": torch.__version__,
