@@ -61,7 +61,7 @@ def test_a_cpu_rank_is_described_without_an_accelerator():
 
 def test_a_run_resumed_on_another_machine_is_told_what_changed_and_from_which_step():
     warning = moved_warning(XEON, EPYC, 95)
-    assert warning.startswith("this run continues after step 95 on another machine than it ")
+    assert warning.startswith("this run continues after step 95 on another machine or torch than")
     assert "(cpu Intel Xeon -> AMD EPYC; bf16_instructions ['AMX', 'AVX-512 BF16'] -> " in warning
     assert "['AVX-512 BF16'])" in warning and "cores" not in warning  # only what differs
     assert "equals an uninterrupted run only up to step 95" in warning

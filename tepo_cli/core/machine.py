@@ -73,7 +73,7 @@ def moved_warning(previous: dict[str, Any], machine: dict[str, Any], step: int) 
         if previous.get(key) != machine.get(key)
     ]
     return (
-        f"this run continues after step {step} on another machine than it trained on ("
+        f"this run continues after step {step} on another machine or torch than it trained on ("
         + "; ".join(where)
         + "): from here its numbers come from that machine's arithmetic (bf16, for one, rounds "
         "differently on AMX than on AVX-512 BF16), so it equals an uninterrupted run only up to "
