@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.config.validate import load_eval_config
+from tepo_cli.core.machine import describe
 from tepo_cli.core.records import Problem
 from tepo_cli.envs.episode_sampler import episode_summary
 from tepo_cli.envs.episodes import SampledTurn
@@ -82,9 +85,12 @@ def test_tepo_eval_with_an_environment_writes_episodes_and_resumes(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env"]["name"] == "python_tool" and summary["env"]["max_turns"] == 3
     assert sum(summary["env"]["ends"].values()) == 1.0
+    assert summary["machine"] == describe(torch.device("cpu"))  # where the answers came from
     again = _eval(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((run / "summary.json").read_text())["resumed_problems"] == 3
+    summary = json.loads((run / "summary.json").read_text())
+    # nothing left to generate: the machine that generated the answers is kept
+    assert summary["resumed_problems"] == 3 and summary["machine"] == describe(torch.device("cpu"))
 
 
 def test_an_environment_needs_a_model_that_takes_turns(tmp_path):

@@ -137,7 +137,8 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     sampler = build_sampler(config.env, benchmark, config.turn_tokens)  # answers or episodes
     start = time.perf_counter()
     replay_note: dict[str, Any] = {}
-    if todo and config.model.source in ("reference", "replay"):
+    offline = config.model.source in ("reference", "replay")  # recorded answers, no model
+    if todo and offline:
         batch, replay_note = _offline_records(config, todo, reward, options.n)
         _append(run_dir / SAMPLES, batch, done)
     elif todo:
@@ -159,6 +160,7 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         "seconds": seconds,
         "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,
         **({"replay": replay_note} if replay_note else {}),
+        "machine": _machine() if todo and not offline else _earlier(run_dir).get("machine"),
     }
     summary.update(sampler.summary(records))  # an environment's: its episodes' turns and ends
     _write_json(run_dir / SUMMARY, summary)
@@ -188,6 +190,23 @@ def _model_records(
     backend = build_backend(rollout, model, tokenizer, config.model.share_prompts, device)
     with contextlib.closing(backend):
         yield from sampler.records(backend, tokenizer, todo, reward, sampling)
+
+
+def _earlier(run_dir: Path) -> dict[str, Any]:
+    """The summary an earlier invocation wrote into `run_dir` ({} if none or unreadable)."""
+    try:
+        return json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _machine() -> dict[str, Any]:
+    """The machine that generated the answers (kept from the last invocation that generated
+    any: greedy answers in bf16 differ between CPUs); None for recorded answers."""
+    from tepo_cli.core.machine import describe
+    from tepo_cli.runtime.device_choice import choose_device
+
+    return describe(torch.device(choose_device("auto").type))
 
 
 def _append(path: Path, batch: list[dict[str, Any]], done: dict[str, list[dict[str, Any]]]) -> None:
