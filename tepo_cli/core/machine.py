@@ -53,7 +53,9 @@ def describe(device: torch.device) -> dict[str, Any]:
     }
 
 
-def note_machine(summary: dict[str, Any], machine: dict[str, Any], step: int) -> dict | None:
+def note_machine(
+    summary: dict[str, Any], machine: dict[str, Any], step: int
+) -> dict[str, Any] | None:
     """Add `machine` to `summary["machines"]` with the step its training starts after (0: the
     run's start), unless the run's last machine is the same one (a resume where it stopped).
     Returns that last machine when the run now continues on another (None otherwise)."""
