@@ -28,6 +28,7 @@ from tepo_cli.core import help_groups, job_dirname  # noqa: F401  (register thei
 from tepo_cli.core.atomic_write import write_text
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError
+from tepo_cli.core.machine import describe
 from tepo_cli.core.records import Problem
 from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY, discard_if_unused
 from tepo_cli.core.whole_table import print_whole
@@ -137,12 +138,16 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     sampler = build_sampler(config.env, benchmark, config.turn_tokens)  # answers or episodes
     start = time.perf_counter()
     replay_note: dict[str, Any] = {}
-    offline = config.model.source in ("reference", "replay")  # recorded answers, no model
-    if todo and offline:
+    # the machine that generated the answers (greedy answers in bf16 differ between CPUs): this
+    # invocation's when it generates any, else the last one's; None for recorded answers
+    machine = _earlier(run_dir).get("machine")
+    if todo and config.model.source in ("reference", "replay"):  # recorded answers, no model
         batch, replay_note = _offline_records(config, todo, reward, options.n)
         _append(run_dir / SAMPLES, batch, done)
     elif todo:
-        for batch in _model_records(config, sampler, todo, reward, sampling):
+        device = _eval_device()
+        machine = describe(device)
+        for batch in _model_records(config, sampler, todo, reward, sampling, device):
             _append(run_dir / SAMPLES, batch, done)
     seconds = time.perf_counter() - start
     records = [r for p in problems for r in done[p.id]]
@@ -160,29 +165,39 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
         "seconds": seconds,
         "samples_per_second": len(todo) * options.n / seconds if todo and seconds else None,
         **({"replay": replay_note} if replay_note else {}),
-        "machine": _machine() if todo and not offline else _earlier(run_dir).get("machine"),
+        "machine": machine,
     }
     summary.update(sampler.summary(records))  # an environment's: its episodes' turns and ends
     _write_json(run_dir / SUMMARY, summary)
     return summary
 
 
+def _eval_device() -> torch.device:
+    """tepo eval has no device knob: trainer.device=auto's rule, applied as training applies it."""
+    from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
+
+    choice = choose_device("auto")
+    apply_device_choice(choice)
+    return torch.device(choice.type)
+
+
 def _model_records(
-    config: EvalConfig, sampler: Sampler, todo: list[Any], reward: Any, sampling: Any
+    config: EvalConfig,
+    sampler: Sampler,
+    todo: list[Any],
+    reward: Any,
+    sampling: Any,
+    device: torch.device,
 ) -> Iterator[list[dict[str, Any]]]:
     """The graded samples of the model itself, batch by batch, from the rollout back-end."""
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.models.precision import precision_line
     from tepo_cli.rollout import build_backend
     from tepo_cli.rollout.vllm_modes import without_updates
-    from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
-    choice = choose_device("auto")  # tepo eval has no device knob: trainer.device=auto's rule
-    apply_device_choice(choice)
-    device = torch.device(choice.type)
     print(f"tepo eval: {precision_line(config.model.dtype, device.type)}", file=sys.stderr)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, tokenizer, device)
@@ -198,15 +213,6 @@ def _earlier(run_dir: Path) -> dict[str, Any]:
         return json.loads((run_dir / SUMMARY).read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _machine() -> dict[str, Any]:
-    """The machine that generated the answers (kept from the last invocation that generated
-    any: greedy answers in bf16 differ between CPUs); None for recorded answers."""
-    from tepo_cli.core.machine import describe
-    from tepo_cli.runtime.device_choice import choose_device
-
-    return describe(torch.device(choose_device("auto").type))
 
 
 def _append(path: Path, batch: list[dict[str, Any]], done: dict[str, list[dict[str, Any]]]) -> None:

@@ -38,7 +38,6 @@ def build_protocol_report(
         )
     runs = [load_run(path, root) for path in find_runs(root)]
     report = protocol_report(protocol, runs, protocol_path)
-    report.machines = machines_note([run for arm in report.arms.values() for run in arm.values()])
     if not any(report.arms.values()) and not report.unfinished:
         raise ConfigError(
             f"no run of protocol {protocol.name!r} under {root}: its runs are directories named "
@@ -46,6 +45,7 @@ def build_protocol_report(
         )
     if report.interim and not interim:
         raise ConfigError(_not_yet(protocol.name, protocol_path, report))
+    report.machines = machines_note([run for arm in report.arms.values() for run in arm.values()])
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKDOWN).write_text(render_protocol.markdown(report, protocol_path), encoding="utf-8")
