@@ -327,6 +327,8 @@ def test_bench_step_long_smoke(tmp_path):
         assert all(finite(parts[p]) for p in ("generation", "scoring", "update")), parts
     assert summaries["trl"]["generation_mode"] == "generate"
     assert summaries["trl"]["generation_why"]
+    assert (tmp_path / "trl-generate" / "timings.jsonl").exists()
+    assert not (tmp_path / "trl-generate" / "final").exists()  # no model this job would score
     # TRL at its own memory defaults: the smoke's 8 sequences in two micro-batches of 4, one
     # optimizer step (the step count above), gradient checkpointing on.
     (trl_run,) = [run for run in results["runs"] if run["side"] == "trl"]

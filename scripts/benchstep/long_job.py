@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,9 @@ def _run_trl(
             command, out / f"{side}-{mode}.log", side_env, settings.memory_limit_bytes
         )
         steps = report.trl_steps(read_jsonl(run_dir / "timings.jsonl"))
+        # this job scores no trained model (tepo's side saves none): TRL's 0.3-0.5 GB of weights
+        # would only fill the results folder
+        shutil.rmtree(run_dir / "final", ignore_errors=True)
         failed_early = result.returncode != 0 and not result.oom and not steps
         if mode == "vllm" and settings.trl_generation == "auto":
             if failed_early:
