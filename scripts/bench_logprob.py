@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
+    for path in (args.markdown, args.json):  # their folders first, not after the minutes
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
 
     import torch
 

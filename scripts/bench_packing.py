@@ -50,6 +50,7 @@ def main() -> None:
     if args.layout:
         print(json.dumps(_run(args)))
         return
+    args.output.parent.mkdir(parents=True, exist_ok=True)  # before the minutes of measuring
     command = [sys.executable, __file__, *sys.argv[1:], "--layout"]
     results = {layout: child_json([*command, layout]) for layout in LAYOUTS}
     _report(results)

@@ -105,7 +105,7 @@ def test_every_script_has_a_smoke_run():
 
 
 def test_bench_logprob_smoke(tmp_path):
-    table = tmp_path / "table.md"
+    table = tmp_path / "new" / "table.md"  # a folder the script makes
     run_script("scripts/bench_logprob.py", "--smoke", "--markdown", str(table))
     rows = [line for line in table.read_text().splitlines() if line.startswith("| smoke (")]
     assert [row.split("|")[2].strip() for row in rows] == ["naive", "torch"]
@@ -117,7 +117,7 @@ def test_bench_logprob_smoke(tmp_path):
 
 
 def test_bench_packing_smoke(tmp_path):
-    output = tmp_path / "packing.json"
+    output = tmp_path / "new" / "packing.json"  # a folder the script makes
     result = run_script("scripts/bench_packing.py", "--smoke", "--profile", "--output", str(output))
     runs = json.loads(output.read_text())
     assert set(runs) == {"padded", "packed", "packed+checkpointing"}
@@ -134,7 +134,7 @@ def test_bench_update_smoke(tmp_path):
     """One variant per kind of setting (a config key, an allocator, an environment variable): the
     others differ from these only in a value (each allocator in a real run:
     tests/test_host_allocator.py)."""
-    output = tmp_path / "update.json"
+    output = tmp_path / "new" / "update.json"  # a folder the script makes
     named = {  # variant -> the allocator its process must run on
         "prompts-in-every-micro-batch": host_allocator.resolve("auto").name,
         "prompt-pass": host_allocator.resolve("auto").name,
