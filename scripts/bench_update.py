@@ -8,8 +8,10 @@ random ids, fixed rewards), in variants that differ by config overrides, each in
 Per variant: the update's seconds (best of --repeats after a warm-up; --rounds alternates), its
 split, micro-batches, peak RSS, GFLOP/s on answer tokens beside a matmul of the model's MLP shape
 in the model's precision (`model.dtype`; auto: bf16 on a CPU with AMX or AVX-512 BF16), timed in
-the same process (benchlib/measure.py), and the update's MFU as the step records give it
-(tepo_cli/train/flops.py). --profile splits the operators' time (benchlib/measure.py).
+each variant's process (benchlib/measure.py), and the update's MFU with the step records' work
+count (tepo_cli/train/flops.py). The table divides every row by the best matmul rate of the run's
+processes in that precision: one process's probe can read 25 % low on a busy machine.
+--profile splits the operators' time (benchlib/measure.py).
 """
 
 from __future__ import annotations
