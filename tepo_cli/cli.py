@@ -228,12 +228,18 @@ def _strip_local_rank(args: list[str]) -> list[str]:
 
 
 def _quiet_libraries() -> None:
-    """Keep the console for tepo's own output: no per-file progress bars. (DeepSpeed's device, and
-    its notice on a CPU, follow each command's one device decision: runtime/device_choice.py.)"""
-    from transformers.utils import logging as hf_logging
+    """Keep the console for tepo's own output: transformers' messages below errors, no per-file
+    progress bars. Said through the libraries' own variables (a value the user set wins) where
+    transformers is not imported yet, so that a command refused by its config never imports it;
+    through its API where a caller of `main` imported it already. (DeepSpeed's device, and its
+    notice on a CPU, follow each command's one device decision: runtime/device_choice.py.)"""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 def _run_hydra(config_name: str, job: Callable[..., object], overrides: list[str]) -> None:

@@ -152,6 +152,26 @@ def test_cli_rejects_bad_input_without_traceback(tmp_path, args, fragment):
     assert list(tmp_path.iterdir()) == []  # no partial output: not even Hydra's run directory
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["train", "trainer.lr=-1"], "trainer.lr=-1 is not allowed"),
+        (["eval", "eval.n=4"], "eval.n > 1 needs sampling"),
+    ],
+)
+def test_a_refused_value_loads_neither_torch_nor_transformers(tmp_path, args, fragment):
+    """A mistaken value is refused before torch, transformers or DeepSpeed load: their imports
+    would take most of the time a user waits for the paragraph (docs/patches.md)."""
+    command = [sys.executable, "-X", "importtime", "-m", "tepo_cli", *args]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert fragment in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lines}
+    assert "tepo_cli.config.schema" in imported  # the record is the command's own
+    assert not imported & {"torch", "transformers", "deepspeed"}
+
+
 @pytest.mark.slow
 def test_cli_help_and_cfg_job(tmp_path):
     top = _tepo("--help", cwd=tmp_path)

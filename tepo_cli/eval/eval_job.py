@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -28,13 +27,14 @@ from tepo_cli.core import help_groups, job_dirname  # noqa: F401  (register thei
 from tepo_cli.core.atomic_write import write_text
 from tepo_cli.core.dry_run import dry_run
 from tepo_cli.core.errors import ConfigError, RunError
-from tepo_cli.core.machine import describe
 from tepo_cli.core.records import Problem
 from tepo_cli.core.run_dir import CONFIG, SAMPLES, SUMMARY, discard_if_unused
 from tepo_cli.core.whole_table import print_whole
 from tepo_cli.rewards import Reward
 
 if TYPE_CHECKING:
+    import torch
+
     from tepo_cli.envs.samples import Sampler
 
 
@@ -114,6 +114,7 @@ def refuse_training_sampling_keys(overrides: list[str]) -> None:
 
 def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
     from tepo_cli.benchmarks import build_reward, build_task, get_benchmark
+    from tepo_cli.core.machine import describe  # torch: after the checks that can refuse
     from tepo_cli.envs.sampler import build_sampler
     from tepo_cli.eval.summary import summarize
     from tepo_cli.rollout import Sampling, stop_rule
@@ -174,6 +175,8 @@ def run_eval(config: EvalConfig, run_dir: Path) -> dict[str, Any]:
 
 def _eval_device() -> torch.device:
     """tepo eval has no device knob: trainer.device=auto's rule, applied as training applies it."""
+    import torch
+
     from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
 
     choice = choose_device("auto")
@@ -190,6 +193,8 @@ def _model_records(
     device: torch.device,
 ) -> Iterator[list[dict[str, Any]]]:
     """The graded samples of the model itself, batch by batch, from the rollout back-end."""
+    import torch
+
     from tepo_cli.models.loading import load_model, load_tokenizer
     from tepo_cli.models.precision import precision_line
     from tepo_cli.rollout import build_backend

@@ -58,9 +58,9 @@ def train_job(cfg: DictConfig) -> None:
             write_status(job.run_dir, "failed", error=repr(error))
         raise
     finally:
-        from tepo_cli.runtime.distributed import teardown
-
-        teardown()
+        distributed = sys.modules.get("tepo_cli.runtime.distributed")
+        if distributed is not None:  # else no rank was set up: nothing to end, torch not loaded
+            distributed.teardown()
         if job.lock is not None:
             job.lock.release()
 
@@ -77,11 +77,12 @@ class _Job:
     def run(self, cfg: DictConfig, hydra_cfg: Any, hooks: Any) -> None:
         """The checks that can refuse the command, then this process's part: nothing more
         (`--dry-run`, a finished run), the launcher of N ranks, or a rank that trains."""
+        config = self.config = load_train_config(cfg, hydra_cfg.runtime.choices)
+        check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
+        # torch from here on: a config refused above never pays its import
         from tepo_cli.runtime.device_choice import apply_device_choice, choose_device
         from tepo_cli.runtime.run_lock import hold_run_dir, takes_the_lock
 
-        config = self.config = load_train_config(cfg, hydra_cfg.runtime.choices)
-        check_added_keys(hydra_cfg.overrides.task, hydra_cfg.runtime.choices)
         device = choose_device(config.trainer.device)
         apply_device_choice(device)  # before anything imports DeepSpeed (it picks its device once)
         dtype_name = config.model.dtype
