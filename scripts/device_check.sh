@@ -16,6 +16,7 @@ out=$(mkdir -p "${1:?usage: device_check.sh OUT [SECONDS]}" && cd "$1" && pwd)
 budget=${2:-420}
 started=$SECONDS
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tepo-device-check.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT  # its logs go into OUT (logs.tar.gz) first
 python=${PYTHON:-python3}
 kit=$(realpath -m "${KIT:-.device-kit}")
 # The tiny model with the embedded model's tokenizer, which the kit carries.

@@ -235,37 +235,42 @@ def prove(args: argparse.Namespace, manifest: dict) -> int:
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-cache-dir"]
         subprocess.run([*pip, "--no-deps", "-r", str(requirements)], check=True)
         stamp.write_text(wanted)
-    site = Path(tempfile.mkdtemp(prefix="tepo-kit-site-"))
-    wheels = sorted(str(w) for w in args.out.glob("*.whl"))
-    python_image = str(venv / "bin" / "python")
-    install = [python_image, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
-    subprocess.run([*install, "--no-compile", "--target", str(site), *wheels], check=True)
-    environ = {**os.environ, "PYTHONPATH": f"{site}:{REPO}", "PYTHONUNBUFFERED": "1"}
-    environ.pop("VIRTUAL_ENV", None)
-    environ["PATH"] = f"{venv / 'bin'}:{environ.get('PATH', '')}"
-    results = args.prove
-    results.mkdir(parents=True, exist_ok=True)
-    check = subprocess.run(
-        [python_image, "-m", "pip", "check"], env=environ, capture_output=True, text=True
-    )
-    (results / "pip-check.txt").write_text(check.stdout + check.stderr)
-    versions = subprocess.check_output(
-        [python_image, "-c", VERSIONS], env=environ, text=True, cwd=site
-    )
-    runs = Path(tempfile.mkdtemp(prefix="tepo-kit-runs-"))
-    gpu_check = [python_image, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu"]
-    gpu_check += ["--model", "tiny", "--tokenizer", str(args.out / "tokenizer"), "--out", str(runs)]
-    gpu_check += ["--markdown", str(results / "gpu_check.md")]
-    proved = subprocess.run(gpu_check, env=environ, cwd=REPO)
-    shutil.copy(runs / "gpu_check.json", results / "gpu_check.json")
-    shutil.copy(args.out / "kit.md", results / "kit.md")
-    versions = versions.replace(str(site), "<kit's --target>").replace(str(venv), "<image venv>")
-    (results / "environment.txt").write_text(versions)
-    print(
-        f"device_kit --prove: pip check exit {check.returncode}; gpu_check exit "
-        f"{proved.returncode}; results in {results}"
-    )
-    return proved.returncode or check.returncode
+    # the kit installed and the runs made for this proof only: removed when it ends
+    with (
+        tempfile.TemporaryDirectory(prefix="tepo-kit-site-") as site_dir,
+        tempfile.TemporaryDirectory(prefix="tepo-kit-runs-") as runs_dir,
+    ):
+        site, runs = Path(site_dir), Path(runs_dir)
+        wheels = sorted(str(w) for w in args.out.glob("*.whl"))
+        python_image = str(venv / "bin" / "python")
+        install = [python_image, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+        subprocess.run([*install, "--no-compile", "--target", str(site), *wheels], check=True)
+        environ = {**os.environ, "PYTHONPATH": f"{site}:{REPO}", "PYTHONUNBUFFERED": "1"}
+        environ.pop("VIRTUAL_ENV", None)
+        environ["PATH"] = f"{venv / 'bin'}:{environ.get('PATH', '')}"
+        results = args.prove
+        results.mkdir(parents=True, exist_ok=True)
+        check = subprocess.run(
+            [python_image, "-m", "pip", "check"], env=environ, capture_output=True, text=True
+        )
+        (results / "pip-check.txt").write_text(check.stdout + check.stderr)
+        versions = subprocess.check_output(
+            [python_image, "-c", VERSIONS], env=environ, text=True, cwd=site
+        )
+        script = str(REPO / "scripts" / "gpu_check.py")
+        gpu_check = [python_image, script, "--device", "cpu", "--model", "tiny"]
+        gpu_check += ["--tokenizer", str(args.out / "tokenizer"), "--out", str(runs)]
+        gpu_check += ["--markdown", str(results / "gpu_check.md")]
+        proved = subprocess.run(gpu_check, env=environ, cwd=REPO)
+        shutil.copy(runs / "gpu_check.json", results / "gpu_check.json")
+        shutil.copy(args.out / "kit.md", results / "kit.md")
+        versions = versions.replace(str(site), "<kit's --target>")
+        (results / "environment.txt").write_text(versions.replace(str(venv), "<image venv>"))
+        print(
+            f"device_kit --prove: pip check exit {check.returncode}; gpu_check exit "
+            f"{proved.returncode}; results in {results}"
+        )
+        return proved.returncode or check.returncode
 
 
 # What the proving environment imports, and from where (the image's side or the kit).

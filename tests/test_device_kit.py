@@ -131,9 +131,11 @@ def test_a_kit_built_and_installed_the_node_way_runs_the_node_script(tmp_path):
     assert len(list(kit.glob("*.whl"))) == len(names)  # one version of each
     # The tiny model's tokenizer travels with the wheels (the GGUF that holds it cannot).
     assert (kit / "tokenizer" / "tokenizer.json").is_file() and manifest["tokenizer_mib"] > 3
-    out = tmp_path / "out"
+    out, scratch_root = tmp_path / "out", tmp_path / "tmp"
+    scratch_root.mkdir()
     environ = {
         **os.environ,
+        "TMPDIR": str(scratch_root),  # the script's scratch goes here, and is gone after
         "PYTHON": sys.executable,
         "KIT": str(kit),
         "GPU_CHECK_ARGS": "--device cpu --model tiny --only zero2 --steps 1",
@@ -168,3 +170,4 @@ def test_a_kit_built_and_installed_the_node_way_runs_the_node_script(tmp_path):
     assert all(r["fwdbwd_ms"] > 0 for r in bench["results"])
     environment = (out / "environment.txt").read_text()
     assert "deepspeed==" in environment and "torch==" in environment
+    assert not list(scratch_root.glob("tepo-device-check.*"))  # the installed kit and runs removed
