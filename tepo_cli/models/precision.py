@@ -11,7 +11,9 @@ weights, moments and gradient accumulation (runtime/engine.py), and the log-prob
 softmax statistics in float32.
 
 The probe's answer is cached per machine (`$TEPO_CACHE/precision.json`, keyed by processor,
-cores and torch version), so every rank and every later run of the machine decide alike.
+cores and torch version), so every rank and every later run of the machine decide alike. A probe
+taken while other work keeps the cores busy is not cached and only tells emulation from native
+bf16 (`MIN_SPEEDUP_BUSY`).
 `TEPO_CPU_BF16=1` or `0` forces it (tests; a machine whose probe you distrust).
 """
 
@@ -33,6 +35,7 @@ from tepo_cli.core.atomic_write import write_text
 from tepo_cli.core.machine import bf16_instructions, cpu_model
 
 MIN_SPEEDUP = 1.2  # bf16 must beat float32 by this factor on the probe to be chosen
+MIN_SPEEDUP_BUSY = 0.5  # under load the probe times other work too: below this only emulation
 PROBE_SHAPE = (512, 576, 1536)  # rows x hidden x out: a SmolLM2-135M MLP projection's block
 PROBE_LENGTHS = (16, 48, 128)  # sequence lengths the probe trains on, each once
 PROBE_LAYERS = 4  # decoder layers of one shape, over which a new shape's compile is spread
@@ -105,20 +108,27 @@ def _busy() -> float | None:
     return load if load > 0.5 * (os.cpu_count() or 1) else None
 
 
-def _cached_speedup(path: Path) -> tuple[float, str]:
-    """The probe's speed-up for this machine and where it came from: read from the cache, else
-    measured and stored — unless the machine is busy, when it serves this run only."""
+def _cached_speedup(path: Path) -> tuple[float, str, float]:
+    """The probe's speed-up for this machine, where it came from, and the speed-up bf16 needs:
+    read from the cache, else measured and stored — unless the machine is busy, when it serves
+    this run only and is held to `MIN_SPEEDUP_BUSY`: beside other work the probe times that work
+    too, and tells only emulation from native bf16, so that runs started on a busy machine (a
+    parallel sweep's jobs) take the instructions' answer alike instead of each a noisy one."""
     key = _machine_key()
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
     if isinstance(cached, dict) and isinstance(cached.get(key), (int, float)):
-        return float(cached[key]), f"probed once, cached in {path}"
+        return float(cached[key]), f"probed once, cached in {path}", MIN_SPEEDUP
     load = _busy()
     speedup = probe_speedup()
     if load is not None:
-        return speedup, f"probed now, not cached: the load average was {load:.1f} beforehand"
+        source = (
+            f"probed now, not cached: the load average was {load:.1f} beforehand, so only a "
+            f"speed below {MIN_SPEEDUP_BUSY}x, emulation's, keeps float32"
+        )
+        return speedup, source, MIN_SPEEDUP_BUSY
     if not isinstance(cached, dict):
         cached = {}
     cached[key] = round(speedup, 3)
@@ -128,7 +138,7 @@ def _cached_speedup(path: Path) -> tuple[float, str]:
         write_text(path, json.dumps(cached, indent=1, sort_keys=True), unique=True)
     except OSError:
         pass  # an unwritable cache costs a probe per run, nothing else
-    return speedup, f"probed once, cached in {path}"
+    return speedup, f"probed once, cached in {path}", MIN_SPEEDUP
 
 
 @functools.cache
@@ -146,9 +156,9 @@ def cpu_precision() -> CpuPrecision:
             "emulated, far slower",
         )
     cache = cache_root() / "precision.json"
-    speedup, source = _cached_speedup(cache)
+    speedup, source, needed = _cached_speedup(cache)
     has = " and ".join(instructions)
-    if speedup < MIN_SPEEDUP:
+    if speedup < needed:
         return CpuPrecision(
             "float32",
             f"this CPU has {has}, but a bf16 training pass of changing lengths ran at {speedup:.2f}x "
