@@ -283,3 +283,26 @@ def test_runs_on_several_machines_are_named_and_a_run_that_moved_says_where(swee
     _set_machines(sweep / "1_algo=grpo,seed=1", ("Intel Xeon", 0), ("Intel Xeon", 2))
     _set_machines(sweep / "3_algo=mpo,seed=0", ("Intel Xeon", 0))
     assert build_report(sweep, out, OPTIONS).machines is None  # one machine: nothing to say
+
+
+def _set_dtype(run: Path, dtype: str) -> None:
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["model"] = {"dtype": dtype}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_a_group_whose_seeds_trained_in_two_precisions_is_named(sweep, tmp_path):
+    """`model.dtype=auto` settles per machine: seeds typed alike can train in bf16 and float32."""
+    out = tmp_path / "out"
+    for name in ("0_algo=grpo,seed=0", "1_algo=grpo,seed=1", "3_algo=mpo,seed=0"):
+        _set_dtype(sweep / name, "bfloat16")
+    _set_dtype(sweep / "4_algo=mpo,seed=1", "bfloat16")
+    assert build_report(sweep, out, OPTIONS).machines is None  # each group in one precision
+    _set_dtype(sweep / "4_algo=mpo,seed=1", "float32")
+    report = build_report(sweep, out, OPTIONS)
+    assert report.machines == (
+        "Runs of one group trained in different precisions (model.dtype as each run settled it): "
+        "algo=mpo (bfloat16: 3_algo=mpo,seed=0; float32: 4_algo=mpo,seed=1). Their spread "
+        "includes the precision's."
+    )
+    assert report.machines in (out / "report.md").read_text()

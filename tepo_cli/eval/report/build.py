@@ -12,7 +12,7 @@ from tepo_cli.eval.report import render, render_compare
 from tepo_cli.eval.report.compare import Difference, compare_groups
 from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics, matching_groups
 from tepo_cli.eval.report.grouping import Group, group_runs
-from tepo_cli.eval.report.machines import machines_note, moved_note
+from tepo_cli.eval.report.machines import moved_note, setup_note
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
 from tepo_cli.eval.report.runs import Run, find_runs, load_run
@@ -36,7 +36,7 @@ class Report:
     differences: list[Difference] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     no_reference: str | None = None  # why there is no "Against the reference" (reference_note)
-    machines: str | None = None  # that the runs trained on several machines (machines.py)
+    machines: str | None = None  # several machines, or a group in two precisions (machines.py)
 
 
 def build_report(
@@ -75,7 +75,7 @@ def build_report(
     differences = compare_groups(groups, reference, options.last, options.fractions)
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     report.no_reference = reference_note(groups, options) if reference is None else None
-    report.machines = machines_note(runs)
+    report.machines = setup_note(runs, {group.label: group.runs for group in groups})
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     label = reference.label if reference is not None else None

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render_protocol
-from tepo_cli.eval.report.machines import machines_note
+from tepo_cli.eval.report.machines import setup_note
 from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
 from tepo_cli.eval.report.runs import find_runs, load_run
 from tepo_cli.protocol.spec import load_protocol
@@ -45,7 +45,8 @@ def build_protocol_report(
         )
     if report.interim and not interim:
         raise ConfigError(_not_yet(protocol.name, protocol_path, report))
-    report.machines = machines_note([run for arm in report.arms.values() for run in arm.values()])
+    arms = {arm: list(runs.values()) for arm, runs in report.arms.items()}
+    report.machines = setup_note([run for runs in arms.values() for run in runs], arms)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKDOWN).write_text(render_protocol.markdown(report, protocol_path), encoding="utf-8")

@@ -1,8 +1,12 @@
-"""Which machines a report's runs trained on (summary.json's `machines`, tepo_cli/core/machine.py).
+"""Which machines a report's runs trained on (summary.json's `machines`, tepo_cli/core/machine.py)
+and in which precision.
 
 Seconds, tokens/s and MFU compare only between runs on one kind of processor, and a run that
 moved continues on other arithmetic (bf16 rounds differently on AMX than on AVX-512 BF16), so a
-report says when its runs did not all train on one machine, and which run moved where.
+report says when its runs did not all train on one machine, and which run moved where. Runs that
+typed the same command can also have trained in different precisions (`model.dtype=auto` settles
+per machine, tepo_cli/models/precision.py; config.yaml keeps what it settled), so a report says
+when a group's seeds did.
 """
 
 from __future__ import annotations
@@ -48,3 +52,29 @@ def machines_note(runs: list[Run]) -> str | None:
     sentence += f"; {unrecorded} did not record one" if unrecorded else ""
     sentence += f"; moved during training: {', '.join(moved)}" if moved else ""
     return sentence + ". Compare seconds, tokens/s and MFU only between runs on one machine."
+
+
+def precisions_note(groups: dict[str, list[Run]]) -> str | None:
+    """One sentence when the runs of a group (label -> its runs) trained in more than one
+    precision, naming them (None when every group trained in one, or none recorded it)."""
+    mixed = []
+    for label, runs in groups.items():
+        by_dtype: dict[str, list[str]] = {}
+        for run in runs:
+            if (dtype := run.config.get("model.dtype")) is not None:
+                by_dtype.setdefault(str(dtype), []).append(run.name)
+        if len(by_dtype) > 1:
+            each = "; ".join(f"{dtype}: {', '.join(names)}" for dtype, names in by_dtype.items())
+            mixed.append(f"{label} ({each})")
+    if not mixed:
+        return None
+    return (
+        f"Runs of one group trained in different precisions (model.dtype as each run settled "
+        f"it): {'; '.join(mixed)}. Their spread includes the precision's."
+    )
+
+
+def setup_note(runs: list[Run], groups: dict[str, list[Run]]) -> str | None:
+    """What a reader must know of where and in what the runs trained: the two notes above."""
+    notes = [note for note in (machines_note(runs), precisions_note(groups)) if note]
+    return " ".join(notes) or None

@@ -83,7 +83,7 @@ class ProtocolReport:
     unfinished: list[str] = field(default_factory=list)  # found, not finished (state)
     excluded: list[str] = field(default_factory=list)  # named like a run, but not one (why)
     registered: int = 0  # the runs the protocol declares
-    machines: str | None = None  # that the runs trained on several machines (machines.py)
+    machines: str | None = None  # several machines, or a group in two precisions (machines.py)
 
     @property
     def runs_in(self) -> str:
