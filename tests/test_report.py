@@ -242,15 +242,16 @@ def test_cli_refuses_an_unknown_threshold_key(sweep):
     assert not (sweep / "report.md").exists()
 
 
-@pytest.mark.parametrize("make", ["missing", "empty"])
+@pytest.mark.parametrize("make", ["missing", "empty", "none"])
 def test_cli_bad_directory_is_one_paragraph(tmp_path, make):
     target = tmp_path / "runs"
     if make == "empty":
         (target / "nothing here").mkdir(parents=True)
-    result = run_cli(str(target))
+    result = run_cli(*([] if make == "none" else [str(target)]))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.startswith("tepo report: ")
-    assert ("no runs found" if make == "empty" else "is not a directory") in result.stderr
+    said = {"empty": "no runs found", "missing": "is not a directory", "none": "give DIR"}
+    assert said[make] in result.stderr
 
 
 def _set_machines(run: Path, *machines: tuple[str, int]) -> None:

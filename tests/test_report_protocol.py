@@ -275,9 +275,12 @@ def test_fewer_than_two_runs_an_arm_is_untestable(tmp_path):
 
 
 def test_the_command_prints_the_verdicts(sweep, tmp_path):
+    """As the sweeps guide writes it: the runs default to runs/ beside the protocol file, where
+    `tepo protocol run` publishes them."""
     path = protocol(tmp_path / "p.yaml")
+    assert sweep == tmp_path / "runs"
     result = subprocess.run(
-        [sys.executable, "-m", "tepo_cli", "report", str(sweep), "--protocol", str(path)],
+        [sys.executable, "-m", "tepo_cli", "report", "--protocol", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

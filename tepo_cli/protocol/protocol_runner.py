@@ -36,7 +36,7 @@ from tepo_cli.core.run_dir import (
 from tepo_cli.core.run_status import effective_state
 from tepo_cli.protocol.journal import Checkout, CpuShare, Journal, code_checkout, file_digest
 from tepo_cli.protocol.run_progress import last_step, newest_checkpoint, print_status, published
-from tepo_cli.protocol.spec import Protocol, Run, load_protocol
+from tepo_cli.protocol.spec import Protocol, Run, load_protocol, published_dir
 
 # What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
 RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "train.log")
@@ -148,7 +148,7 @@ def run_protocol(options: Options) -> int:
     protocol = load_protocol(options.protocol)
     runs = _selected(protocol, options.only)
     runs_dir = options.runs_dir or Path("multirun") / protocol.name
-    results_dir = options.results_dir or options.protocol.parent / "runs"
+    results_dir = options.results_dir or published_dir(options.protocol)
     if options.list_only:
         for name, overrides in runs:
             print(f"{name}: {' '.join(overrides)}")

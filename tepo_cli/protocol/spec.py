@@ -216,6 +216,12 @@ def _check_overrides(where: str, overrides: list[str]) -> None:
             )
 
 
+def published_dir(protocol_path: Path) -> Path:
+    """Where a protocol's finished runs' records are published by default: runs/ beside its file
+    (`tepo protocol run --results-dir`), which `tepo report --protocol` reads by default."""
+    return protocol_path.parent / "runs"
+
+
 def load_protocol(path: str | Path) -> Protocol:
     """Read and validate a protocol file; any mistake is one ConfigError naming file and key."""
     path = Path(path)

@@ -69,7 +69,12 @@ def parser() -> argparse.ArgumentParser:
         prog="tepo report", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
     )
     parse.add_argument(
-        "directory", type=Path, metavar="DIR", help="a run directory or a multirun directory"
+        "directory",
+        type=Path,
+        metavar="DIR",
+        nargs="?",
+        help="a run directory or a multirun directory (with --protocol, by default runs/ beside\n"
+        "the protocol file, where `tepo protocol run` publishes its runs)",
     )
     parse.add_argument(
         "--out", type=Path, metavar="DIR", help="where to write the files (default: DIR)"
@@ -123,6 +128,11 @@ def main(arguments: list[str]) -> int:
         return 2
     if args.protocol is not None:
         return _protocol(args)
+    if args.directory is None:
+        print("tepo report: give DIR, a run directory or a multirun directory written by `tepo "
+              "train` (only with --protocol does it default, to runs/ beside the protocol file). "
+              "Nothing was written.", file=sys.stderr)  # fmt: skip
+        return 2
     given = args.reference is not None
     wanted = args.reference if given else DEFAULT_REFERENCE
     reference = None if wanted.lower() in ("", "none") else wanted
@@ -151,14 +161,14 @@ def main(arguments: list[str]) -> int:
 
 def _protocol(args: argparse.Namespace) -> int:
     from tepo_cli.eval.report.build_protocol import build_protocol_report
+    from tepo_cli.protocol.spec import published_dir
 
     console = Console()
     if not console.is_terminal:
         console.width = 160
     try:
-        _, files = build_protocol_report(
-            args.directory, args.protocol, args.out, console, args.interim
-        )
+        root = args.directory or published_dir(args.protocol)
+        _, files = build_protocol_report(root, args.protocol, args.out, console, args.interim)
     except ConfigError as error:
         print(f"tepo report: {error}", file=sys.stderr)
         return 2
