@@ -228,18 +228,23 @@ def _strip_local_rank(args: list[str]) -> list[str]:
 
 
 def _quiet_libraries() -> None:
-    """Keep the console for tepo's own output: transformers' messages below errors, no per-file
-    progress bars. Said through the libraries' own variables (a value the user set wins) where
-    transformers is not imported yet, so that a command refused by its config never imports it;
-    through its API where a caller of `main` imported it already. (DeepSpeed's device, and its
-    notice on a CPU, follow each command's one device decision: runtime/device_choice.py.)"""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    """Keep the console for tepo's own output: the Hugging Face libraries' messages below errors
+    (the hub client's retries of an offline download: tepo's own paragraph says what failed),
+    no per-file progress bars. Said through the libraries' own variables (a value the user set
+    wins) where transformers is not imported yet, so that a command refused by its config never
+    imports it; through their APIs where a caller of `main` imported them already. (DeepSpeed's
+    device, and its notice on a CPU, follow each command's one device decision:
+    runtime/device_choice.py.)"""
+    for variable in ("TRANSFORMERS_VERBOSITY", "HF_HUB_VERBOSITY", "DATASETS_VERBOSITY"):
+        os.environ.setdefault(variable, "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if "transformers" in sys.modules:
+    if "transformers" in sys.modules:  # it imports the hub client too
+        from huggingface_hub.utils import logging as hub_logging
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+        hub_logging.set_verbosity_error()
 
 
 def _run_hydra(config_name: str, job: Callable[..., object], overrides: list[str]) -> None:

@@ -111,3 +111,37 @@ def test_verbose_keeps_deepspeed_prints_on_the_terminal(run_log, capsys, monkeyp
         print("begin bf16_optimizer")
     assert capsys.readouterr().out == "begin bf16_optimizer\n"
     assert run_log.read_text() == ""
+
+
+QUIETED = """
+import logging, sys
+from tepo_cli.cli import _quiet_libraries
+_quiet_libraries()
+from huggingface_hub.utils import logging as hub_logging
+from datasets.utils import logging as datasets_logging
+from transformers.utils import logging as hf_logging
+hub_logging.get_logger("huggingface_hub.utils._http").warning("hub: retrying a HEAD request")
+datasets_logging.get_logger("datasets.load").warning("datasets: no README")
+hf_logging.get_logger("transformers.modeling_utils").warning("transformers: unused weights")
+print("tepo's line", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("user_set", [False, True])
+def test_the_hugging_face_libraries_warn_only_where_the_user_asked(tmp_path, user_set):
+    """`tepo`'s commands set the three libraries' verbosity variables to errors before importing
+    them (tepo_cli/cli.py): an offline hub download's retries stay off the console, where tepo's
+    own paragraph says what failed; a variable the user set wins."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("VERBOSITY")}
+    if user_set:
+        env.update(HF_HUB_VERBOSITY="warning", DATASETS_VERBOSITY="warning")
+        env.update(TRANSFORMERS_VERBOSITY="warning")
+    result = subprocess.run(
+        [sys.executable, "-c", QUIETED], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1] == "tepo's line"
+    for message in ("hub: retrying a HEAD", "datasets: no README", "transformers: unused weights"):
+        assert any(message in line for line in lines) == user_set, (message, lines)
+    assert len(lines) == (4 if user_set else 1), lines
