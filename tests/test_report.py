@@ -298,6 +298,7 @@ def test_a_group_whose_seeds_trained_in_two_precisions_is_named(sweep, tmp_path)
     for name in ("0_algo=grpo,seed=0", "1_algo=grpo,seed=1", "3_algo=mpo,seed=0"):
         _set_dtype(sweep / name, "bfloat16")
     _set_dtype(sweep / "4_algo=mpo,seed=1", "bfloat16")
+    _set_dtype(sweep / "5_algo=mpo,seed=2", "auto")  # recorded before dtypes were settled
     assert build_report(sweep, out, OPTIONS).machines is None  # each group in one precision
     _set_dtype(sweep / "4_algo=mpo,seed=1", "float32")
     report = build_report(sweep, out, OPTIONS)

@@ -56,12 +56,13 @@ def machines_note(runs: list[Run]) -> str | None:
 
 def precisions_note(groups: dict[str, list[Run]]) -> str | None:
     """One sentence when the runs of a group (label -> its runs) trained in more than one
-    precision, naming them (None when every group trained in one, or none recorded it)."""
+    precision, naming them (None when every group trained in one). A run that recorded `auto`
+    is from before the settled dtype was written: its precision is not known, so not compared."""
     mixed = []
     for label, runs in groups.items():
         by_dtype: dict[str, list[str]] = {}
         for run in runs:
-            if (dtype := run.config.get("model.dtype")) is not None:
+            if (dtype := run.config.get("model.dtype")) not in (None, "auto"):
                 by_dtype.setdefault(str(dtype), []).append(run.name)
         if len(by_dtype) > 1:
             each = "; ".join(f"{dtype}: {', '.join(names)}" for dtype, names in by_dtype.items())
