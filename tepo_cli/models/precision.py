@@ -12,8 +12,8 @@ softmax statistics in float32.
 
 The probe's answer is cached per machine (`$TEPO_CACHE/precision.json`, keyed by processor,
 cores and torch version), so every rank and every later run of the machine decide alike. A probe
-taken while other work keeps the cores busy is not cached and only tells emulation from native
-bf16 (`MIN_SPEEDUP_BUSY`).
+taken while other work keeps the cores busy is cached only if bf16 cleared `MIN_SPEEDUP` even
+so; otherwise it serves its run and only tells emulation from native bf16 (`MIN_SPEEDUP_BUSY`).
 `TEPO_CPU_BF16=1` or `0` forces it (tests; a machine whose probe you distrust).
 """
 
@@ -110,10 +110,12 @@ def _busy() -> float | None:
 
 def _cached_speedup(path: Path) -> tuple[float, str, float]:
     """The probe's speed-up for this machine, where it came from, and the speed-up bf16 needs:
-    read from the cache, else measured and stored — unless the machine is busy, when it serves
-    this run only and is held to `MIN_SPEEDUP_BUSY`: beside other work the probe times that work
-    too, and tells only emulation from native bf16, so that runs started on a busy machine (a
-    parallel sweep's jobs) take the instructions' answer alike instead of each a noisy one."""
+    read from the cache, else measured and stored — unless the machine is busy and bf16 missed
+    `MIN_SPEEDUP`, when the figure serves this run only and is held to `MIN_SPEEDUP_BUSY`. Beside
+    other work the probe times that work too, which took from bf16's gain where measured: a busy
+    reading that clears the bar anyway is kept (later runs skip the probe), one that does not tells only
+    emulation from native bf16, so that the runs a busy machine starts (a parallel sweep's jobs)
+    take the instructions' answer alike instead of each a noisy one."""
     key = _machine_key()
     try:
         cached = json.loads(path.read_text())
@@ -123,12 +125,13 @@ def _cached_speedup(path: Path) -> tuple[float, str, float]:
         return float(cached[key]), f"probed once, cached in {path}", MIN_SPEEDUP
     load = _busy()
     speedup = probe_speedup()
-    if load is not None:
+    if load is not None and speedup < MIN_SPEEDUP:
         source = (
             f"probed now, not cached: the load average was {load:.1f} beforehand, so only a "
             f"speed below {MIN_SPEEDUP_BUSY}x, emulation's, keeps float32"
         )
         return speedup, source, MIN_SPEEDUP_BUSY
+    busy = "" if load is None else f" beside other work (load average {load:.1f})"
     if not isinstance(cached, dict):
         cached = {}
     cached[key] = round(speedup, 3)
@@ -138,7 +141,7 @@ def _cached_speedup(path: Path) -> tuple[float, str, float]:
         write_text(path, json.dumps(cached, indent=1, sort_keys=True), unique=True)
     except OSError:
         pass  # an unwritable cache costs a probe per run, nothing else
-    return speedup, f"probed once, cached in {path}", MIN_SPEEDUP
+    return speedup, f"probed once{busy}, cached in {path}", MIN_SPEEDUP
 
 
 @functools.cache
