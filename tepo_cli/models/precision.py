@@ -113,9 +113,9 @@ def _cached_speedup(path: Path) -> tuple[float, str, float]:
     read from the cache, else measured and stored — unless the machine is busy and bf16 missed
     `MIN_SPEEDUP`, when the figure serves this run only and is held to `MIN_SPEEDUP_BUSY`. Beside
     other work the probe times that work too, which took from bf16's gain where measured: a busy
-    reading that clears the bar anyway is kept (later runs skip the probe), one that does not tells only
-    emulation from native bf16, so that the runs a busy machine starts (a parallel sweep's jobs)
-    take the instructions' answer alike instead of each a noisy one."""
+    reading that clears the bar anyway is kept (later runs skip the probe); one that does not
+    tells only emulation from native bf16, so that the runs a busy machine starts (a parallel
+    sweep's jobs) take the instructions' answer alike instead of each a noisy one."""
     key = _machine_key()
     try:
         cached = json.loads(path.read_text())
