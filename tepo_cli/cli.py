@@ -130,6 +130,7 @@ def _checked_overrides(
     from tepo_cli.config.overrides import check_override_keys, quote_weight_specs
     from tepo_cli.config.sweep_launch import check_launcher_keys, check_slurm, is_sweep
     from tepo_cli.core.errors import ConfigError
+    from tepo_cli.runtime import thread_wait
 
     overrides = quote_weight_specs(overrides)
     try:
@@ -145,6 +146,8 @@ def _checked_overrides(
 
             overrides = run_dir_overrides(overrides)
             check_run_dir_free(overrides)  # one writer per run directory (runtime/run_lock.py)
+        if not dry_run:  # before torch loads; the re-exec below and the ranks inherit it
+            thread_wait.settle(os.environ, thread_wait.busy_threads(), "torch" in sys.modules)
         if command == "train" and own_process and not dry_run:
             start_with_host_allocator(command, overrides)
     except ConfigError as error:

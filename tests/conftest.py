@@ -16,6 +16,10 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # model.dtype=auto means float32 in the suite whatever the CPU (models/precision.py): CI machines
 # differ in bf16 instructions, and the tests' numbers must not. bf16 tests set it themselves.
 os.environ.setdefault("TEPO_CPU_BF16", "0")
+# How long torch's idle threads spin: libgomp's default in every process the suite starts, as the
+# user's choice, whatever the other worker is doing when it starts (runtime/thread_wait.py would
+# otherwise lower it and say so in some runs' output and not in others).
+os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -199,11 +200,15 @@ def _model_records(
     from tepo_cli.models.precision import precision_line
     from tepo_cli.rollout import build_backend
     from tepo_cli.rollout.vllm_modes import without_updates
+    from tepo_cli.runtime import thread_wait
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     print(f"tepo eval: {precision_line(config.model.dtype, device.type)}", file=sys.stderr)
+    busy = thread_wait.start_line(os.environ)
+    if busy:
+        print(f"tepo eval: {busy}", file=sys.stderr)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, tokenizer, device)
     rollout = config.rollout.model_copy(update={"engine": without_updates(config.rollout.engine)})

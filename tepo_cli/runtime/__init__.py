@@ -14,6 +14,7 @@ Processes and devices
     device_choice    `trainer.device`: decided once at start-up
     deepspeed_env    `tepo deepspeed-env` for multi-node launches
     host_memory      freed buffers back to the operating system
+    thread_wait      how long torch's idle threads spin: less where the machine is busy at start
 Engines and numbers
     engine           the DeepSpeed engine: parameters, optimizer, learning-rate schedule
     master_weights   float32 master weights for an optimizer outside DeepSpeed (MPO's warm-up)

@@ -181,7 +181,7 @@ def _join_ranks(config: TrainConfig, device: DeviceChoice, feature: Feature | No
     """This process as a rank: the checks that need no group (the feature's model check among
     them), then its place in the group (one rank, or the launcher's), on the device
     `trainer.device` chose."""
-    from tepo_cli.runtime import collective_timeout, distributed
+    from tepo_cli.runtime import collective_timeout, distributed, thread_wait
 
     if feature is not None:
         feature.check_model()
@@ -189,6 +189,9 @@ def _join_ranks(config: TrainConfig, device: DeviceChoice, feature: Feature | No
     collective_timeout.begin("start-up")
     if os.environ.get("RANK", "0") == "0":
         print(f"tepo train: {device.reason}", file=sys.stderr)
+        busy = thread_wait.start_line(os.environ)
+        if busy:
+            print(f"tepo train: {busy}", file=sys.stderr)
     return distributed.setup_topology(
         config.trainer.num_threads, device.type, config.trainer.collective_timeout_s
     )
