@@ -8,6 +8,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
+
+# How long torch's idle threads spin before they sleep, set before torch loads here and inherited by
+# the xdist workers and every process the suite starts: 1,000, the value tepo itself takes on a
+# busy machine (runtime/thread_wait.py). A test on both cores beside the other worker then does not
+# wait a scheduler time slice per operation; and, set as the user's choice, tepo says nothing about
+# it, so no run's output depends on what the other worker is doing when it starts.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 import torch
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
@@ -16,10 +24,6 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # model.dtype=auto means float32 in the suite whatever the CPU (models/precision.py): CI machines
 # differ in bf16 instructions, and the tests' numbers must not. bf16 tests set it themselves.
 os.environ.setdefault("TEPO_CPU_BF16", "0")
-# How long torch's idle threads spin: libgomp's default in every process the suite starts, as the
-# user's choice, whatever the other worker is doing when it starts (runtime/thread_wait.py would
-# otherwise lower it and say so in some runs' output and not in others).
-os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 
 def pytest_configure(config: pytest.Config) -> None:
