@@ -73,11 +73,11 @@ def test_a_probe_on_a_busy_machine_tells_only_emulation_and_is_not_cached(
     under load a probe below the bar keeps float32 only for an emulated bf16, so the runs a busy
     machine starts decide alike, and nothing is cached."""
     monkeypatch.setattr(precision, "bf16_instructions", lambda: ["AMX"])
-    monkeypatch.setattr(precision, "_busy", lambda: 3.2)
+    monkeypatch.setattr(precision, "_busy", lambda: 3)
     monkeypatch.setattr(precision, "probe_speedup", lambda: speedup)
     choice = precision.cpu_precision()
     assert choice.dtype == expected
-    assert "not cached: the load average was 3.2" in choice.reason
+    assert "not cached: 3 other threads were running" in choice.reason
     assert f"below {precision.MIN_SPEEDUP_BUSY}x, emulation's, keeps float32" in choice.reason
     assert not (fresh / "precision.json").exists()
 
@@ -85,11 +85,11 @@ def test_a_probe_on_a_busy_machine_tells_only_emulation_and_is_not_cached(
 def test_a_busy_probe_that_clears_the_bar_anyway_is_cached(fresh, monkeypatch):
     """A busy reading over the bar is kept: later runs skip the probe."""
     monkeypatch.setattr(precision, "bf16_instructions", lambda: ["AVX-512 BF16"])
-    monkeypatch.setattr(precision, "_busy", lambda: 1.8)
+    monkeypatch.setattr(precision, "_busy", lambda: 2)
     monkeypatch.setattr(precision, "probe_speedup", lambda: 1.6)
     choice = precision.cpu_precision()
     assert choice.dtype == "bfloat16"
-    assert "probed once beside other work (load average 1.8), cached in" in choice.reason
+    assert "probed once beside 2 other running threads, cached in" in choice.reason
     assert list(json.loads((fresh / "precision.json").read_text()).values()) == [1.6]
     precision.cpu_precision.cache_clear()
     monkeypatch.setattr(precision, "probe_speedup", _no_probe)  # the next run: the cache only

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tepo_cli.core import busy
 from tepo_cli.runtime import thread_wait
 
 
@@ -25,43 +26,43 @@ def _loadavg(tmp_path: Path, running: int) -> Path:
 def test_busy_threads_counts_the_others_running_against_half_the_cores(
     tmp_path, monkeypatch, running, cores, expected
 ):
-    monkeypatch.setattr(thread_wait, "LOADAVG", _loadavg(tmp_path, running))
-    monkeypatch.setattr(thread_wait, "_machine_cores", lambda: cores)
+    monkeypatch.setattr(busy, "LOADAVG", _loadavg(tmp_path, running))
+    monkeypatch.setattr(busy, "machine_cores", lambda: cores)
     monkeypatch.setattr(thread_wait, "_usable_cores", lambda: cores)
-    assert thread_wait.busy_threads(interval_s=0) == expected
+    assert thread_wait.busy_threads() == expected
 
 
 def test_a_process_on_one_core_is_never_busy(tmp_path, monkeypatch):
     """Its pool has one thread, which waits for no other: nothing to change."""
-    monkeypatch.setattr(thread_wait, "LOADAVG", _loadavg(tmp_path, 9))
-    monkeypatch.setattr(thread_wait, "_machine_cores", lambda: 2)
+    monkeypatch.setattr(busy, "LOADAVG", _loadavg(tmp_path, 9))
+    monkeypatch.setattr(busy, "machine_cores", lambda: 2)
     monkeypatch.setattr(thread_wait, "_usable_cores", lambda: 1)
-    assert thread_wait.busy_threads(interval_s=0) is None
-
-
-def test_busy_threads_takes_the_median_of_its_reads(tmp_path, monkeypatch):
-    """A blip (another program's thread for one read) does not make the machine busy."""
-    reads = iter([1, 1, 4, 1, 1])
-    path = tmp_path / "loadavg"
-    monkeypatch.setattr(thread_wait, "LOADAVG", path)
-    monkeypatch.setattr(thread_wait, "_machine_cores", lambda: 2)
-    monkeypatch.setattr(thread_wait, "_usable_cores", lambda: 2)
-    monkeypatch.setattr(
-        thread_wait.time, "sleep", lambda _: path.write_text(f"0 0 0 {next(reads)}/9 1")
-    )
-    path.write_text("0 0 0 1/9 1")
     assert thread_wait.busy_threads() is None
 
 
+@pytest.mark.parametrize(("running", "expected"), [([1, 1, 4, 1, 1], None), ([3, 1, 3, 1, 3], 2)])
+def test_busy_threads_takes_the_median_of_its_reads(tmp_path, monkeypatch, running, expected):
+    """A blip (another program's thread for one read) does not make the machine busy; a job that
+    runs through most reads does."""
+    reads = iter(running)
+    path = tmp_path / "loadavg"
+    path.write_text(f"0 0 0 {next(reads)}/9 1")
+    monkeypatch.setattr(busy, "LOADAVG", path)
+    monkeypatch.setattr(busy, "machine_cores", lambda: 2)
+    monkeypatch.setattr(thread_wait, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(busy.time, "sleep", lambda _: path.write_text(f"0 0 0 {next(reads)}/9 1"))
+    assert thread_wait.busy_threads() == expected
+
+
 def test_busy_threads_is_none_without_proc_loadavg(tmp_path, monkeypatch):
-    monkeypatch.setattr(thread_wait, "LOADAVG", tmp_path / "absent")
+    monkeypatch.setattr(busy, "LOADAVG", tmp_path / "absent")
     monkeypatch.setattr(thread_wait, "_usable_cores", lambda: 2)
     assert thread_wait.busy_threads() is None
 
 
 def test_a_busy_machine_gets_fewer_spins_and_a_start_line():
     environ: dict[str, str] = {}
-    thread_wait.settle(environ, busy=2, torch_loaded=False)
+    thread_wait.settle(environ, others=2, torch_loaded=False)
     assert environ["GOMP_SPINCOUNT"] == "1000"
     line = thread_wait.start_line(environ)
     assert line is not None and line.startswith(
@@ -71,7 +72,7 @@ def test_a_busy_machine_gets_fewer_spins_and_a_start_line():
 
 
 @pytest.mark.parametrize(
-    ("environ", "busy", "torch_loaded"),
+    ("environ", "others", "torch_loaded"),
     [
         ({}, None, False),  # idle: nothing changes
         ({"GOMP_SPINCOUNT": "300000"}, 2, False),  # the user's choice wins
@@ -79,9 +80,9 @@ def test_a_busy_machine_gets_fewer_spins_and_a_start_line():
         ({}, 2, True),  # torch's OpenMP read its variables already
     ],
 )
-def test_nothing_is_set_or_said_otherwise(environ, busy, torch_loaded):
+def test_nothing_is_set_or_said_otherwise(environ, others, torch_loaded):
     before = dict(environ)
-    thread_wait.settle(environ, busy=busy, torch_loaded=torch_loaded)
+    thread_wait.settle(environ, others=others, torch_loaded=torch_loaded)
     assert environ == before
     assert thread_wait.start_line(environ) is None
 
@@ -94,9 +95,10 @@ def _tepo_on_a_busy_machine(tmp_path: Path, args: list[str]) -> subprocess.Compl
         f"""
         import os, sys
         from pathlib import Path
+        from tepo_cli.core import busy
         from tepo_cli.runtime import thread_wait
-        thread_wait.LOADAVG = Path({str(_loadavg(tmp_path, 3))!r})
-        thread_wait._machine_cores = thread_wait._usable_cores = lambda: 2
+        busy.LOADAVG = Path({str(_loadavg(tmp_path, 3))!r})
+        busy.machine_cores = thread_wait._usable_cores = lambda: 2
         from tepo_cli.cli import main
         try:
             main({args!r})

@@ -32,6 +32,7 @@ import torch
 
 from tepo_cli.cache import cache_root
 from tepo_cli.core.atomic_write import write_text
+from tepo_cli.core.busy import others_running
 from tepo_cli.core.machine import bf16_instructions, cpu_model
 
 MIN_SPEEDUP = 1.2  # bf16 must beat float32 by this factor on the probe to be chosen
@@ -100,12 +101,11 @@ def _machine_key() -> str:
     return f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | probe {PROBE_VERSION}"
 
 
-def _busy() -> float | None:
-    """The 1-minute load average where other work keeps more than half the cores busy (a probe
-    then times the other work as much as bf16: on this project's 2-core Xeon one read 0.95x
-    beside a training run, where it reads 1.4-1.5x alone), else None."""
-    load = os.getloadavg()[0]
-    return load if load > 0.5 * (os.cpu_count() or 1) else None
+def _busy() -> int | None:
+    """How many other threads are running where they hold more than half the cores (a probe then
+    times the other work as much as bf16: on this project's 2-core Xeon one read 0.95x beside a
+    training run, where it reads 1.4-1.5x alone), else None (core/busy.py)."""
+    return others_running()
 
 
 def _cached_speedup(path: Path) -> tuple[float, str, float]:
@@ -123,15 +123,15 @@ def _cached_speedup(path: Path) -> tuple[float, str, float]:
         cached = {}
     if isinstance(cached, dict) and isinstance(cached.get(key), (int, float)):
         return float(cached[key]), f"probed once, cached in {path}", MIN_SPEEDUP
-    load = _busy()
+    others = _busy()
     speedup = probe_speedup()
-    if load is not None and speedup < MIN_SPEEDUP:
+    if others is not None and speedup < MIN_SPEEDUP:
         source = (
-            f"probed now, not cached: the load average was {load:.1f} beforehand, so only a "
+            f"probed now, not cached: {others} other threads were running, so only a "
             f"speed below {MIN_SPEEDUP_BUSY}x, emulation's, keeps float32"
         )
         return speedup, source, MIN_SPEEDUP_BUSY
-    busy = "" if load is None else f" beside other work (load average {load:.1f})"
+    busy = "" if others is None else f" beside {others} other running threads"
     if not isinstance(cached, dict):
         cached = {}
     cached[key] = round(speedup, 3)
