@@ -165,6 +165,49 @@ def test_status_closes_with_the_time_left_in_all():
     assert total_left([3000.0, 3000.0], 0.0, 0, 2) == "2 of 2 runs published"
 
 
+def test_status_counts_the_evaluations_left_at_their_own_pace(tmp_path, capsys):
+    """A published run took 100 s of steps and two evaluations of 50 s; the run in progress is at
+    step 24 of 100 (20 s a step) with its evaluations at steps 10 and 20 done (60 and 70 s): its
+    config plans one every 10 steps and one after the last, so 8 are left at its own median, 65 s:
+    76 x 20 + 8 x 65 = 2,040 s; the run not started is the published one's 200 s. Only seconds
+    are read out: no accuracy."""
+    from tepo_cli.protocol.run_progress import evaluations_left, print_status
+
+    results, runs = tmp_path / "runs", tmp_path / "ckpts"
+
+    def folder(root: Path, name: str, steps: int, evals: dict[int, float], state: str) -> Path:
+        path = root / name
+        path.mkdir(parents=True)
+        rows = [
+            {"step": s, "reward_mean": 0.375, "step_seconds": 20.0} for s in range(1, steps + 1)
+        ]
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        marks = [{"step": s, "accuracy": 0.8125, "seconds": t} for s, t in evals.items()]
+        (path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in marks))
+        trainer = {"max_steps": 100, "eval_every": 10, "eval_before": False, "eval_after": True}
+        (path / "config.yaml").write_text(yaml.safe_dump({"trainer": trainer}))
+        (path / "status.json").write_text(json.dumps({"state": state, "pid": 1, "hostname": "x"}))
+        return path
+
+    folder(results, "grpo_seed0", 5, {50: 50.0, 100: 50.0}, "finished")
+    running = folder(runs, "tepo_seed0", 24, {10: 60.0, 20: 70.0}, "interrupted")
+    assert evaluations_left(running, 24) == [30, 40, 50, 60, 70, 80, 90, 100]
+    assert evaluations_left(running, 20) == [30, 40, 50, 60, 70, 80, 90, 100]  # 20's is done
+    planned = ["trainer.max_steps=100"]
+    runs_list = [("grpo_seed0", planned), ("tepo_seed0", planned), ("grpo_seed1", planned)]
+    print_status(runs_list, runs, results)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith(
+        "about 25 min of steps left at the median pace of its last 10, and 8 evaluations of "
+        "about 65 s"
+    )
+    assert lines[-1] == (
+        "1 of 3 runs published; about 37 min of training steps and evaluations left (the run in "
+        "progress at its recent pace, 1 not started at the median of the 1 published)"
+    )
+    assert "0.8125" not in "\n".join(lines) and "0.375" not in "\n".join(lines)
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

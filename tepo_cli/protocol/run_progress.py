@@ -1,6 +1,7 @@
 """Where a protocol's runs stand, read from their directories alone: published or not, the
-newest checkpoint, the steps logged and the time their steps have left — for `tepo protocol run`
-(which run to skip, resume or start) and its `--status` (which never reads an outcome)."""
+newest checkpoint, the steps logged and the time their steps and held-out evaluations have left —
+for `tepo protocol run` (which run to skip, resume or start) and its `--status` (which never reads
+an outcome: of eval.jsonl it reads each evaluation's step and seconds, nothing else)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import re
 import statistics
 from pathlib import Path
 
-from tepo_cli.core.run_dir import CHECKPOINTS, METRICS
+import yaml
+
+from tepo_cli.core.run_dir import CHECKPOINTS, CONFIG, EVALS, METRICS
 from tepo_cli.core.run_status import effective_state
 from tepo_cli.protocol.spec import Run
 
@@ -42,6 +45,29 @@ def step_records(run_dir: Path) -> list[dict]:
     return [record for record in records if "step" in record]
 
 
+def evaluation_seconds(run_dir: Path) -> dict[int, float]:
+    """Each held-out evaluation's seconds by its step, from eval.jsonl: its timing only."""
+    path = run_dir / EVALS
+    lines = path.read_text().splitlines() if path.is_file() else []
+    records = [json.loads(line) for line in lines if line.strip()]
+    return {r["step"]: r["seconds"] for r in records if isinstance(r.get("seconds"), int | float)}
+
+
+def evaluations_left(run_dir: Path, step: int) -> list[int]:
+    """The steps after which the run's config.yaml has it evaluate (`trainer.eval_before`,
+    `eval_every`, `eval_after`: train/run.py), from the last step logged on, less those done."""
+    path = run_dir / CONFIG
+    trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer", {}) if path.is_file() else {}
+    last, every = trainer.get("max_steps") or 0, trainer.get("eval_every") or 0
+    planned = [0] if trainer.get("eval_before") else []
+    if every:
+        planned += range(every, last, every)
+    if trainer.get("eval_after"):
+        planned.append(last)
+    done = evaluation_seconds(run_dir)
+    return [s for s in planned if s >= step and s not in done]
+
+
 def seconds_left(steps: list[dict], planned: list[str]) -> float | None:
     """The median seconds of the last RECENT steps times the steps still planned (None: no step
     seconds, or none left); a pause inside those steps raises it."""
@@ -59,10 +85,13 @@ def time_left(steps: list[dict], planned: list[str]) -> str:
     return f", {_said(seconds)} of steps left at the median pace of its last {paced}"
 
 
-def total_left(published: list[float], running: float, waiting: int, runs: int) -> str:
-    """The closing line: the runs published and the training steps' time left in all, the run
-    in progress at its recent pace and each run not started at the median of the published
-    runs' summed step seconds (evaluations aside)."""
+def total_left(
+    published: list[float], running: float, waiting: int, runs: int, evaluations: bool = False
+) -> str:
+    """The closing line: the runs published and the time left in all, the run in progress at its
+    recent pace and each run not started at the median of the published runs' summed seconds —
+    of their steps and, where `evaluations` (every evaluation's seconds were known), of their
+    held-out evaluations too."""
     done = f"{len(published)} of {runs} runs published"
     if waiting and not published:
         return f"{done}; the {waiting} not started are estimated once a run is published"
@@ -72,7 +101,8 @@ def total_left(published: list[float], running: float, waiting: int, runs: int) 
     if not parts:
         return done
     left = running + (statistics.median(published) * waiting if waiting else 0.0)
-    return f"{done}; {_said(left)} of training steps left ({', '.join(parts)}), evaluations aside"
+    what, aside = ("steps and evaluations", "") if evaluations else ("steps", ", evaluations aside")
+    return f"{done}; {_said(left)} of training {what} left ({', '.join(parts)}){aside}"
 
 
 def _recent_seconds(steps: list[dict]) -> list[float]:
@@ -91,16 +121,23 @@ def _said(seconds: float) -> str:
 
 def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
     """One line a run: published (its steps), in progress (its state, last step of the planned
-    ones, newest checkpoint, that step's seconds) or not started. Nothing about rewards or
-    held-out results, so a pre-registered experiment can be watched without its outcomes."""
-    done: list[float] = []  # each published run's summed step seconds
+    ones, newest checkpoint, that step's seconds, the steps and evaluations it has left) or not
+    started. Nothing about rewards or held-out results, so a pre-registered experiment can be
+    watched without its outcomes."""
+    finished = [name for name, _ in runs if published(results_dir / name)]
+    timed = {name: evaluation_seconds(results_dir / name) for name in finished}
+    evaluations = all(timed.values())  # every published run's evaluations were timed
+    typical = [s for seconds in timed.values() for s in seconds.values()]
+    done: list[float] = []  # each published run's summed seconds
     running, waiting = 0.0, 0
     for name, overrides in runs:
         planned = [o.split("=", 1)[1] for o in overrides if o.startswith("trainer.max_steps=")]
         of = f" of {planned[-1]}" if planned else ""
-        if published(results_dir / name):
+        if name in finished:
             steps = step_records(results_dir / name)
-            done.append(sum(r.get("step_seconds") or 0.0 for r in steps))
+            done.append(
+                sum(r.get("step_seconds") or 0.0 for r in steps) + sum(timed[name].values())
+            )
             print(
                 f"{name}: published in {results_dir / name} ({last_step(results_dir / name)} steps)"
             )
@@ -111,15 +148,26 @@ def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
             print(f"{name}: not started")
             continue
         steps = step_records(run_dir)
-        running += seconds_left(steps, planned) or 0.0
         last = steps[-1] if steps else {}
         step, seconds = last.get("step", 0), last.get("step_seconds")
+        left = evaluations_left(run_dir, step)
+        own = list(evaluation_seconds(run_dir).values())
+        pace = statistics.median(own or typical) if own or typical else None
+        evaluations = evaluations and (pace is not None or not left)
+        running += (seconds_left(steps, planned) or 0.0) + (pace or 0.0) * len(left)
         took = f", that step took {seconds:.0f} s" if isinstance(seconds, int | float) else ""
         checkpoint = newest_checkpoint(run_dir)
         print(
             f"{name}: {effective_state(run_dir)} in {run_dir}, step {step}{of} logged, newest "
             f"checkpoint {'none' if checkpoint is None else f'step {checkpoint}'}{took}"
-            f"{time_left(steps, planned)}"
+            f"{time_left(steps, planned)}{_evaluations_said(left, pace)}"
         )
-    print(total_left(done, running, waiting, len(runs)))
+    print(total_left(done, running, waiting, len(runs), evaluations))
     return 0
+
+
+def _evaluations_said(left: list[int], pace: float | None) -> str:
+    if not left:
+        return ""
+    each = f" of about {pace:.0f} s" if pace is not None else ""
+    return f", and {len(left)} evaluation{'s' * (len(left) > 1)}{each}"
