@@ -28,7 +28,7 @@ def test_busy_threads_counts_the_others_running_against_half_the_cores(
 ):
     monkeypatch.setattr(busy, "LOADAVG", _loadavg(tmp_path, running))
     monkeypatch.setattr(busy, "machine_cores", lambda: cores)
-    monkeypatch.setattr(thread_wait, "_usable_cores", lambda: cores)
+    monkeypatch.setattr(thread_wait, "available_cores", lambda: cores)
     assert thread_wait.busy_threads() == expected
 
 
@@ -36,7 +36,7 @@ def test_a_process_on_one_core_is_never_busy(tmp_path, monkeypatch):
     """Its pool has one thread, which waits for no other: nothing to change."""
     monkeypatch.setattr(busy, "LOADAVG", _loadavg(tmp_path, 9))
     monkeypatch.setattr(busy, "machine_cores", lambda: 2)
-    monkeypatch.setattr(thread_wait, "_usable_cores", lambda: 1)
+    monkeypatch.setattr(thread_wait, "available_cores", lambda: 1)
     assert thread_wait.busy_threads() is None
 
 
@@ -49,14 +49,14 @@ def test_busy_threads_takes_the_median_of_its_reads(tmp_path, monkeypatch, runni
     path.write_text(f"0 0 0 {next(reads)}/9 1")
     monkeypatch.setattr(busy, "LOADAVG", path)
     monkeypatch.setattr(busy, "machine_cores", lambda: 2)
-    monkeypatch.setattr(thread_wait, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(thread_wait, "available_cores", lambda: 2)
     monkeypatch.setattr(busy.time, "sleep", lambda _: path.write_text(f"0 0 0 {next(reads)}/9 1"))
     assert thread_wait.busy_threads() == expected
 
 
 def test_busy_threads_is_none_without_proc_loadavg(tmp_path, monkeypatch):
     monkeypatch.setattr(busy, "LOADAVG", tmp_path / "absent")
-    monkeypatch.setattr(thread_wait, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(thread_wait, "available_cores", lambda: 2)
     assert thread_wait.busy_threads() is None
 
 
@@ -98,7 +98,7 @@ def _tepo_on_a_busy_machine(tmp_path: Path, args: list[str]) -> subprocess.Compl
         from tepo_cli.core import busy
         from tepo_cli.runtime import thread_wait
         busy.LOADAVG = Path({str(_loadavg(tmp_path, 3))!r})
-        busy.machine_cores = thread_wait._usable_cores = lambda: 2
+        busy.machine_cores = thread_wait.available_cores = lambda: 2
         from tepo_cli.cli import main
         try:
             main({args!r})

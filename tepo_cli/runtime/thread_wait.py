@@ -19,9 +19,9 @@ command says its paragraph only).
 
 from __future__ import annotations
 
-import os
 from collections.abc import MutableMapping
 
+from tepo_cli.config.launcher import available_cores
 from tepo_cli.core import busy
 
 BUSY_SPINCOUNT = "1000"
@@ -31,13 +31,7 @@ _BUSY = "TEPO_BUSY_THREADS"
 def busy_threads() -> int | None:
     """`core/busy.py`'s `others_running()` where this process may use more than one core (a pool of one thread
     waits for no other), else None."""
-    return busy.others_running() if _usable_cores() > 1 else None
-
-
-def _usable_cores() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else busy.machine_cores()
-    )
+    return busy.others_running() if available_cores() > 1 else None
 
 
 def settle(environ: MutableMapping[str, str], others: int | None, torch_loaded: bool) -> None:
