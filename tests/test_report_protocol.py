@@ -196,6 +196,40 @@ def test_the_exploratory_secondaries(sweep, tmp_path):
     assert all(row.verdict == "" and row.adjusted_p is None for row in report.secondaries)
 
 
+def test_each_run_s_values_are_the_numbers_the_tests_compared(sweep, tmp_path):
+    report, files = build_protocol_report(sweep, protocol(tmp_path / "p.yaml"), tmp_path / "out")
+    assert report.columns == [
+        "convergence (eval_auc)", "entropy (entropy_change)",
+        "entropy gate (entropy_relative_change)", "steps_to_045 (steps_to_level)",
+        "train_accuracy (train_accuracy_mean)",
+    ]  # fmt: skip
+    rows = {row.run: row for row in report.per_run}
+    assert [row.run for row in report.per_run][:2] == ["grpo_seed10", "grpo_seed11"]
+    auc, change, relative, steps, train = rows["grpo_seed12"].values
+    assert (auc, change, relative, train) == pytest.approx((0.32, -0.2, -0.2, 0.4))
+    assert (steps.step, steps.event) == (20, False)
+    auc, change, relative, steps, train = rows["tepo_seed11"].values
+    assert (auc, change, relative, train) == pytest.approx((0.47, -0.02, -0.02, 0.6))
+    assert (steps.step, steps.event) == (10, True)
+    markdown = files[0].read_text()
+    assert "| tepo_seed11 | 0.470 | -0.020 | -0.020 | 10 | 0.600 |" in markdown
+    assert "| grpo_seed12 | 0.320 | -0.200 | -0.200 | not by 20 | 0.400 |" in markdown
+    assert markdown.index("## Exploratory") < markdown.index("## Per run")
+    # held-out accuracy by step per arm: tepo at step 10 is .44 .46 .48, mean ± t(.975, 2) · .02/√3
+    half = 4.302652729911275 * 0.02 / math.sqrt(3)
+    assert f"| tepo | 0.200 ± 0.000 | 0.460 ± {half:.3f} | 0.480 ± {half:.3f} |" in markdown
+    assert "![plot_eval_accuracy](plot_eval_accuracy.png)" in markdown
+    assert {"plot_eval_accuracy.png", "plot_entropy.png"} <= {path.name for path in files}
+    lines = (tmp_path / "out" / "report_protocol_runs.csv").read_text().splitlines()
+    assert lines[0] == (
+        "run,arm,seed,convergence (eval_auc),entropy (entropy_change),"
+        "entropy gate (entropy_relative_change),steps_to_045 (steps_to_level),"
+        "steps_to_045 (steps_to_level) reached,train_accuracy (train_accuracy_mean)"
+    )
+    tepo_10 = next(line for line in lines if line.startswith("tepo_seed10,"))
+    assert tepo_10.split(",")[1:3] == ["tepo", "10"] and tepo_10.split(",")[6:8] == ["20", "True"]
+
+
 def test_a_passed_gate_and_a_claim_the_data_contradict(sweep, tmp_path):
     # gate at −10 %: −12.5 % passes; entropy declared "less" but tepo's change is higher
     path = protocol(tmp_path / "p.yaml", gate_at_most=-0.10, entropy_direction="less")

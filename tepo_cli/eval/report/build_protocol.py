@@ -8,13 +8,16 @@ from rich.console import Console
 
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report import render_protocol
+from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.machines import setup_note
+from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
 from tepo_cli.eval.report.runs import find_runs, load_run
 from tepo_cli.protocol.spec import load_protocol
 
 MARKDOWN = "report_protocol.md"
 CSV = "report_protocol.csv"
+RUNS_CSV = "report_protocol_runs.csv"
 
 
 def build_protocol_report(
@@ -23,9 +26,11 @@ def build_protocol_report(
     out: Path | None = None,
     console: Console | None = None,
     interim: bool = False,
+    plots: bool = True,
 ) -> tuple[ProtocolReport, list[Path]]:
-    """Verdicts of the protocol's primaries over the runs under `root`; writes report_protocol.md
-    and report_protocol.csv into `out` (default `root`). The protocol is checked against the
+    """Verdicts of the protocol's primaries over the runs under `root`; writes report_protocol.md,
+    report_protocol.csv and report_protocol_runs.csv (each run's values) into `out` (default
+    `root`), and each arm's curves as PNG plots unless not `plots`. The protocol is checked against the
     report's metrics before anything is read or written; ConfigError (one paragraph) otherwise.
     Until every registered run is in, nothing is written or shown unless `interim`: then every
     table is labelled as an interim look."""
@@ -49,11 +54,15 @@ def build_protocol_report(
     report.machines = setup_note([run for runs in arms.values() for run in runs], arms)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKDOWN).write_text(render_protocol.markdown(report, protocol_path), encoding="utf-8")
+    groups = [Group(arm, {"arm": arm}, runs) for arm, runs in arms.items() if runs]
+    images = write_plots(groups, out) if plots else []
+    markdown = render_protocol.markdown(report, protocol_path, images)
+    (out / MARKDOWN).write_text(markdown, encoding="utf-8")
     render_protocol.write_csv(out / CSV, report)
+    render_protocol.write_runs_csv(out / RUNS_CSV, report)
     if console is not None:
         render_protocol.print_protocol(console, report)
-    return report, [out / MARKDOWN, out / CSV]
+    return report, [out / MARKDOWN, out / CSV, out / RUNS_CSV, *images]
 
 
 def _not_yet(name: str, protocol_path: Path, report: ProtocolReport) -> str:

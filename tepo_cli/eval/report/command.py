@@ -168,7 +168,9 @@ def _protocol(args: argparse.Namespace) -> int:
         console.width = 160
     try:
         root = args.directory or published_dir(args.protocol)
-        _, files = build_protocol_report(root, args.protocol, args.out, console, args.interim)
+        _, files = build_protocol_report(
+            root, args.protocol, args.out, console, args.interim, not args.no_plots
+        )
     except ConfigError as error:
         print(f"tepo report: {error}", file=sys.stderr)
         return 2

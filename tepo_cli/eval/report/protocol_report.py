@@ -18,6 +18,8 @@ Verdict of a primary, in this order:
   counts as p = 1, so the family stays the registered one) is below α;
 - "not supported": otherwise.
 Secondaries are computed the same way and reported below, labelled exploratory, unadjusted.
+Under both tables, each finished run's value of every metric that is one number (or one censored
+time) per run: the numbers the tests compared, so a reader can see which runs made a difference.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ class ClaimResult:
     detectable: float | None = None  # primaries: at 80 % power and α / primaries (inference.py)
 
 
+@dataclass(frozen=True)
+class RunValues:
+    """One finished run's value of each per-run column (`per_run_columns`): a number, a Time for
+    steps_to_level, None where the run's records do not give one."""
+
+    arm: str
+    seed: int
+    run: str
+    values: tuple[float | Time | None, ...]
+
+
 @dataclass
 class ProtocolReport:
     name: str
@@ -84,6 +97,8 @@ class ProtocolReport:
     excluded: list[str] = field(default_factory=list)  # named like a run, but not one (why)
     registered: int = 0  # the runs the protocol declares
     machines: str | None = None  # several machines, or a group in two precisions (machines.py)
+    columns: list[str] = field(default_factory=list)  # per-run columns: claim (metric)
+    per_run: list[RunValues] = field(default_factory=list)  # finished runs, registered order
 
     @property
     def runs_in(self) -> str:
@@ -266,6 +281,40 @@ def gate_status(gate: Any, arms: dict[str, dict[int, Run]]) -> tuple[bool, str]:
     return passed, f"gate {word}: {gate.arm} {gate.metric} mean {mean:+.3f} ({each}), needs {bound}"
 
 
+def per_run_columns(protocol: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """(header, metric, params) of every registered metric, and gate, that has one value per run,
+    primaries first, in the protocol's order; per_problem_paired has none."""
+    columns = []
+    for claim in [*protocol.primaries, *protocol.secondaries]:
+        if claim.metric != PER_PROBLEM:
+            columns.append((f"{claim.name} ({claim.metric})", claim.metric, _params(claim)))
+        gate = getattr(claim, "gate", None)
+        if gate is not None:
+            columns.append((f"{claim.name} gate ({gate.metric})", gate.metric, _params(gate)))
+    return columns
+
+
+def _run_value(run: Run, metric: str, params: dict[str, Any]) -> float | Time | None:
+    if metric == STEPS_TO_LEVEL:
+        censor = params.get("censor_at")
+        level, consecutive = float(params["level"]), int(params.get("consecutive", 1))
+        return time_to_level(held_out_curve(run), level, consecutive, censor)
+    value = RUN_METRICS[metric].of_run(run, params)
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def per_run_values(protocol: Any, arms: dict[str, dict[int, Run]]) -> list[RunValues]:
+    """Each finished run's value of every per-run column, arms in the protocol's order, seeds
+    ascending."""
+    columns = per_run_columns(protocol)
+    rows = []
+    for arm, runs in arms.items():
+        for seed, run in sorted(runs.items()):
+            values = tuple(_run_value(run, metric, params) for _, metric, params in columns)
+            rows.append(RunValues(arm, seed, run.path.name, values))
+    return rows
+
+
 def power_family(correction: str, primaries: int) -> int:
     """The divisor of α for the detectable difference: the primaries' count under a correction
     (Holm's first step, Bonferroni's every step: what a claim detects whatever the others show),
@@ -311,4 +360,6 @@ def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolRep
     return ProtocolReport(
         protocol.name, alpha, correction, arms, primaries, secondaries, missing, unfinished,
         excluded, len(protocol.runs()),
+        columns=[header for header, _, _ in per_run_columns(protocol)],
+        per_run=per_run_values(protocol, arms),
     )  # fmt: skip

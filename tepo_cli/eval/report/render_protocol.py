@@ -8,8 +8,15 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tepo_cli.eval.report.censored import Time
+from tepo_cli.eval.report.dynamics import group_curve
 from tepo_cli.eval.report.protocol_metrics import STEPS_TO_LEVEL
-from tepo_cli.eval.report.protocol_report import ClaimResult, ProtocolReport, power_family
+from tepo_cli.eval.report.protocol_report import (
+    ClaimResult,
+    ProtocolReport,
+    RunValues,
+    power_family,
+)
 from tepo_cli.eval.report.render import markdown_table
 from tepo_cli.eval.report.terminal import Spec, print_fitted
 
@@ -86,6 +93,28 @@ def exploratory_columns() -> list[tuple[str, Callable[[ClaimResult], str]]]:
     ]
 
 
+def _run_value(value: float | Time | None) -> str:
+    if value is None:
+        return NONE
+    if isinstance(value, Time):
+        return f"{value.step:g}" if value.event else f"not by {value.step:g}"
+    return f"{value:.3f}"
+
+
+def per_run_columns(report: ProtocolReport) -> list[tuple[str, Callable[[RunValues], str]]]:
+    columns: list[tuple[str, Callable[[RunValues], str]]] = [("run", lambda r: r.run)]
+    for index, header in enumerate(report.columns):
+        columns.append((header, lambda r, i=index: _run_value(r.values[i])))
+    return columns
+
+
+PER_RUN_LEGEND = (
+    "Each finished run's value of the registered metrics that are one number per run: the "
+    "numbers the tests above compare (steps_to_level: the step a run reached the level, "
+    '"not by N" when it was censored at N; per-problem outcomes have no one number per run).'
+)
+
+
 def legend(report: ProtocolReport) -> str:
     divisor = power_family(report.correction, len(report.primaries))
     return (
@@ -130,7 +159,22 @@ def print_protocol(console: Console, report: ProtocolReport) -> None:
     print_fitted(console, [Spec(title, exploratory_columns(), report.secondaries)], [])
 
 
-def markdown(report: ProtocolReport, source: Path) -> str:
+def curve_columns(report: ProtocolReport) -> list[tuple[str, Callable[[str], str]]]:
+    """Held-out accuracy by step, one row per arm: mean ± 95 % CI over its finished runs."""
+    curves = {arm: group_curve(list(runs.values())) for arm, runs in report.arms.items()}
+    steps = sorted({step for curve in curves.values() for step in curve})
+    columns: list[tuple[str, Callable[[str], str]]] = [("arm", lambda arm: arm)]
+    for step in steps:
+        columns.append(
+            (
+                f"step {step}",
+                lambda arm, s=step: NONE if s not in curves[arm] else curves[arm][s].format(3),
+            )
+        )
+    return columns
+
+
+def markdown(report: ProtocolReport, source: Path, images: list[Path] | None = None) -> str:
     parts = [
         f"# Protocol {report.name}: verdicts",
         "",
@@ -154,7 +198,37 @@ def markdown(report: ProtocolReport, source: Path) -> str:
             "",
             markdown_table(exploratory_columns(), report.secondaries),
         ]
+    if report.per_run:
+        interim = f" ({report.interim})" if report.interim else ""
+        parts += ["", f"## Per run{interim}", "", PER_RUN_LEGEND, ""]
+        parts += [markdown_table(per_run_columns(report), report.per_run)]
+        parts += ["", f"## Held-out accuracy by step{interim}", ""]
+        parts += ["Mean ± 95 % CI over each arm's finished runs (step 0: before training).", ""]
+        parts += [markdown_table(curve_columns(report), [a for a, r in report.arms.items() if r])]
+    if images:
+        parts += ["", "## Curves", "", "Each arm's mean over its finished runs, 95 % band.", ""]
+        parts += [f"![{image.stem}]({image.name})" for image in images]
     return "\n".join(parts) + "\n"
+
+
+def write_runs_csv(path: Path, report: ProtocolReport) -> None:
+    """One row per finished run: arm, seed, each per-run column's value (a censored time as its
+    step, with a `reached` column beside it)."""
+    fields = ["run", "arm", "seed"]
+    timed = {i for row in report.per_run for i, v in enumerate(row.values) if isinstance(v, Time)}
+    for index, header in enumerate(report.columns):
+        fields += [header, f"{header} reached"] if index in timed else [header]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(fields)
+        for row in report.per_run:
+            cells: list[object] = [row.run, row.arm, row.seed]
+            for index, value in enumerate(row.values):
+                if isinstance(value, Time):
+                    cells += [f"{value.step:g}", value.event]
+                else:
+                    cells += [value, ""] if index in timed else [value]
+            writer.writerow(["" if v is None else v for v in cells])
 
 
 def write_csv(path: Path, report: ProtocolReport) -> None:
