@@ -43,6 +43,12 @@ KNOBS = {
     "no_chunked": ["+rollout.engine.engine_kwargs.enable_chunked_prefill=false"],
     "batched8192": ["+rollout.engine.engine_kwargs.max_num_batched_tokens=8192"],
     "compiled": ["rollout.engine.enforce_eager=false"],  # vLLM's torch.compile of the model
+    # n-gram speculative decoding (prompt lookup): draft tokens copied from the prompt, verified
+    # in one forward; sampling stays exact (vLLM's rejection sampler)
+    "ngram3": [
+        "+rollout.engine.engine_kwargs.speculative_config="
+        "{method:ngram,num_speculative_tokens:3,prompt_lookup_max:4,prompt_lookup_min:2}"
+    ],
 }
 
 

@@ -34,3 +34,23 @@ def test_knobs_are_set_against_the_mean_of_the_reference_s_two_readings():
 def test_one_reading_of_the_reference_is_its_own_reference():
     assert knob_ratios([_row("bf16", 100.0), _row("kv4", 120.0)]) == ["kv4: 1.20x bf16's tokens/s"]
     assert knob_ratios([_row("no_chunked", 90.0)]) == []
+
+
+def test_every_knob_composes_into_a_valid_training_config():
+    """Each setting's overrides as the knob child composes them (no engine started): a typo in a
+    tepo key or value is caught here, not in the benchmark's child; engine_kwargs pass to vLLM as
+    written (the n-gram setting's dict arrives whole)."""
+    from bench_vllm import KNOBS
+    from benchstep.job import compose_overrides
+
+    for name, knob in KNOBS.items():
+        overrides = ["recipe=word_math", "model.dtype=bfloat16", *knob]
+        cfg = compose_overrides(overrides)
+        assert cfg.rollout.backend == "vllm", name
+    ngram = compose_overrides(["recipe=word_math", *KNOBS["ngram3"]])
+    assert dict(ngram.rollout.engine.engine_kwargs["speculative_config"]) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
