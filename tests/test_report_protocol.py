@@ -322,6 +322,7 @@ def test_the_command_prints_the_verdicts(sweep, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "primary claims" in result.stdout and "Exploratory" in result.stdout
     assert "supported" in result.stdout and "untestable (gate)" in result.stdout
+    assert "Per run" in result.stdout and "not by 20" in result.stdout  # grpo's censored times
     assert (sweep / "report_protocol.md").is_file() and (sweep / "report_protocol.csv").is_file()
 
 

@@ -145,18 +145,20 @@ def notes(report: ProtocolReport) -> list[str]:
 
 
 def print_protocol(console: Console, report: ProtocolReport) -> None:
-    """The verdict table, its legend and notes, then the exploratory table, each fitted to the
-    terminal as the sweep report's tables are (terminal.py): no word folded, a column the same
-    in every row said once under its table, a table too wide split into parts."""
-    title = f"Protocol {report.name}: primary claims"
-    title += f" ({report.interim})" if report.interim else ""
+    """The verdict table, its legend and notes, the exploratory table, then each run's values,
+    each fitted to the terminal as the sweep report's tables are (terminal.py): no word folded, a
+    column the same in every row said once under its table, a table too wide split into parts."""
+    interim = f" ({report.interim})" if report.interim else ""
     columns = verdict_columns(report.correction)
+    title = f"Protocol {report.name}: primary claims{interim}"
     print_fitted(console, [Spec(title, columns, report.primaries, legend(report))], [])
     for line in notes(report):
         console.print(line, highlight=False)
-    title = "Exploratory (secondary, not corrected; no verdicts)"
-    title += f" ({report.interim})" if report.interim else ""
+    title = f"Exploratory (secondary, not corrected; no verdicts){interim}"
     print_fitted(console, [Spec(title, exploratory_columns(), report.secondaries)], [])
+    if report.per_run:
+        spec = Spec(f"Per run{interim}", per_run_columns(report), report.per_run, PER_RUN_LEGEND)
+        print_fitted(console, [spec], [])
 
 
 def curve_columns(report: ProtocolReport) -> list[tuple[str, Callable[[str], str]]]:
