@@ -30,8 +30,9 @@ def build_protocol_report(
 ) -> tuple[ProtocolReport, list[Path]]:
     """Verdicts of the protocol's primaries over the runs under `root`; writes report_protocol.md,
     report_protocol.csv and report_protocol_runs.csv (each run's values) into `out` (default
-    `root`), and each arm's curves as PNG plots unless not `plots`. The protocol is checked against the
-    report's metrics before anything is read or written; ConfigError (one paragraph) otherwise.
+    `root`), and each arm's curves as PNG plots when `plots`. The protocol is checked against
+    the report's metrics before anything is read or written; ConfigError (one paragraph)
+    otherwise.
     Until every registered run is in, nothing is written or shown unless `interim`: then every
     table is labelled as an interim look."""
     protocol = load_protocol(protocol_path)

@@ -237,13 +237,9 @@ def evaluate(claim: Any, arms: dict[str, dict[int, Run]], alpha: float) -> Infer
     treatment, control = arms[claim.treatment], arms[claim.control]
     params, direction = _params(claim), claim.direction
     if claim.metric == STEPS_TO_LEVEL:
-        level, consecutive = float(params["level"]), int(params.get("consecutive", 1))
-        censor = params.get("censor_at")
 
         def times(runs: dict[int, Run]) -> list[Time]:
-            found = (
-                time_to_level(held_out_curve(r), level, consecutive, censor) for r in runs.values()
-            )
+            found = (_time_to_level(run, params) for run in runs.values())
             return [t for t in found if t is not None]
 
         return logrank(times(treatment), times(control), alpha, direction)
@@ -294,11 +290,14 @@ def per_run_columns(protocol: Any) -> list[tuple[str, str, dict[str, Any]]]:
     return columns
 
 
+def _time_to_level(run: Run, params: dict[str, Any]) -> Time | None:
+    level, consecutive = float(params["level"]), int(params.get("consecutive", 1))
+    return time_to_level(held_out_curve(run), level, consecutive, params.get("censor_at"))
+
+
 def _run_value(run: Run, metric: str, params: dict[str, Any]) -> float | Time | None:
     if metric == STEPS_TO_LEVEL:
-        censor = params.get("censor_at")
-        level, consecutive = float(params["level"]), int(params.get("consecutive", 1))
-        return time_to_level(held_out_curve(run), level, consecutive, censor)
+        return _time_to_level(run, params)
     value = RUN_METRICS[metric].of_run(run, params)
     return float(value) if value is not None and math.isfinite(value) else None
 
