@@ -4,8 +4,10 @@ A key is swept when its value differs between runs. The keys come from each job'
 overrides (`.hydra/overrides.yaml`: `algo=grpo`, `k=4`, `trainer.lr=1e-5`), which name the
 experiment as it was typed; when a run has no overrides file, the flattened resolved configs are
 compared instead (keeping one key per way of splitting the runs). `seed`, `resume` (a sweep's jobs
-continued after an interruption are the same runs) and Hydra's own settings (`hydra.*`,
-`hydra/launcher=...`) never define a group.
+continued after an interruption are the same runs), the keys that change what a run records but
+not what it trains (an evaluation before or after training, checkpoints, the console: a
+pre-registered protocol evaluates step 0 in its first run only) and Hydra's own settings
+(`hydra.*`, `hydra/launcher=...`) never define a group.
 
 A group's label names what its runs typed, plus only those untyped values that tell it apart from
 a group it would otherwise read the same as. Once `algo.mask_criterion` is swept among TEPO's runs,
@@ -23,6 +25,8 @@ from typing import Any
 from tepo_cli.eval.report.runs import Run
 
 _NOT_SWEPT = {"seed", "run_dir", "model.path", "resume"}
+_NOT_SWEPT |= {f"trainer.{key}" for key in ("eval_before", "eval_after", "progress")}
+_NOT_SWEPT |= {f"trainer.{key}" for key in ("save_every", "keep_checkpoints", "save_final")}
 _MISSING = "(default)"
 # A top-level shorthand a run did not type shows the value it sets (conf/train.yaml: `k=K` is
 # algo.unit=block algo.k=K; an MPO run that did not type it has k null and algo.k 5).
