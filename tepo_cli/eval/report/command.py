@@ -15,8 +15,9 @@ from tepo_cli.eval.report.rows import Options
 DESCRIPTION = """\
 Summarise a run or a multirun sweep: runs are grouped by the overrides that differ between them
 (not by seed: seeds are the repeats; nor by resume or what a run records but does not train,
-e.g. trainer.eval_before), and each group gets mean ± 95 % CI over its finished runs. Crashed, failed, interrupted and running runs are listed with their state. Writes
-report.md, report.csv (groups), report_runs.csv and plot_*.png into DIR (or --out)."""
+e.g. trainer.eval_before), and each group gets mean ± 95 % CI over its finished runs. Crashed,
+failed, interrupted and running runs are listed with their state. Writes report.md, report.csv
+(groups), report_runs.csv and plot_*.png into DIR (or --out)."""
 
 DEFAULT_REFERENCE = "algo=grpo"  # where a sweep holds several GRPO groups: no reference
 
