@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tepo_cli.eval.report.dynamics import DynamicsRow, Reach, Reference
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow
@@ -129,10 +130,20 @@ def dynamics_columns(
 
 
 def curve_columns(rows: list[DynamicsRow]) -> list[tuple[str, Callable[[DynamicsRow], str]]]:
-    steps = sorted({step for row in rows for step in row.curve})
-    columns: list[tuple[str, Callable[[DynamicsRow], str]]] = [("group", lambda r: r.group.label)]
+    return step_columns(rows, "group", lambda r: r.group.label, lambda r: r.curve)
+
+
+def step_columns(
+    rows: list[Any],
+    header: str,
+    label: Callable[[Any], str],
+    curve: Callable[[Any], dict[int, Estimate]],
+) -> list[tuple[str, Callable[[Any], str]]]:
+    """Held-out accuracy by step: a row's label, then one column a step any row has."""
+    steps = sorted({step for row in rows for step in curve(row)})
+    columns: list[tuple[str, Callable[[Any], str]]] = [(header, label)]
     for step in steps:
-        columns.append((f"step {step}", lambda r, s=step: _fmt(r.curve.get(s), 3)))
+        columns.append((f"step {step}", lambda r, s=step: _fmt(curve(r).get(s), 3)))
     return columns
 
 

@@ -17,7 +17,7 @@ from tepo_cli.eval.report.protocol_report import (
     RunValues,
     power_family,
 )
-from tepo_cli.eval.report.render import markdown_table
+from tepo_cli.eval.report.render import markdown_table, step_columns
 from tepo_cli.eval.report.terminal import Spec, print_fitted
 
 NONE = "—"
@@ -148,7 +148,7 @@ def print_protocol(console: Console, report: ProtocolReport) -> None:
     """The verdict table, its legend and notes, the exploratory table, then each run's values,
     each fitted to the terminal as the sweep report's tables are (terminal.py): no word folded, a
     column the same in every row said once under its table, a table too wide split into parts."""
-    interim = f" ({report.interim})" if report.interim else ""
+    interim = _interim(report)
     columns = verdict_columns(report.correction)
     title = f"Protocol {report.name}: primary claims{interim}"
     print_fitted(console, [Spec(title, columns, report.primaries, legend(report))], [])
@@ -164,16 +164,12 @@ def print_protocol(console: Console, report: ProtocolReport) -> None:
 def curve_columns(report: ProtocolReport) -> list[tuple[str, Callable[[str], str]]]:
     """Held-out accuracy by step, one row per arm: mean ± 95 % CI over its finished runs."""
     curves = {arm: group_curve(list(runs.values())) for arm, runs in report.arms.items()}
-    steps = sorted({step for curve in curves.values() for step in curve})
-    columns: list[tuple[str, Callable[[str], str]]] = [("arm", lambda arm: arm)]
-    for step in steps:
-        columns.append(
-            (
-                f"step {step}",
-                lambda arm, s=step: NONE if s not in curves[arm] else curves[arm][s].format(3),
-            )
-        )
-    return columns
+    return step_columns(list(curves), "arm", lambda arm: arm, curves.__getitem__)
+
+
+def _interim(report: ProtocolReport) -> str:
+    """What every title of a look before the end carries: '' for the registered analysis."""
+    return f" ({report.interim})" if report.interim else ""
 
 
 def markdown(report: ProtocolReport, source: Path, images: list[Path] | None = None) -> str:
@@ -201,7 +197,7 @@ def markdown(report: ProtocolReport, source: Path, images: list[Path] | None = N
             markdown_table(exploratory_columns(), report.secondaries),
         ]
     if report.per_run:
-        interim = f" ({report.interim})" if report.interim else ""
+        interim = _interim(report)
         parts += ["", f"## Per run{interim}", "", PER_RUN_LEGEND, ""]
         parts += [markdown_table(per_run_columns(report), report.per_run)]
         parts += ["", f"## Held-out accuracy by step{interim}", ""]
