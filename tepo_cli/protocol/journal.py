@@ -59,6 +59,13 @@ def code_checkout() -> Checkout:
     return Checkout(head, bool(changed))
 
 
+def read_entries(path: Path) -> list[dict[str, Any]]:
+    """The journal's lines, oldest first ([] where there is no journal)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -70,9 +77,7 @@ class Journal:
         self.protocol_sha256 = protocol_sha256
 
     def entries(self) -> list[dict[str, Any]]:
-        if not self.path.is_file():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_entries(self.path)
 
     def write(self, run: str, event: str, **details: Any) -> dict[str, Any]:
         record = {

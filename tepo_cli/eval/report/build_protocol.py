@@ -12,6 +12,7 @@ from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.machines import setup_note
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
+from tepo_cli.eval.report.run_history import experiment_events, read_journals, run_histories
 from tepo_cli.eval.report.runs import find_runs, load_run
 from tepo_cli.protocol.spec import load_protocol
 
@@ -28,7 +29,8 @@ def build_protocol_report(
     interim: bool = False,
     plots: bool = True,
 ) -> tuple[ProtocolReport, list[Path]]:
-    """Verdicts of the protocol's primaries over the runs under `root`; writes report_protocol.md,
+    """Verdicts of the protocol's primaries over the runs under `root`, and how each run went
+    (the journal `tepo protocol run` keeps beside them: run_history.py); writes report_protocol.md,
     report_protocol.csv and report_protocol_runs.csv (each run's values) into `out` (default
     `root`), and each arm's curves as PNG plots when `plots`. The protocol is checked against
     the report's metrics before anything is read or written; ConfigError (one paragraph)
@@ -42,7 +44,8 @@ def build_protocol_report(
             f"{root} is not a directory. Give the directory holding the protocol's runs "
             "({arm}_seed{seed}/, as `tepo protocol run` writes them). Nothing was written."
         )
-    runs = [load_run(path, root) for path in find_runs(root)]
+    run_dirs = find_runs(root)
+    runs = [load_run(path, root) for path in run_dirs]
     report = protocol_report(protocol, runs, protocol_path)
     if not any(report.arms.values()) and not report.unfinished:
         raise ConfigError(
@@ -53,6 +56,10 @@ def build_protocol_report(
         raise ConfigError(_not_yet(protocol.name, protocol_path, report))
     arms = {arm: list(runs.values()) for arm, runs in report.arms.items()}
     report.machines = setup_note([run for runs in arms.values() for run in runs], arms)
+    journals = read_journals(root, run_dirs)
+    registered = [run.name for run in protocol.runs()]
+    report.history = run_histories(journals, registered, protocol.commit)
+    report.deviations = experiment_events(journals)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     groups = [Group(arm, {"arm": arm}, runs) for arm, runs in arms.items() if runs]

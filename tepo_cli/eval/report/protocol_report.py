@@ -51,6 +51,7 @@ from tepo_cli.eval.report.protocol_metrics import (
     metric_names,
     param_problem,
 )
+from tepo_cli.eval.report.run_history import RunHistory
 from tepo_cli.eval.report.runs import Run
 
 SUPPORTED = "supported"
@@ -99,6 +100,8 @@ class ProtocolReport:
     machines: str | None = None  # several machines, or a group in two precisions (machines.py)
     columns: list[str] = field(default_factory=list)  # per-run columns: claim (metric)
     per_run: list[RunValues] = field(default_factory=list)  # finished runs, registered order
+    history: list[RunHistory] = field(default_factory=list)  # each journaled run's tries
+    deviations: list[str] = field(default_factory=list)  # the journal's experiment-wide lines
 
     @property
     def runs_in(self) -> str:

@@ -14,6 +14,7 @@ from tepo_cli.eval.report.stats import Estimate
 NONE = "—"
 TEXT_COLUMNS = {"group", "runs", "run", "state", "notes", "quantity", "claim", "exploratory"}
 TEXT_COLUMNS |= {"metric", "test", "verdict"}  # the protocol's verdict table
+TEXT_COLUMNS |= {"ended short", "code"}  # how each run of a protocol went (run_history.py)
 
 
 def _fmt(value: Estimate | float | None, digits: int) -> str:

@@ -18,6 +18,7 @@ from tepo_cli.eval.report.protocol_report import (
     power_family,
 )
 from tepo_cli.eval.report.render import markdown_table, step_columns
+from tepo_cli.eval.report.run_history import HISTORY_LEGEND, history_columns
 from tepo_cli.eval.report.terminal import Spec, print_fitted
 
 NONE = "—"
@@ -145,9 +146,10 @@ def notes(report: ProtocolReport) -> list[str]:
 
 
 def print_protocol(console: Console, report: ProtocolReport) -> None:
-    """The verdict table, its legend and notes, the exploratory table, then each run's values,
-    each fitted to the terminal as the sweep report's tables are (terminal.py): no word folded, a
-    column the same in every row said once under its table, a table too wide split into parts."""
+    """The verdict table, its legend and notes, the exploratory table, each run's values, then
+    how each run went (the journal), each fitted to the terminal as the sweep report's tables are
+    (terminal.py): no word folded, a column the same in every row said once under its table, a
+    table too wide split into parts."""
     interim = _interim(report)
     columns = verdict_columns(report.correction)
     title = f"Protocol {report.name}: primary claims{interim}"
@@ -159,6 +161,25 @@ def print_protocol(console: Console, report: ProtocolReport) -> None:
     if report.per_run:
         spec = Spec(f"Per run{interim}", per_run_columns(report), report.per_run, PER_RUN_LEGEND)
         print_fitted(console, [spec], [])
+    if report.history:
+        spec = Spec("How each run went", history_columns(), report.history, HISTORY_LEGEND)
+        print_fitted(console, [spec], [])
+    for line in report.deviations if report.history or report.deviations else [NO_JOURNAL]:
+        console.print(line, highlight=False)
+
+
+def history_lines(report: ProtocolReport) -> list[str]:
+    """The journal's account (run_history.py) in Markdown: a row per run, then the deviations."""
+    if not report.history and not report.deviations:
+        return [NO_JOURNAL]
+    deviations = ["", *(f"- {line}" for line in report.deviations)] if report.deviations else []
+    return [HISTORY_LEGEND, "", markdown_table(history_columns(), report.history), *deviations]
+
+
+NO_JOURNAL = (
+    "No journal.jsonl beside the runs (`tepo protocol run` keeps one): their starts, resumes and "
+    "crashes are not known to this report."
+)
 
 
 def curve_columns(report: ProtocolReport) -> list[tuple[str, Callable[[str], str]]]:
@@ -203,6 +224,7 @@ def markdown(report: ProtocolReport, source: Path, images: list[Path] | None = N
         parts += ["", f"## Held-out accuracy by step{interim}", ""]
         parts += ["Mean ± 95 % CI over each arm's finished runs (step 0: before training).", ""]
         parts += [markdown_table(curve_columns(report), [a for a, r in report.arms.items() if r])]
+    parts += ["", "## How each run went", "", *history_lines(report)]
     if images:
         parts += ["", "## Curves", "", "Each arm's mean over its finished runs, 95 % band.", ""]
         parts += [f"![{image.stem}]({image.name})" for image in images]
