@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -313,17 +314,26 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
     assert start["commit"] == code_checkout().commit and start["time"].endswith("+00:00")
     assert start["cpu"] == fail["cpu"] == cpu_model()  # which processor each event ran on
 
+    # its run directory gone (a fresh machine): trained again from step 0, said and journaled
+    shutil.move(runs / "grpo_seed0", tmp_path / "lost")
+    crashed = tepo_protocol(tmp_path, str(path), env={"TEPO_FAULT": "update:2"})
+    assert crashed.returncode == 137, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    assert "the journal has 1 earlier tries of it: their checkpoints are gone" in crashed.stdout
+    restart = journal(results)[2]
+    assert (restart["event"], restart["earlier_tries"]) == ("start", 1)
+    assert "earlier_tries" not in start
+
     again = tepo_protocol(tmp_path, str(path))
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "resuming" in again.stdout and "after step 1" in again.stdout
-    events = [(e["run"], e["event"]) for e in journal(results)[2:]]
+    events = [(e["run"], e["event"]) for e in journal(results)[4:]]
     assert events == [
         ("grpo_seed0", "resume"),
         ("grpo_seed0", "finish"),
         ("tepo_seed0", "start"),
         ("tepo_seed0", "finish"),
     ]
-    resume, finish = journal(results)[2:4]
+    resume, finish = journal(results)[4:6]
     assert resume["after_step"] == 1 and finish["steps"] == 2
     for name in ("grpo_seed0", "tepo_seed0"):
         published = results / name

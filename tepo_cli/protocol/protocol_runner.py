@@ -241,7 +241,15 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
     before = effective_state(run_dir) if run_dir.is_dir() else None
     after_step = newest_checkpoint(run_dir)
     if before is None:
-        journal.write(run.name, "start")
+        earlier = _tries(journal, run.name)
+        if earlier:  # its directory went with a machine, or the runs are looked for elsewhere
+            print(
+                f"== {run.name}: no run directory in {runs_dir}, though the journal has {earlier} "
+                "earlier tries of it: their checkpoints are gone (another machine, or another "
+                "--runs-dir?). Training it again from step 0; the journal says so.",
+                flush=True,
+            )
+        journal.write(run.name, "start", **({"earlier_tries": earlier} if earlier else {}))
     elif before == "finished":
         journal.write(run.name, "publish", note="finished before, not yet published")
     else:
@@ -276,6 +284,13 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
         **shared,
     )
     return code or 1
+
+
+def _tries(journal: Journal, name: str) -> int:
+    """How many times the journal says run `name` started or resumed."""
+    return sum(
+        e.get("run") == name and e["event"] in ("start", "resume") for e in journal.entries()
+    )
 
 
 def _stream(command: list[str], console: Path) -> int:
