@@ -170,8 +170,9 @@ def test_status_counts_the_evaluations_left_at_their_own_pace(tmp_path, capsys):
     """A published run took 100 s of steps and two evaluations of 50 s; the run in progress is at
     step 24 of 100 (20 s a step) with its evaluations at steps 10 and 20 done (60 and 70 s): its
     config plans one every 10 steps and one after the last, so 8 are left at its own median, 65 s:
-    76 x 20 + 8 x 65 = 2,040 s; the run not started is the published one's 200 s. Only seconds
-    are read out: no accuracy."""
+    76 x 20 + 8 x 65 = 2,040 s; each of the two runs not started is the published one's 200 s
+    (2,440 s in all).
+    Only seconds are read out: no accuracy."""
     from tepo_cli.protocol.run_progress import evaluations_left, print_status
 
     results, runs = tmp_path / "runs", tmp_path / "ckpts"
@@ -196,15 +197,26 @@ def test_status_counts_the_evaluations_left_at_their_own_pace(tmp_path, capsys):
     assert evaluations_left(running, 20) == [30, 40, 50, 60, 70, 80, 90, 100]  # 20's is done
     planned = ["trainer.max_steps=100"]
     runs_list = [("grpo_seed0", planned), ("tepo_seed0", planned), ("grpo_seed1", planned)]
+    runs_list += [("tepo_seed1", planned)]
+    # the journal: tepo_seed0 is in its second try; grpo_seed1 tried once, its directory is gone
+    events = [("tepo_seed0", "start"), ("tepo_seed0", "fail"), ("grpo_seed1", "start")]
+    events += [("tepo_seed0", "resume")]
+    journal_lines = [json.dumps({"run": run, "event": event}) + "\n" for run, event in events]
+    (results / "journal.jsonl").write_text("".join(journal_lines))
     print_status(runs_list, runs, results)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].endswith(
         "about 25 min of steps left at the median pace of its last 10, and 8 evaluations of "
-        "about 65 s"
+        "about 65 s; its try 2 (journal)"
     )
+    assert lines[2] == (
+        "grpo_seed1: not started here; the journal has 1 earlier try of it, whose directory is "
+        "gone, so it trains again from step 0"
+    )
+    assert lines[3] == "tepo_seed1: not started"
     assert lines[-1] == (
-        "1 of 3 runs published; about 37 min of training steps and evaluations left (the run in "
-        "progress at its recent pace, 1 not started at the median of the 1 published)"
+        "1 of 4 runs published; about 41 min of training steps and evaluations left (the run in "
+        "progress at its recent pace, 2 not started at the median of the 1 published)"
     )
     assert "0.8125" not in "\n".join(lines) and "0.375" not in "\n".join(lines)
 
@@ -318,7 +330,7 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
     shutil.move(runs / "grpo_seed0", tmp_path / "lost")
     crashed = tepo_protocol(tmp_path, str(path), env={"TEPO_FAULT": "update:2"})
     assert crashed.returncode == 137, crashed.stdout[-2000:] + crashed.stderr[-2000:]
-    assert "the journal has 1 earlier tries of it: their checkpoints are gone" in crashed.stdout
+    assert "the journal has 1 earlier try of it: its checkpoints are gone" in crashed.stdout
     restart = journal(results)[2]
     assert (restart["event"], restart["earlier_tries"]) == ("start", 1)
     assert "earlier_tries" not in start

@@ -35,7 +35,13 @@ from tepo_cli.core.run_dir import (
 )
 from tepo_cli.core.run_status import effective_state
 from tepo_cli.protocol.journal import Checkout, CpuShare, Journal, code_checkout, file_digest
-from tepo_cli.protocol.run_progress import last_step, newest_checkpoint, print_status, published
+from tepo_cli.protocol.run_progress import (
+    earlier_tries,
+    last_step,
+    newest_checkpoint,
+    print_status,
+    published,
+)
 from tepo_cli.protocol.spec import Protocol, Run, load_protocol, published_dir
 
 # What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
@@ -244,9 +250,9 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
         earlier = _tries(journal, run.name)
         if earlier:  # its directory went with a machine, or the runs are looked for elsewhere
             print(
-                f"== {run.name}: no run directory in {runs_dir}, though the journal has {earlier} "
-                "earlier tries of it: their checkpoints are gone (another machine, or another "
-                "--runs-dir?). Training it again from step 0; the journal says so.",
+                f"== {run.name}: no run directory in {runs_dir}, though the journal has "
+                f"{earlier_tries(earlier)} of it: its checkpoints are gone (another machine, or "
+                "another --runs-dir?). Training it again from step 0; the journal says so.",
                 flush=True,
             )
         journal.write(run.name, "start", **({"earlier_tries": earlier} if earlier else {}))

@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import yaml
 
 from tepo_cli.core.run_dir import CHECKPOINTS, CONFIG, EVALS, METRICS
 from tepo_cli.core.run_status import effective_state
+from tepo_cli.protocol.journal import JOURNAL, read_entries
 from tepo_cli.protocol.spec import Run
 
 _CHECKPOINT = re.compile(r"^step_(\d{8})$")
 RECENT = 10  # steps whose median seconds `--status` reads the time left from
+BEGINS = ("start", "resume")  # the journal's events that begin a try of a run
 
 
 def published(run_dir: Path) -> bool:
@@ -119,12 +122,20 @@ def _said(seconds: float) -> str:
     )
 
 
+def earlier_tries(count: int) -> str:
+    return f"{count} earlier {'try' if count == 1 else 'tries'}"
+
+
 def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
     """One line a run: published (its steps), in progress (its state, last step of the planned
-    ones, newest checkpoint, that step's seconds, the steps and evaluations it has left) or not
-    started. Nothing about rewards or held-out results, so a pre-registered experiment can be
+    ones, newest checkpoint, that step's seconds, the steps and evaluations it has left, which try
+    the journal counts it at) or not started (with the journal's earlier tries, where its
+    directory is gone). Nothing about rewards or held-out results, so a pre-registered experiment can be
     watched without its outcomes."""
     finished = [name for name, _ in runs if published(results_dir / name)]
+    tries = Counter(
+        e.get("run") for e in read_entries(results_dir / JOURNAL) if e["event"] in BEGINS
+    )
     timed = {name: evaluation_seconds(results_dir / name) for name in finished}
     evaluations = all(timed.values())  # every published run's evaluations were timed
     typical = [s for seconds in timed.values() for s in seconds.values()]
@@ -145,7 +156,13 @@ def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
         run_dir = runs_dir / name
         if not run_dir.is_dir():
             waiting += 1
-            print(f"{name}: not started")
+            lost = tries[name]
+            print(
+                f"{name}: not started"
+                if not lost
+                else f"{name}: not started here; the journal has {earlier_tries(lost)} of it, "
+                "whose directory is gone, so it trains again from step 0"
+            )
             continue
         steps = step_records(run_dir)
         last = steps[-1] if steps else {}
@@ -161,6 +178,7 @@ def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
             f"{name}: {effective_state(run_dir)} in {run_dir}, step {step}{of} logged, newest "
             f"checkpoint {'none' if checkpoint is None else f'step {checkpoint}'}{took}"
             f"{time_left(steps, planned)}{_evaluations_said(left, pace)}"
+            + (f"; its try {tries[name]} (journal)" if tries[name] > 1 else "")
         )
     print(total_left(done, running, waiting, len(runs), evaluations))
     return 0
