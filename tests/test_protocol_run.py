@@ -7,8 +7,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -295,6 +297,39 @@ def test_other_processes_cores_are_the_machines_busy_time_less_the_runs_own():
     assert others_cores(busy=9.9, own=10.0, wall=10.0) == 0.0  # clocks read apart: never < 0
     assert others_cores(busy=25.0, own=20.0, wall=0.0) == 0.0
     assert others_cores(busy=13.0, own=10.0, wall=4.0) == 0.75
+
+
+PAUSED_CHILD = """
+import sys, time
+from tepo_cli.protocol.journal import CpuShare
+share = CpuShare(tick=0.1, pause_gap=1.0)
+print("sampling", flush=True)
+sys.stdin.readline()  # the parent stops this process, waits, continues it, then writes a line
+print(share.paused_seconds, share.paused.busy, flush=True)
+"""
+
+
+def test_a_run_stopped_with_sigstop_counts_as_paused_not_as_sharing():
+    """A process stopped for 3 s while another burns a core: the 3 s are paused time, and the
+    burnt core-seconds are the pause's, not sharing (other work on the machine only adds)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    assert child.stdout.readline().strip() == "sampling"
+    time.sleep(0.3)
+    child.send_signal(signal.SIGSTOP)
+    burn_until = time.monotonic() + 3.0
+    while time.monotonic() < burn_until:  # one core busy while the child is stopped
+        pass
+    child.send_signal(signal.SIGCONT)
+    time.sleep(0.3)
+    paused, busy_in_pause = map(float, child.communicate("go\n", timeout=30)[0].split())
+    assert 2.5 <= paused <= 4.5, paused
+    assert busy_in_pause >= 2.0, busy_in_pause  # the burning core's seconds fell in the pause
 
 
 @pytest.mark.slow

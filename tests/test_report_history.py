@@ -37,13 +37,14 @@ def journal(text: str) -> list[dict]:
         line("tepo_seed10", "start", "02:42:30", text),
         line("grpo_seed10", "start", "03:00:00", text),
         line("grpo_seed10", "fail", "03:30:00", text, exit_code=143, state="interrupted",
-             last_checkpoint=20, others_cores=0.01),
+             last_checkpoint=20, others_cores=0.01, paused_seconds=60.0),
         line("tepo_seed10", "resume", "04:00:00", text, after_step=0, state="unknown",
              dirty=True),
         line("tepo_seed10", "fail", "04:10:00", text, exit_code=1, state="crashed",
              last_checkpoint=None, others_cores=1.5),
         line("grpo_seed10", "resume", "05:00:00", text, after_step=20, state="interrupted"),
-        line("grpo_seed10", "finish", "07:54:29", text, steps=100, others_cores=0.4),
+        line("grpo_seed10", "finish", "07:54:29", text, steps=100, others_cores=0.4,
+             paused_seconds=120.0),
         line("grpo_seed11", "start", "07:54:29", text),
         line("*", "something_new", "08:00:00", text),
     ]  # fmt: skip
@@ -61,6 +62,7 @@ def test_each_run_s_tries_ends_and_code_are_counted_from_the_journal():
     assert crashed_then_resumed.failed == ("exit 143 (interrupted, saved step 20)",)
     assert (crashed_then_resumed.unrecorded, crashed_then_resumed.open) == (0, False)
     assert crashed_then_resumed.others_cores == 0.4  # the most over its two recorded tries
+    assert crashed_then_resumed.paused_seconds == 180.0  # the sum over them
     assert crashed_then_resumed.finished == "2026-11-29 07:54"
     assert crashed_then_resumed.commits == ("c0ffee1",)
     assert (crashed_then_resumed.off_commit, crashed_then_resumed.dirty) == (0, 0)
@@ -72,6 +74,7 @@ def test_each_run_s_tries_ends_and_code_are_counted_from_the_journal():
     assert thrown_away.unrecorded == 2 and not thrown_away.open
     assert thrown_away.failed == ("exit 1 (crashed, no checkpoint)",)
     assert thrown_away.others_cores == 1.5 and thrown_away.finished is None
+    assert thrown_away.paused_seconds is None  # a journal from before pauses were counted
     assert thrown_away.commits == ("abcdef0", "c0ffee1")
     assert (thrown_away.off_commit, thrown_away.dirty, thrown_away.earlier_text) == (1, 1, 1)
 
@@ -86,15 +89,15 @@ def test_each_run_s_tries_ends_and_code_are_counted_from_the_journal():
 
     cells = {r.run: [cell(r) for _, cell in history_columns()] for r in rows.values()}
     assert cells["grpo_seed10"] == [
-        "grpo_seed10", "2", "1", "20", "exit 143 (interrupted, saved step 20)", "0.40",
+        "grpo_seed10", "2", "1", "20", "exit 143 (interrupted, saved step 20)", "0.40", "3.0",
         "2026-11-29 07:54", "c0ffee1",
     ]  # fmt: skip
     assert cells["tepo_seed10"] == [
         "tepo_seed10", "3", "3", "—", "exit 1 (crashed, no checkpoint); no record ×2", "1.50",
-        "—", "abcdef0, c0ffee1 (1 not at the protocol's commit; 1 with changed files; "
+        "—", "—", "abcdef0, c0ffee1 (1 not at the protocol's commit; 1 with changed files; "
         "1 under an earlier protocol text)",
     ]  # fmt: skip
-    assert cells["grpo_seed11"][4:7] == ["—", "—", "not yet"]
+    assert cells["grpo_seed11"][4:8] == ["—", "—", "—", "not yet"]
 
 
 def test_the_experiment_wide_lines_are_its_deviations():
@@ -112,14 +115,17 @@ def test_the_report_says_how_each_run_went_or_that_it_cannot(sweep, tmp_path):  
 
     entries = journal("f" * 64)
     (sweep / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
-    console = Console(width=200, file=io.StringIO(), color_system=None)
+    console = Console(width=300, file=io.StringIO(), color_system=None)
     report, files = build_protocol_report(sweep, path, tmp_path / "out", console, plots=False)
     assert [r.run for r in report.history] == [
         "grpo_seed10", "tepo_seed10", "grpo_seed11", "extra_seed1",
     ]  # fmt: skip
     markdown = files[0].read_text()
     section = markdown[markdown.index("## How each run went") :]
-    assert "| grpo_seed10 | 2 | 1 | 20 | exit 143 (interrupted, saved step 20) | 0.40 |" in section
+    assert (
+        "| grpo_seed10 | 2 | 1 | 20 | exit 143 (interrupted, saved step 20) | 0.40 | 3.0 |"
+        in section
+    )
     assert "- 2026-11-29 02:42 UTC: the protocol file changed" in section
     printed = console.file.getvalue()
     assert "How each run went" in printed and "no record ×2" in printed

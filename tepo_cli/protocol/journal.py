@@ -2,8 +2,9 @@
 
 The results page quotes it for what the records alone do not show: when each run started, that it
 resumed after step N (and at which commit, on which processor: `cpu`), that it crashed with which
-exit code, and whether the machine was shared while it trained (the other processes' CPU use slows
-a run several-fold on a small CPU, which shows up in its timings, not in its metrics). Append-only:
+exit code, whether the machine was shared while it trained (the other processes' CPU use slows
+a run several-fold on a small CPU, which shows up in its timings, not in its metrics) and how long
+it was paused to give the machine to other work (which delays it and changes nothing else). Append-only:
 an earlier line is never rewritten, so the journal is the experiment's history, interruptions
 included.
 """
@@ -15,11 +16,12 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -97,27 +99,70 @@ class Journal:
         return record
 
 
+class Sample(NamedTuple):
+    wall: float  # time.monotonic()
+    busy: float  # the machine's busy CPU seconds
+    own: float  # this process's waited-for children's CPU seconds
+
+
+def _sample() -> Sample:
+    return Sample(time.monotonic(), _busy_seconds(), _children_seconds())
+
+
 class CpuShare:
-    """How many cores other processes kept busy while one run trained.
+    """How many cores other processes kept busy while one run trained, and how long it was paused.
 
     The machine's busy CPU time (psutil) minus this process's children's (os.times(): the run's
     `tepo train` and every process it waited for), over the run's wall time. Measured, not
     inferred from the load average, which still carries the previous run's tail at a run's start.
+
+    A run paused with SIGSTOP (its session stopped to give the machine to other work) is not
+    sharing the machine: its steps compute nothing meanwhile. A thread samples the clocks every
+    `tick` seconds; a gap over `pause_gap` between two samples means this process was stopped
+    too, and that span's wall and busy time are counted as paused, not as sharing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tick: float = 1.0, pause_gap: float = 5.0) -> None:
         self.cpus = os.cpu_count() or 1
-        self._busy = _busy_seconds()
-        self._children = _children_seconds()
-        self._wall = time.monotonic()
+        self._start = self._last = _sample()
+        self._paused = Sample(0.0, 0.0, 0.0)  # the wall, busy and own seconds inside pauses
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._gap = pause_gap
+        watcher = threading.Thread(target=self._watch, args=(tick,), daemon=True)
+        watcher.start()
+
+    def _watch(self, tick: float) -> None:
+        while not self._done.wait(tick):
+            self._take(_sample())
+
+    def _take(self, now: Sample) -> None:
+        """Count the span since the last sample as paused when it is longer than the gap."""
+        with self._lock:
+            if now.wall - self._last.wall > self._gap:
+                spent = [n - last for n, last in zip(now, self._last, strict=True)]
+                self._paused = Sample(*(p + d for p, d in zip(self._paused, spent, strict=True)))
+            self._last = now
+
+    @property
+    def paused(self) -> Sample:
+        """The wall, machine-busy and own CPU seconds inside the pauses so far."""
+        with self._lock:
+            return self._paused
+
+    @property
+    def paused_seconds(self) -> float:
+        return round(self.paused.wall, 1)
 
     def others(self) -> float:
-        """Average cores used by other processes since the start (0 when the run had the CPU)."""
-        return others_cores(
-            busy=_busy_seconds() - self._busy,
-            own=_children_seconds() - self._children,
-            wall=time.monotonic() - self._wall,
-        )
+        """Average cores used by other processes since the start, outside the pauses (0 when the
+        run had the CPU). Ends the sampling."""
+        self._done.set()
+        now = _sample()
+        self._take(now)
+        with self._lock:
+            left = [n - s - p for n, s, p in zip(now, self._start, self._paused, strict=True)]
+        return others_cores(busy=left[1], own=left[2], wall=left[0])
 
 
 def others_cores(busy: float, own: float, wall: float) -> float:

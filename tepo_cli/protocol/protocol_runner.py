@@ -275,7 +275,7 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
     console = runs_dir / f"{run.name}.{CONSOLE}"
     code = _stream(command, console)
     state = effective_state(run_dir)
-    shared = {"others_cores": cpu.others(), "cpus": cpu.cpus}
+    shared = {"others_cores": cpu.others(), "cpus": cpu.cpus, "paused_seconds": cpu.paused_seconds}
     if code == 0 and state == "finished":
         shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
         _publish(run_dir, console, results_dir / run.name)

@@ -44,6 +44,7 @@ class RunHistory:
     unrecorded: int  # tries that ended with no line
     open: bool  # the last try has no end yet: still training, or stopped without a record
     others_cores: float | None  # the most cores other processes kept busy over one ended try
+    paused_seconds: float | None  # stopped (SIGSTOP) over its recorded tries; None: not journaled
     finished: str | None  # when, UTC to the minute
     commits: tuple[str, ...]  # short hashes of the tries' code, in order of first use
     off_commit: int  # tries at a commit other than the protocol's
@@ -91,6 +92,7 @@ def _history(run: str, events: list[tuple[dict[str, Any], bool]], commit: str | 
             open_ = False
     finish = next((e for e in reversed(ends) if e["event"] == "finish"), None)
     cores = [float(e["others_cores"]) for e in ends if e.get("others_cores") is not None]
+    paused = [float(e["paused_seconds"]) for e in ends if e.get("paused_seconds") is not None]
     codes = [str(e.get("commit") or "unknown")[:7] for e in begins]
     # a resume with no checkpoint to resume from (after step 0) trains from step 0 again
     after = [int(e.get("after_step") or 0) if e["event"] == "resume" else 0 for e in begins]
@@ -103,6 +105,7 @@ def _history(run: str, events: list[tuple[dict[str, Any], bool]], commit: str | 
         unrecorded=unrecorded,
         open=open_,
         others_cores=max(cores) if cores else None,
+        paused_seconds=sum(paused) if paused else None,
         finished=_minute(finish["time"]) if finish else None,
         commits=tuple(dict.fromkeys(codes)),
         off_commit=sum(not str(e.get("commit") or "").startswith(commit or "") for e in begins),
@@ -158,6 +161,10 @@ def history_columns() -> list[tuple[str, Callable[[RunHistory], str]]]:
         ("resumed after step", lambda r: ", ".join(map(str, r.resumed_after)) or NONE),
         ("ended short", _ended_short),
         ("others' cores", lambda r: NONE if r.others_cores is None else f"{r.others_cores:.2f}"),
+        (
+            "paused (min)",
+            lambda r: NONE if r.paused_seconds is None else f"{r.paused_seconds / 60:.1f}",
+        ),
         ("finished (UTC)", lambda r: r.finished or ("not yet" if r.open else NONE)),
         ("code", _code),
     ]
@@ -170,6 +177,10 @@ HISTORY_LEGEND = (
     "ended before the run finished, with its exit code, state and newest checkpoint; no record: "
     "tries the runner itself did not outlive (killed, or its machine went down). others' cores: "
     "the most cores other processes kept busy, on average, over one recorded try (0: the run had "
-    "the machine). code: the commits the tries ran, and how many were not at the protocol's "
-    "commit, had changed files, or ran under an earlier text of their protocol file."
+    "the machine; outside its pauses where the journal counts them). paused: the minutes its "
+    "processes were stopped (SIGSTOP, to give the machine to other work) over its recorded "
+    "tries; a paused run computes nothing, so only its wall-clock times show it (—: a journal "
+    "from before pauses were counted, 2026-12-01). code: the commits the tries ran, and how many "
+    "were not at the protocol's commit, had changed files, or ran under an earlier text of their "
+    "protocol file."
 )
