@@ -404,6 +404,8 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
             p.name for p in published.iterdir()
         }
         assert not any(p.suffix in (".safetensors", ".pt") for p in published.rglob("*"))
+        summary = json.loads((published / "summary.json").read_text())
+        assert summary.get("resumed_after") == ([1] if arm == "grpo" else None)
         assert not (runs / name / "checkpoints").exists()
 
     # the step-0 evaluation ran once, in the first run only

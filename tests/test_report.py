@@ -286,6 +286,25 @@ def test_runs_on_several_machines_are_named_and_a_run_that_moved_says_where(swee
     assert build_report(sweep, out, OPTIONS).machines is None  # one machine: nothing to say
 
 
+def test_runs_resumed_from_a_checkpoint_are_named_with_their_steps(sweep, tmp_path):
+    out = tmp_path / "out"
+    assert build_report(sweep, out, OPTIONS).resumes is None  # none recorded a resume
+    for name, steps in (("1_algo=grpo,seed=1", [1]), ("3_algo=mpo,seed=0", [1, 2])):
+        summary = json.loads((sweep / name / "summary.json").read_text())
+        (sweep / name / "summary.json").write_text(json.dumps({**summary, "resumed_after": steps}))
+    report = build_report(sweep, out, OPTIONS)
+    assert report.resumes == (
+        f"2 of {len(report.runs)} runs resumed from a checkpoint (after step): "
+        "1_algo=grpo,seed=1 (1); 3_algo=mpo,seed=0 (1, 2). A resume on the machine the run "
+        "trained on continues it exactly; see Machines for any that moved."
+    )
+    assert report.resumes in (out / "report.md").read_text()
+    with (out / "report_runs.csv").open() as handle:
+        notes = {row["run"]: row["notes"] for row in csv.DictReader(handle)}
+    assert notes["3_algo=mpo,seed=0"] == "resumed after step 1, 2"
+    assert notes["0_algo=grpo,seed=0"] == ""
+
+
 def _set_dtype(run: Path, dtype: str) -> None:
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["model"] = {"dtype": dtype}

@@ -334,6 +334,9 @@ def _note_machine(state: TrainerState, topo: Topology) -> None:
 
 
 def _say_resumed(found: Path, state: TrainerState, topo: Topology) -> None:
+    """On the console, and in summary.json's `resumed_after` (each resume in the lineage of the
+    run's records), so a report names the resumed runs (eval/report/resumes.py)."""
+    state.summary.setdefault("resumed_after", []).append(state.step)
     if topo.is_main:
         print(
             f"tepo train: resuming {found.parent.parent} after step {state.step} ({found.name})",

@@ -14,6 +14,7 @@ from tepo_cli.eval.report.dynamics import DynamicsRow, Reference, build_dynamics
 from tepo_cli.eval.report.grouping import Group, group_runs
 from tepo_cli.eval.report.machines import moved_note, setup_note
 from tepo_cli.eval.report.plots import write_plots
+from tepo_cli.eval.report.resumes import resumed_note, resumes_note
 from tepo_cli.eval.report.rows import GroupRow, Options, RunRow, build_rows
 from tepo_cli.eval.report.runs import Run, find_runs, load_run
 from tepo_cli.eval.report.selection import select_groups
@@ -37,6 +38,7 @@ class Report:
     files: list[Path] = field(default_factory=list)
     no_reference: str | None = None  # why there is no "Against the reference" (reference_note)
     machines: str | None = None  # several machines, or a group in two precisions (machines.py)
+    resumes: str | None = None  # the runs that resumed from a checkpoint (resumes.py)
 
 
 def build_report(
@@ -68,7 +70,7 @@ def build_report(
     runs = [load_run(path, root) for path in paths]
     _check_threshold_key(runs, options.threshold_key)
     for run in runs:
-        run.notes += [note] if (note := moved_note(run)) else []
+        run.notes += [note for note in (moved_note(run), resumed_note(run)) if note]
     swept, groups = _chosen(*group_runs(runs), options)
     group_rows, run_rows = build_rows(groups, options)
     reference, dynamics = build_dynamics(groups, options)
@@ -76,6 +78,7 @@ def build_report(
     report = Report(swept, group_rows, run_rows, reference, dynamics, differences)
     report.no_reference = reference_note(groups, options) if reference is None else None
     report.machines = setup_note(runs, {group.label: group.runs for group in groups})
+    report.resumes = resumes_note(runs)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     label = reference.label if reference is not None else None
@@ -121,6 +124,8 @@ def _print(console: Console, report: Report, options: Options) -> None:
         console.print(f"[bold]Against the reference[/bold]: {report.no_reference}", highlight=False)
     if report.machines:
         console.print(f"[bold]Machines[/bold]: {report.machines}", highlight=False)
+    if report.resumes:
+        console.print(f"[bold]Resumed[/bold]: {report.resumes}", highlight=False)
 
 
 def reference_note(groups: list[Group], options: Options) -> str | None:
@@ -169,6 +174,7 @@ def _markdown(root: Path, report: Report, options: Options, images: list[Path]) 
         + render.legend(options),
         "",
         *([report.machines, ""] if report.machines else []),
+        *([report.resumes, ""] if report.resumes else []),
         render.markdown_table(render.group_columns(options), report.groups),
         "",
         "## Runs",
