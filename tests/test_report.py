@@ -263,6 +263,12 @@ def _set_machines(run: Path, *machines: tuple[str, int]) -> None:
     (run / "summary.json").write_text(json.dumps(summary))
 
 
+def _notes(out: Path) -> dict[str, str]:
+    """Each run's `notes` cell in report_runs.csv."""
+    with (out / "report_runs.csv").open() as handle:
+        return {row["run"]: row["notes"] for row in csv.DictReader(handle)}
+
+
 def test_runs_on_several_machines_are_named_and_a_run_that_moved_says_where(sweep, tmp_path):
     out = tmp_path / "out"
     build_report(sweep, out, OPTIONS)  # no run recorded a machine: nothing said
@@ -277,8 +283,7 @@ def test_runs_on_several_machines_are_named_and_a_run_that_moved_says_where(swee
         "between runs on one machine."
     )
     assert report.machines in (out / "report.md").read_text()
-    with (out / "report_runs.csv").open() as handle:
-        notes = {row["run"]: row["notes"] for row in csv.DictReader(handle)}
+    notes = _notes(out)
     assert notes["1_algo=grpo,seed=1"] == "trained on Intel Xeon, then on AMD EPYC after step 2"
     assert notes["0_algo=grpo,seed=0"] == ""
     _set_machines(sweep / "1_algo=grpo,seed=1", ("Intel Xeon", 0), ("Intel Xeon", 2))
@@ -299,8 +304,7 @@ def test_runs_resumed_from_a_checkpoint_are_named_with_their_steps(sweep, tmp_pa
         "trained on continues it exactly; see Machines for any that moved."
     )
     assert report.resumes in (out / "report.md").read_text()
-    with (out / "report_runs.csv").open() as handle:
-        notes = {row["run"]: row["notes"] for row in csv.DictReader(handle)}
+    notes = _notes(out)
     assert notes["3_algo=mpo,seed=0"] == "resumed after step 1, 2"
     assert notes["0_algo=grpo,seed=0"] == ""
 
