@@ -3,9 +3,9 @@
 The results page quotes it for what the records alone do not show: when each run started, that it
 resumed after step N (and at which commit, on which processor: `cpu`), that it crashed with which
 exit code, whether the machine was shared while it trained (the other processes' CPU use slows
-a run several-fold on a small CPU, which shows up in its timings, not in its metrics) and how long
-it was paused to give the machine to other work (which delays it and changes nothing else). Append-only:
-an earlier line is never rewritten, so the journal is the experiment's history, interruptions
+a run several-fold on a small CPU, which shows up in its timings, not in its metrics) and how
+long it was paused to give the machine to other work (which delays it and changes nothing else).
+Append-only: an earlier line is never rewritten, so the journal is the experiment's history, interruptions
 included.
 """
 
@@ -18,6 +18,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,7 @@ import tepo_cli
 from tepo_cli.core.machine import cpu_model
 
 JOURNAL = "journal.jsonl"
+TRY_BEGINS = ("start", "resume")  # the events that begin a try of a run
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,11 @@ def read_entries(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def tries_by_run(entries: list[dict[str, Any]]) -> Counter[str]:
+    """How many times each run started or resumed, by the journal's lines."""
+    return Counter(str(e.get("run")) for e in entries if e["event"] in TRY_BEGINS)
 
 
 def file_digest(path: Path) -> str:

@@ -34,7 +34,14 @@ from tepo_cli.core.run_dir import (
     SUMMARY,
 )
 from tepo_cli.core.run_status import effective_state
-from tepo_cli.protocol.journal import Checkout, CpuShare, Journal, code_checkout, file_digest
+from tepo_cli.protocol.journal import (
+    Checkout,
+    CpuShare,
+    Journal,
+    code_checkout,
+    file_digest,
+    tries_by_run,
+)
 from tepo_cli.protocol.run_progress import (
     earlier_tries,
     last_step,
@@ -247,7 +254,7 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
     before = effective_state(run_dir) if run_dir.is_dir() else None
     after_step = newest_checkpoint(run_dir)
     if before is None:
-        earlier = _tries(journal, run.name)
+        earlier = tries_by_run(journal.entries())[run.name]
         if earlier:  # its directory went with a machine, or the runs are looked for elsewhere
             print(
                 f"== {run.name}: no run directory in {runs_dir}, though the journal has "
@@ -290,13 +297,6 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
         **shared,
     )
     return code or 1
-
-
-def _tries(journal: Journal, name: str) -> int:
-    """How many times the journal says run `name` started or resumed."""
-    return sum(
-        e.get("run") == name and e["event"] in ("start", "resume") for e in journal.entries()
-    )
 
 
 def _stream(command: list[str], console: Path) -> int:

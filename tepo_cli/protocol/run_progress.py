@@ -8,19 +8,17 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from collections import Counter
 from pathlib import Path
 
 import yaml
 
 from tepo_cli.core.run_dir import CHECKPOINTS, CONFIG, EVALS, METRICS
 from tepo_cli.core.run_status import effective_state
-from tepo_cli.protocol.journal import JOURNAL, read_entries
+from tepo_cli.protocol.journal import JOURNAL, read_entries, tries_by_run
 from tepo_cli.protocol.spec import Run
 
 _CHECKPOINT = re.compile(r"^step_(\d{8})$")
 RECENT = 10  # steps whose median seconds `--status` reads the time left from
-BEGINS = ("start", "resume")  # the journal's events that begin a try of a run
 
 
 def published(run_dir: Path) -> bool:
@@ -133,9 +131,7 @@ def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
     directory is gone). Nothing about rewards or held-out results, so a pre-registered experiment can be
     watched without its outcomes."""
     finished = [name for name, _ in runs if published(results_dir / name)]
-    tries = Counter(
-        e.get("run") for e in read_entries(results_dir / JOURNAL) if e["event"] in BEGINS
-    )
+    tries = tries_by_run(read_entries(results_dir / JOURNAL))
     timed = {name: evaluation_seconds(results_dir / name) for name in finished}
     evaluations = all(timed.values())  # every published run's evaluations were timed
     typical = [s for seconds in timed.values() for s in seconds.values()]

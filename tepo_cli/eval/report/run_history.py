@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tepo_cli.protocol.journal import JOURNAL, read_entries
+from tepo_cli.protocol.journal import JOURNAL, TRY_BEGINS, read_entries
 
-BEGIN = ("start", "resume")
 END = ("fail", "finish")
 EXPERIMENT = "*"  # the run name of a line about the whole experiment
 EXPERIMENT_EVENTS = {
@@ -82,7 +81,7 @@ def _history(run: str, events: list[tuple[dict[str, Any], bool]], commit: str | 
     ends: list[dict[str, Any]] = []
     unrecorded, open_, earlier_text = 0, False, 0
     for entry, earlier in sorted(events, key=lambda pair: str(pair[0].get("time"))):
-        if entry["event"] in BEGIN:
+        if entry["event"] in TRY_BEGINS:
             unrecorded += open_
             begins.append(entry)
             earlier_text += earlier
