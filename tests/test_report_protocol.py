@@ -18,6 +18,7 @@ Two arms (grpo, tepo) × seeds 10, 11, 12; 20 steps; held-out evaluations at ste
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -144,6 +145,8 @@ def test_the_verdicts_of_a_sweep_whose_answers_are_known(sweep, tmp_path):
     rows = by_name(report.primaries)
     convergence, entropy = rows["convergence"], rows["entropy"]
     p_auc = _welch_p([0.45, 0.47, 0.49], [0.30, 0.31, 0.32])
+    csv_lines = (tmp_path / "out" / "report_protocol.csv").read_text().splitlines()
+    assert {line.rsplit(",", 1)[-1] for line in csv_lines[1:]} == {"registered"}
     assert convergence.result.estimate == pytest.approx(0.16)
     assert convergence.result.p == pytest.approx(p_auc, rel=1e-8)
     # Holm over the two primaries; the untestable one counts as p = 1: 2 · p_auc
@@ -266,8 +269,8 @@ def test_a_partial_sweep_reports_n_as_it_is_and_names_what_is_missing(tmp_path):
     markdown = files[0].read_text()
     assert "missing (not found): tepo_seed12" in markdown
     assert "not finished (left out): grpo_seed12 (failed)" in markdown
-    assert report.interim == "INTERIM, 4 of 6 registered runs: not the registered analysis"
-    assert f"**{report.interim}.**" in markdown
+    assert report.label == "INTERIM, 4 of 6 registered runs: not the registered analysis"
+    assert f"**{report.label}.**" in markdown
 
 
 def test_before_every_registered_run_is_in_nothing_is_written_or_shown(tmp_path, capsys):
@@ -295,6 +298,68 @@ def test_before_every_registered_run_is_in_nothing_is_written_or_shown(tmp_path,
     assert "needs --protocol" in capsys.readouterr().err
     assert command.main([str(root), "--protocol", str(path), "--out", str(out), "--interim"]) == 0
     assert "INTERIM, 4 of 6 registered runs" in capsys.readouterr().out
+
+
+def test_a_subset_of_seeds_is_compared_alone_and_labelled_and_gates_read_their_own_seeds(
+    sweep, tmp_path, capsys
+):
+    """--seeds 11,12: the arms compared over those seeds only (a deviation's subset, e.g. the
+    seeds whose runs share a machine), every table labelled; the entropy gate still reads grpo's
+    registered seeds 10, 11 (mean −0.125, failing ≤ −0.15), not the subset's 11, 12 (−0.175)."""
+    from tepo_cli.eval.report import command
+
+    path, out = protocol(tmp_path / "p.yaml", gate_at_most=-0.15), tmp_path / "out"
+    report, files = build_protocol_report(sweep, path, out, seeds=[12, 11])
+    rows = by_name(report.primaries)
+    convergence, entropy = rows["convergence"], rows["entropy"]
+    p_auc = _welch_p([0.47, 0.49], [0.31, 0.32])
+    assert (convergence.result.n_treatment, convergence.result.n_control) == (2, 2)
+    assert convergence.result.estimate == pytest.approx(0.165)
+    assert convergence.result.p == pytest.approx(p_auc, rel=1e-8)
+    assert convergence.adjusted_p == pytest.approx(2 * p_auc, rel=1e-8)  # Holm over both
+    assert (
+        entropy.verdict == "untestable (gate)" and "seed 10 -0.100, seed 11 -0.150" in entropy.gate
+    )
+    assert [row.run for row in report.per_run] == [
+        "grpo_seed11", "grpo_seed12", "tepo_seed11", "tepo_seed12"
+    ]  # fmt: skip
+    label = "SUBSET, seeds 11, 12 of the registered: not the registered analysis"
+    assert report.label == label
+    markdown = files[0].read_text()
+    assert f"**{label}.**" in markdown and f"## Per run ({label})" in markdown
+    with (out / "report_protocol.csv").open(newline="") as handle:
+        assert {row["look"] for row in csv.DictReader(handle)} == {label}
+    # the same through the command; and refused, with nothing written, for a seed the protocol
+    # does not register, a single seed, a word, or without --protocol
+    assert command.main([str(sweep), "--protocol", str(path), "--out", str(out), "--seeds",
+                         "11,12"]) == 0  # fmt: skip
+    assert label in capsys.readouterr().out
+    for seeds, said in [("11,13", "13 is not one of them"), ("11", "at least two"),
+                        ("x", "integers separated by commas")]:  # fmt: skip
+        other = tmp_path / f"out_{seeds}"
+        args = [str(sweep), "--protocol", str(path), "--out", str(other), "--seeds", seeds]
+        assert command.main(args) == 2 and not other.exists()
+        assert said in capsys.readouterr().err
+    assert command.main([str(sweep), "--seeds", "11,12", "--out", str(tmp_path / "o")]) == 2
+    assert "needs --protocol" in capsys.readouterr().err
+
+
+def test_a_subset_waits_for_every_registered_run_as_the_registered_analysis_does(tmp_path):
+    root = tmp_path / "runs"
+    for seed in SEEDS:
+        write_run(root, "grpo", seed)
+    for seed in (10, 11):
+        write_run(root, "tepo", seed)  # tepo_seed12 not yet in: seeds 10, 11 are complete
+    with pytest.raises(ConfigError, match="5 of 6 registered runs are finished"):
+        build_protocol_report(root, protocol(tmp_path / "p.yaml"), tmp_path / "out", seeds=[10, 11])
+    assert not (tmp_path / "out").exists()
+    report, _ = build_protocol_report(
+        root, protocol(tmp_path / "p.yaml"), tmp_path / "out", interim=True, seeds=[10, 11]
+    )
+    assert report.label == (
+        "INTERIM, 5 of 6 registered runs; SUBSET, seeds 10, 11 of the registered: not the "
+        "registered analysis"
+    )
 
 
 def test_fewer_than_two_runs_an_arm_is_untestable(tmp_path):

@@ -28,6 +28,7 @@ def build_protocol_report(
     console: Console | None = None,
     interim: bool = False,
     plots: bool = True,
+    seeds: list[int] | None = None,
 ) -> tuple[ProtocolReport, list[Path]]:
     """Verdicts of the protocol's primaries over the runs under `root`, and how each run went
     (the journal `tepo protocol run` keeps beside them: run_history.py); writes report_protocol.md,
@@ -36,7 +37,9 @@ def build_protocol_report(
     the report's metrics before anything is read or written; ConfigError (one paragraph)
     otherwise.
     Until every registered run is in, nothing is written or shown unless `interim`: then every
-    table is labelled as an interim look."""
+    table is labelled as an interim look. `seeds`: the comparisons over those registered seeds
+    only (a subset a deviation declares, e.g. the seeds whose arms trained on one machine), every
+    table labelled so; it too waits for every registered run."""
     protocol = load_protocol(protocol_path)
     check(protocol, protocol_path)
     if not root.is_dir():
@@ -46,13 +49,13 @@ def build_protocol_report(
         )
     run_dirs = find_runs(root)
     runs = [load_run(path, root) for path in run_dirs]
-    report = protocol_report(protocol, runs, protocol_path)
+    report = protocol_report(protocol, runs, protocol_path, seeds)
     if not any(report.arms.values()) and not report.unfinished:
         raise ConfigError(
             f"no run of protocol {protocol.name!r} under {root}: its runs are directories named "
             f"{{arm}}_seed{{seed}} (e.g. {protocol.runs()[0].name}). Nothing was written."
         )
-    if report.interim and not interim:
+    if report.runs_in and not interim:
         raise ConfigError(_not_yet(protocol.name, protocol_path, report))
     arms = {arm: list(runs.values()) for arm, runs in report.arms.items()}
     report.machines = setup_note([run for runs in arms.values() for run in runs], arms)

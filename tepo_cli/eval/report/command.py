@@ -104,6 +104,13 @@ def parser() -> argparse.ArgumentParser:
         help="with --protocol: compute the verdicts before every registered run is in, each\n"
         "table labelled INTERIM (a look the protocol did not register)",
     )
+    parse.add_argument(
+        "--seeds",
+        metavar="S,S,...",
+        help="with --protocol: compare the arms over these registered seeds only (a subset a\n"
+        "deviation declares, e.g. those whose runs share a machine), each table labelled\n"
+        "SUBSET; gates still read their registered seeds",
+    )
     return parse
 
 
@@ -126,6 +133,10 @@ def main(arguments: list[str]) -> int:
     if args.interim and args.protocol is None:
         print("tepo report: --interim labels a pre-registered protocol's verdicts; it needs "
               "--protocol PROTOCOL.yaml. Nothing was written.", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.seeds is not None and args.protocol is None:
+        print("tepo report: --seeds compares a pre-registered protocol's arms over some of its "
+              "seeds; it needs --protocol PROTOCOL.yaml. Nothing was written.", file=sys.stderr)  # fmt: skip
         return 2
     if args.protocol is not None:
         return _protocol(args)
@@ -164,13 +175,19 @@ def _protocol(args: argparse.Namespace) -> int:
     from tepo_cli.eval.report.build_protocol import build_protocol_report
     from tepo_cli.protocol.spec import published_dir
 
+    try:
+        seeds = None if args.seeds is None else [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        print(f"tepo report: --seeds {args.seeds!r} must be seeds of the protocol, integers "
+              "separated by commas, e.g. 13,14. Nothing was written.", file=sys.stderr)  # fmt: skip
+        return 2
     console = Console()
     if not console.is_terminal:
         console.width = 160
     try:
         root = args.directory or published_dir(args.protocol)
         _, files = build_protocol_report(
-            root, args.protocol, args.out, console, args.interim, not args.no_plots
+            root, args.protocol, args.out, console, args.interim, not args.no_plots, seeds
         )
     except ConfigError as error:
         print(f"tepo report: {error}", file=sys.stderr)

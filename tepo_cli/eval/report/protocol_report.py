@@ -97,6 +97,8 @@ class ProtocolReport:
     unfinished: list[str] = field(default_factory=list)  # found, not finished (state)
     excluded: list[str] = field(default_factory=list)  # named like a run, but not one (why)
     registered: int = 0  # the runs the protocol declares
+    finished: int = 0  # of those, the finished ones (every seed's, whatever `subset`)
+    subset: tuple[int, ...] = ()  # the seeds compared when not all (--seeds): not registered
     machines: str | None = None  # several machines, or a group in two precisions (machines.py)
     columns: list[str] = field(default_factory=list)  # per-run columns: claim (metric)
     per_run: list[RunValues] = field(default_factory=list)  # finished runs, registered order
@@ -106,18 +108,20 @@ class ProtocolReport:
     @property
     def runs_in(self) -> str:
         """'' when every registered run is finished and used; else "k of N registered runs"."""
-        finished = sum(len(runs) for runs in self.arms.values())
         return (
             ""
-            if finished == self.registered
-            else f"{finished} of {self.registered} registered runs"
+            if self.finished == self.registered
+            else f"{self.finished} of {self.registered} registered runs"
         )
 
     @property
-    def interim(self) -> str:
-        """'' for the registered analysis; else the label every table of a look before the end
-        carries."""
-        return f"INTERIM, {self.runs_in}: not the registered analysis" if self.runs_in else ""
+    def label(self) -> str:
+        """'' for the registered analysis; else what every table of another look carries: one
+        before the end (interim), or over some of the seeds (a subset a deviation declares)."""
+        looks = [f"INTERIM, {self.runs_in}"] if self.runs_in else []
+        if self.subset:
+            looks.append(f"SUBSET, seeds {', '.join(map(str, self.subset))} of the registered")
+        return f"{'; '.join(looks)}: not the registered analysis" if looks else ""
 
 
 def _params(claim: Any) -> dict[str, Any]:
@@ -324,14 +328,25 @@ def power_family(correction: str, primaries: int) -> int:
     return 1 if correction == "none" else primaries
 
 
-def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolReport:
-    """The verdicts of the protocol's primaries and its exploratory secondaries."""
+def protocol_report(
+    protocol: Any, runs: list[Run], source: Path, subset: list[int] | None = None
+) -> ProtocolReport:
+    """The verdicts of the protocol's primaries and its exploratory secondaries; with `subset`,
+    compared over those of its seeds only, each gate still read on its registered seeds (a
+    gate says whether a claim can be tested at all, whichever seeds are then compared)."""
     check(protocol, source)
     alpha, correction = float(protocol.alpha), str(protocol.correction)
-    arms, missing, unfinished, excluded = match_runs(protocol, runs)
+    every_seed, missing, unfinished, excluded = match_runs(protocol, runs)
+    seeds = _subset(protocol, subset, source)
+    arms = {
+        arm: {seed: run for seed, run in runs.items() if seed in seeds}
+        for arm, runs in every_seed.items()
+    }
     results = [evaluate(claim, arms, alpha) for claim in protocol.primaries]
     gates = [
-        gate_status(claim.gate, arms) if getattr(claim, "gate", None) is not None else (True, "")
+        gate_status(claim.gate, every_seed)
+        if getattr(claim, "gate", None) is not None
+        else (True, "")
         for claim in protocol.primaries
     ]
     testable = [passed and r.p is not None for r, (passed, _) in zip(results, gates, strict=True)]
@@ -361,7 +376,24 @@ def protocol_report(protocol: Any, runs: list[Run], source: Path) -> ProtocolRep
     ]
     return ProtocolReport(
         protocol.name, alpha, correction, arms, primaries, secondaries, missing, unfinished,
-        excluded, len(protocol.runs()),
+        excluded, len(protocol.runs()), sum(len(runs) for runs in every_seed.values()),
+        tuple(sorted(seeds)) if subset else (),
         columns=[header for header, _, _ in per_run_columns(protocol)],
         per_run=per_run_values(protocol, arms),
     )  # fmt: skip
+
+
+def _subset(protocol: Any, subset: list[int] | None, source: Path) -> set[int]:
+    """The seeds to compare: all the protocol's, or `subset` (each one of them, at least two)."""
+    registered = [int(seed) for seed in protocol.seeds]
+    if subset is None:
+        return set(registered)
+    foreign = [seed for seed in subset if seed not in registered]
+    if foreign or len(set(subset)) < 2:
+        raise ConfigError(
+            f"--seeds {','.join(map(str, subset))}: a subset compares at least two of the seeds "
+            f"{source} registers ({', '.join(map(str, registered))})"
+            + (f"; {', '.join(map(str, foreign))} is not one of them" if foreign else "")
+            + ". Nothing was written or shown."
+        )
+    return set(subset)

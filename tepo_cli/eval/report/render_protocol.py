@@ -150,16 +150,16 @@ def print_protocol(console: Console, report: ProtocolReport) -> None:
     how each run went (the journal), each fitted to the terminal as the sweep report's tables are
     (terminal.py): no word folded, a column the same in every row said once under its table, a
     table too wide split into parts."""
-    interim = _interim(report)
+    label = _label(report)
     columns = verdict_columns(report.correction)
-    title = f"Protocol {report.name}: primary claims{interim}"
+    title = f"Protocol {report.name}: primary claims{label}"
     print_fitted(console, [Spec(title, columns, report.primaries, legend(report))], [])
     for line in notes(report):
         console.print(line, highlight=False)
-    title = f"Exploratory (secondary, not corrected; no verdicts){interim}"
+    title = f"Exploratory (secondary, not corrected; no verdicts){label}"
     print_fitted(console, [Spec(title, exploratory_columns(), report.secondaries)], [])
     if report.per_run:
-        spec = Spec(f"Per run{interim}", per_run_columns(report), report.per_run, PER_RUN_LEGEND)
+        spec = Spec(f"Per run{label}", per_run_columns(report), report.per_run, PER_RUN_LEGEND)
         print_fitted(console, [spec], [])
     if report.history:
         spec = Spec("How each run went", history_columns(), report.history, HISTORY_LEGEND)
@@ -188,16 +188,16 @@ def curve_columns(report: ProtocolReport) -> list[tuple[str, Callable[[str], str
     return step_columns(list(curves), "arm", lambda arm: arm, curves.__getitem__)
 
 
-def _interim(report: ProtocolReport) -> str:
-    """What every title of a look before the end carries: '' for the registered analysis."""
-    return f" ({report.interim})" if report.interim else ""
+def _label(report: ProtocolReport) -> str:
+    """What every title of a look other than the registered one carries: '' for that one."""
+    return f" ({report.label})" if report.label else ""
 
 
 def markdown(report: ProtocolReport, source: Path, images: list[Path] | None = None) -> str:
     parts = [
         f"# Protocol {report.name}: verdicts",
         "",
-        *([f"**{report.interim}.**", ""] if report.interim else []),
+        *([f"**{report.label}.**", ""] if report.label else []),
         f"Registered in `{source}`; α = {report.alpha:g}, correction {report.correction}.",
         "",
         "## Primary claims",
@@ -218,10 +218,10 @@ def markdown(report: ProtocolReport, source: Path, images: list[Path] | None = N
             markdown_table(exploratory_columns(), report.secondaries),
         ]
     if report.per_run:
-        interim = _interim(report)
-        parts += ["", f"## Per run{interim}", "", PER_RUN_LEGEND, ""]
+        label = _label(report)
+        parts += ["", f"## Per run{label}", "", PER_RUN_LEGEND, ""]
         parts += [markdown_table(per_run_columns(report), report.per_run)]
-        parts += ["", f"## Held-out accuracy by step{interim}", ""]
+        parts += ["", f"## Held-out accuracy by step{label}", ""]
         parts += ["Mean ± 95 % CI over each arm's finished runs (step 0: before training).", ""]
         parts += [markdown_table(curve_columns(report), [a for a, r in report.arms.items() if r])]
     parts += ["", "## How each run went", "", *history_lines(report)]
@@ -254,7 +254,8 @@ def write_runs_csv(path: Path, report: ProtocolReport) -> None:
 def write_csv(path: Path, report: ProtocolReport) -> None:
     fields = ["kind", "claim", "metric", "treatment", "control", "direction", "test"]
     fields += ["difference", "low", "high", "level", "n_treatment", "n_control", "p"]
-    fields += ["adjusted_p", "detectable", "verdict", "note"]
+    fields += ["adjusted_p", "detectable", "verdict", "note", "look"]
+    look = report.label or "registered"  # a row read alone still says which analysis it is
     rows = [("primary", r) for r in report.primaries]
     rows += [("exploratory", r) for r in report.secondaries]
     with path.open("w", newline="", encoding="utf-8") as handle:
@@ -266,6 +267,6 @@ def write_csv(path: Path, report: ProtocolReport) -> None:
                 kind, r.name, r.metric, r.treatment, r.control, r.direction, t.test, t.estimate,
                 t.low, t.high, t.level, t.n_treatment, t.n_control, t.p, r.adjusted_p, r.detectable,
                 r.verdict,
-                "; ".join(x for x in (t.note, r.gate) if x),
+                "; ".join(x for x in (t.note, r.gate) if x), look,
             )  # fmt: skip
             writer.writerow(["" if v is None else v for v in values])
