@@ -180,7 +180,33 @@ def test_a_protocol_whose_seeds_trained_on_two_machines_says_so_under_its_verdic
         "The runs started on 2 machines: Intel Xeon (4 runs), AMD EPYC (2 runs). Compare "
         "seconds, tokens/s and MFU only between runs on one machine."
     )
-    assert f"- {report.machines}" in files[0].read_text()
+    markdown = files[0].read_text()
+    assert f"- {report.machines}" in markdown
+    # and each run's machine in the per-run table and CSV
+    assert "| run | machine | convergence (eval_auc) |" in markdown
+    assert "| tepo_seed12 | AMD EPYC | 0.490 |" in markdown
+    assert "| grpo_seed10 | Intel Xeon | 0.300 |" in markdown
+    with (tmp_path / "out" / "report_protocol_runs.csv").open(newline="") as handle:
+        machines = {row["run"]: row["machine"] for row in csv.DictReader(handle)}
+    assert machines["tepo_seed12"] == "AMD EPYC" and machines["grpo_seed11"] == "Intel Xeon"
+
+
+def test_a_run_that_moved_machine_says_where_and_one_that_recorded_none_says_so(sweep, tmp_path):
+    moved = {"machines": [{"cpu": "Intel Xeon", "accelerator": None, "from_step": 0},
+                          {"cpu": "AMD EPYC", "accelerator": None, "from_step": 95}]}  # fmt: skip
+    (sweep / "grpo_seed10" / "summary.json").write_text(json.dumps(moved))
+    report, files = build_protocol_report(sweep, protocol(tmp_path / "p.yaml"), tmp_path / "out")
+    rows = {row.run: row.machine for row in report.per_run}
+    assert rows["grpo_seed10"] == "Intel Xeon → AMD EPYC from step 95"
+    assert rows["grpo_seed11"] is None
+    markdown = files[0].read_text()
+    assert "| grpo_seed10 | Intel Xeon → AMD EPYC from step 95 |" in markdown
+    assert "| grpo_seed11 | not recorded |" in markdown
+
+
+def test_runs_on_one_machine_or_none_recorded_have_no_machine_column(sweep, tmp_path):
+    _, files = build_protocol_report(sweep, protocol(tmp_path / "p.yaml"), tmp_path / "out")
+    assert "| run | convergence (eval_auc) |" in files[0].read_text()
 
 
 def test_the_exploratory_secondaries(sweep, tmp_path):
@@ -227,7 +253,7 @@ def test_each_run_s_values_are_the_numbers_the_tests_compared(sweep, tmp_path):
     assert lines[0] == (
         "run,arm,seed,convergence (eval_auc),entropy (entropy_change),"
         "entropy gate (entropy_relative_change),steps_to_045 (steps_to_level),"
-        "steps_to_045 (steps_to_level) reached,train_accuracy (train_accuracy_mean)"
+        "steps_to_045 (steps_to_level) reached,train_accuracy (train_accuracy_mean),machine"
     )
     tepo_10 = next(line for line in lines if line.startswith("tepo_seed10,"))
     assert tepo_10.split(",")[1:3] == ["tepo", "10"] and tepo_10.split(",")[6:8] == ["20", "True"]

@@ -28,6 +28,17 @@ def _machines(run: Run) -> list[dict[str, Any]]:
     return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
 
 
+def run_machine(run: Run) -> str | None:
+    """The machine a run trained on, as a table cell ("A → B from step 95" for one that moved);
+    None when it recorded none (runs from before `machines` existed)."""
+    machines = _machines(run)
+    if not machines:
+        return None
+    cells = [_label(machines[0])]
+    cells += [f"{_label(m)} from step {m.get('from_step', 0)}" for m in machines[1:]]
+    return " → ".join(cells)
+
+
 def moved_note(run: Run) -> str | None:
     """'trained on A, then on B after step 95' for a run that changed machine (None otherwise)."""
     machines = _machines(run)

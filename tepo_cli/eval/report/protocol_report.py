@@ -41,6 +41,7 @@ from tepo_cli.eval.report.inference import (
     paired,
     welch,
 )
+from tepo_cli.eval.report.machines import run_machine
 from tepo_cli.eval.report.per_problem import per_problem_paired
 from tepo_cli.eval.report.protocol_metrics import (
     PER_PROBLEM,
@@ -83,6 +84,7 @@ class RunValues:
     seed: int
     run: str
     values: tuple[float | Time | None, ...]
+    machine: str | None = None  # where it trained, when it recorded it (machines.py)
 
 
 @dataclass
@@ -317,7 +319,7 @@ def per_run_values(protocol: Any, arms: dict[str, dict[int, Run]]) -> list[RunVa
     for arm, runs in arms.items():
         for seed, run in sorted(runs.items()):
             values = tuple(_run_value(run, metric, params) for _, metric, params in columns)
-            rows.append(RunValues(arm, seed, run.path.name, values))
+            rows.append(RunValues(arm, seed, run.path.name, values, run_machine(run)))
     return rows
 
 

@@ -103,7 +103,10 @@ def _run_value(value: float | Time | None) -> str:
 
 
 def per_run_columns(report: ProtocolReport) -> list[tuple[str, Callable[[RunValues], str]]]:
+    """The run, its machine where the runs did not all record one and the same, its values."""
     columns: list[tuple[str, Callable[[RunValues], str]]] = [("run", lambda r: r.run)]
+    if len({row.machine for row in report.per_run}) > 1:
+        columns.append(("machine", lambda r: r.machine or "not recorded"))
     for index, header in enumerate(report.columns):
         columns.append((header, lambda r, i=index: _run_value(r.values[i])))
     return columns
@@ -238,6 +241,7 @@ def write_runs_csv(path: Path, report: ProtocolReport) -> None:
     timed = {i for row in report.per_run for i, v in enumerate(row.values) if isinstance(v, Time)}
     for index, header in enumerate(report.columns):
         fields += [header, f"{header} reached"] if index in timed else [header]
+    fields.append("machine")
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(fields)
@@ -248,7 +252,7 @@ def write_runs_csv(path: Path, report: ProtocolReport) -> None:
                     cells += [f"{value.step:g}", value.event]
                 else:
                     cells += [value, ""] if index in timed else [value]
-            writer.writerow(["" if v is None else v for v in cells])
+            writer.writerow(["" if v is None else v for v in [*cells, row.machine]])
 
 
 def write_csv(path: Path, report: ProtocolReport) -> None:
