@@ -430,3 +430,64 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
     assert "nothing to resume, skipped" in fourth.stdout
     assert journal(results)[-2]["event"] == "publish" and journal(results)[-1]["event"] == "finish"
     assert (results / "tepo_seed0" / "status.json").is_file()
+
+
+def test_a_pilot_replaces_the_seed_and_turns_off_evaluations_and_checkpoints():
+    from tepo_cli.protocol.pilot import pilot_overrides
+    from tepo_cli.protocol.spec import Run
+
+    run = Run("grpo_seed0", [*SMOKE, "algo=grpo", "seed=0", "trainer.eval_before=true"])
+    overrides = pilot_overrides(run, 1000, Path("/tmp/p"))
+    keys = [o.split("=", 1)[0] for o in overrides]
+    assert len(keys) == len(set(keys))  # Hydra refuses a key given twice
+    assert {"seed=1000", "trainer.eval_before=false", "trainer.eval_every=0",
+            "trainer.save_every=0", "hydra.run.dir=/tmp/p"} <= set(overrides)  # fmt: skip
+    assert "trainer.max_steps=2" in overrides and "algo=grpo" in overrides  # the rest as registered
+
+
+@pytest.mark.slow
+def test_a_pilot_trains_each_arm_at_another_seed_says_only_seconds_and_memory_and_leaves_no_run(
+    tmp_path,
+):
+    path, runs = protocol_file(tmp_path), tmp_path / "runs"
+    results = path.parent / "runs"
+    result = tepo_protocol(tmp_path, str(path), "--pilot", "1", "--runs-dir", str(runs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    for arm in ("grpo", "tepo"):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(f"{arm}: "))
+        assert line.startswith(f"{arm}: pilot of {arm}_seed0 at seed 1000; a step ")
+        assert "peak RSS" in line
+    assert "at these paces, 2 of the 2 selected runs need" in result.stdout
+    assert "reward" not in said and "acc " not in said  # no outcome of any step is shown
+    assert not runs.exists() or not any(runs.iterdir())  # no run directory, no pilot left
+    pilots = [e for e in journal(results) if e["event"] == "pilot"]
+    assert [(e["run"], e["arm"], e["seed"], e["exit_code"]) for e in pilots] == [
+        ("*", "grpo", 1000, 0), ("*", "tepo", 1000, 0)
+    ]  # fmt: skip
+    assert all(e["median_step_seconds"] > 0 and e["peak_rss_mb"] > 0 for e in pilots)
+    status = tepo_protocol(tmp_path, str(path), "--status", "--runs-dir", str(runs), timeout=60)
+    assert "grpo_seed0: not started" in status.stdout and "tepo_seed0: not started" in status.stdout
+    from tepo_cli.eval.report.run_history import experiment_events
+
+    assert experiment_events([journal(results)])[0].endswith(
+        "UTC: a pilot of arm grpo: grpo_seed0's command at seed 1000 until step 1, not evaluated, "
+        "only its seconds and memory read (--pilot; exit 0)"
+    )
+
+
+@pytest.mark.slow
+def test_a_pilot_that_dies_says_which_keeps_its_console_and_exits_non_zero(tmp_path):
+    path, runs = protocol_file(tmp_path), tmp_path / "runs"
+    args = [str(path), "--pilot", "1", "--runs-dir", str(runs), "--only", "^grpo_"]
+    result = tepo_protocol(tmp_path, *args, env={"TEPO_FAULT": "update:1"})
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr[-3000:]
+    console = runs / ".pilot" / "grpo.console.log"
+    assert (
+        f"the pilot of grpo_seed0 ended (exit {128 + signal.SIGKILL}) after 0 of 1 steps. "
+        f"Its console: {console}"
+    ) in result.stderr
+    assert console.is_file() and "reward" not in result.stdout + result.stderr
+    assert "no estimate (no pilot finished" in result.stdout
+    (pilot,) = [e for e in journal(path.parent / "runs") if e["event"] == "pilot"]
+    assert pilot["exit_code"] == 128 + signal.SIGKILL

@@ -31,6 +31,7 @@ from tepo_cli.core.machine import cpu_model
 
 JOURNAL = "journal.jsonl"
 TRY_BEGINS = ("start", "resume")  # the events that begin a try of a run
+EXPERIMENT = "*"  # the run name of a line about the whole experiment
 
 
 @dataclass(frozen=True)

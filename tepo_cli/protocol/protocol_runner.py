@@ -35,6 +35,7 @@ from tepo_cli.core.run_dir import (
 )
 from tepo_cli.core.run_status import effective_state
 from tepo_cli.protocol.journal import (
+    EXPERIMENT,
     Checkout,
     CpuShare,
     Journal,
@@ -42,6 +43,7 @@ from tepo_cli.protocol.journal import (
     file_digest,
     tries_by_run,
 )
+from tepo_cli.protocol.pilot import run_pilots
 from tepo_cli.protocol.run_progress import (
     earlier_tries,
     last_step,
@@ -57,7 +59,7 @@ CONSOLE = "console.log"
 
 USAGE = (
     "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
-    "[--list] [--status] [--dry-run]"
+    "[--list] [--status] [--dry-run] [--pilot STEPS]"
 )
 
 
@@ -70,6 +72,7 @@ class Options:
     list_only: bool
     dry_run: bool
     status: bool
+    pilot: int | None
     allow_commit_mismatch: bool
     allow_protocol_change: bool
 
@@ -128,6 +131,7 @@ def _parse(argv: list[str]) -> Options:
         list_only=args.list,
         dry_run=args.dry_run,
         status=args.status,
+        pilot=args.pilot,
         allow_commit_mismatch=args.allow_commit_mismatch,
         allow_protocol_change=args.allow_protocol_change,
     )
@@ -146,6 +150,13 @@ def _add_modes(run: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="validate every run's config, train nothing"
     )
     run.add_argument(
+        "--pilot",
+        type=_steps,
+        metavar="STEPS",
+        help="before the runs: each arm's first run for STEPS steps at a seed no run uses, not "
+        "evaluated, killed and deleted; says only its seconds and memory (journaled)",
+    )
+    run.add_argument(
         "--allow-commit-mismatch",
         action="store_true",
         help="run at a commit other than the protocol's (journaled as a deviation)",
@@ -155,6 +166,12 @@ def _add_modes(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="go on after the protocol file changed since its runs started (journaled)",
     )
+
+
+def _steps(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps (1 or more)")
+    return int(text)
 
 
 def run_protocol(options: Options) -> int:
@@ -175,8 +192,10 @@ def run_protocol(options: Options) -> int:
     journal = Journal(results_dir, checkout, file_digest(options.protocol))
     _check_unchanged(journal, options)
     if mismatch:
-        journal.write("*", "commit_mismatch", pinned=protocol.commit)
+        journal.write(EXPERIMENT, "commit_mismatch", pinned=protocol.commit)
         print(f"tepo protocol run: {mismatch}", file=sys.stderr)
+    if options.pilot is not None:
+        return run_pilots(protocol, runs, runs_dir, journal, options.pilot)
     for run in runs:
         if published(results_dir / run.name):
             print(f"== {run.name}: finished and published already, skipped", flush=True)
@@ -237,7 +256,7 @@ def _check_unchanged(journal: Journal, options: Options) -> None:
     if latest is None or latest["protocol_sha256"] == journal.protocol_sha256:
         return
     if options.allow_protocol_change:
-        journal.write("*", "protocol_changed", previous_sha256=latest["protocol_sha256"])
+        journal.write(EXPERIMENT, "protocol_changed", previous_sha256=latest["protocol_sha256"])
         return
     first = next(e for e in entries if e.get("protocol_sha256"))
     raise ConfigError(

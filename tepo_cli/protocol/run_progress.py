@@ -83,7 +83,7 @@ def time_left(steps: list[dict], planned: list[str]) -> str:
     if seconds is None:
         return ""
     paced = len(_recent_seconds(steps))
-    return f", {_said(seconds)} of steps left at the median pace of its last {paced}"
+    return f", {duration(seconds)} of steps left at the median pace of its last {paced}"
 
 
 def total_left(
@@ -103,7 +103,7 @@ def total_left(
         return done
     left = running + (statistics.median(published) * waiting if waiting else 0.0)
     what, aside = ("steps and evaluations", "") if evaluations else ("steps", ", evaluations aside")
-    return f"{done}; {_said(left)} of training {what} left ({', '.join(parts)}){aside}"
+    return f"{done}; {duration(left)} of training {what} left ({', '.join(parts)}){aside}"
 
 
 def _recent_seconds(steps: list[dict]) -> list[float]:
@@ -111,7 +111,8 @@ def _recent_seconds(steps: list[dict]) -> list[float]:
     return [value for value in recent if isinstance(value, int | float)]
 
 
-def _said(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """'about 1 h 5 min', 'about 7 min', 'under a minute'."""
     minutes = round(seconds / 60)
     if minutes < 1:
         return "under a minute"

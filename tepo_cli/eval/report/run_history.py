@@ -20,15 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tepo_cli.protocol.journal import JOURNAL, TRY_BEGINS, read_entries
+from tepo_cli.protocol.journal import EXPERIMENT, JOURNAL, TRY_BEGINS, read_entries
 
 END = ("fail", "finish")
-EXPERIMENT = "*"  # the run name of a line about the whole experiment
 EXPERIMENT_EVENTS = {
     "protocol_changed": "the protocol file changed after its runs had started "
     "(--allow-protocol-change)",
     "commit_mismatch": "runs went on at a commit other than the protocol's "
     "(--allow-commit-mismatch)",
+    "pilot": "a pilot of arm {arm}: {of_run}'s command at seed {seed} until step {steps}, not "
+    "evaluated, only its seconds and memory read (--pilot; exit {exit_code})",
 }
 NONE = "—"
 
@@ -125,9 +126,10 @@ def _minute(time: str) -> str:
 
 
 def experiment_events(journals: list[list[dict[str, Any]]]) -> list[str]:
-    """The journals' lines about a whole experiment (its deviations), one sentence each."""
+    """The journals' lines about a whole experiment (its deviations and pilots), one sentence
+    each."""
     return [
-        f"{_minute(e['time'])} UTC: {EXPERIMENT_EVENTS.get(e['event'], e['event'])}"
+        f"{_minute(e['time'])} UTC: {EXPERIMENT_EVENTS.get(e['event'], e['event']).format_map(e)}"
         for entries in journals
         for e in entries
         if e.get("run") == EXPERIMENT
