@@ -491,3 +491,24 @@ def test_a_pilot_that_dies_says_which_keeps_its_console_and_exits_non_zero(tmp_p
     assert "no estimate (no pilot finished" in result.stdout
     (pilot,) = [e for e in journal(path.parent / "runs") if e["event"] == "pilot"]
     assert pilot["exit_code"] == 128 + signal.SIGKILL
+
+
+def test_a_pilot_reads_only_seconds_and_memory_a_warm_up_included(tmp_path):
+    from tepo_cli.protocol.pilot import _measured, _measured_said
+
+    records = [
+        {"mtp_warmup_seconds": 2.7, "mtp_warmup_loss": 9.0},  # MPO's warm-up, cumulative seconds
+        {"mtp_warmup_seconds": 121.0, "mtp_warmup_loss": 4.0},
+        {"step": 1, "step_seconds": 48.9, "peak_rss_mb": 7217.0, "reward_mean": 0.5},
+        {"step": 2, "step_seconds": 46.8, "peak_rss_mb": 7369.7, "reward_mean": 0.25},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    found = _measured(tmp_path)
+    assert found == pytest.approx({
+        "warmup_seconds": 121.0, "median_step_seconds": (48.9 + 46.8) / 2, "min_step_seconds": 46.8,
+        "max_step_seconds": 48.9, "peak_rss_mb": 7369.7,
+    })  # fmt: skip
+    assert _measured_said("mpo_k5_seed10", 1014, found) == (
+        "pilot of mpo_k5_seed10 at seed 1014; warm-up 121 s; a step 47–49 s (median 48 s); "
+        "peak RSS 7.2 GB"
+    )

@@ -6,9 +6,9 @@ turn. A pilot trains the arm's first run exactly as registered, with two changes
 registered run uses (`pilot_seed`), and no held-out evaluation or checkpoint (the registered
 runs' evaluations are the outcomes; a pilot reads none). It is stopped (SIGKILL to its process
 group) once N training steps are logged, its directory is deleted, and what it says is only
-seconds and memory: the MTP warm-up, each step's seconds, the peak RSS. Its console (rewards
-included) goes to a file that is deleted with it, kept only when the pilot fails. Each pilot is a
-line of the journal, so the results page can say that one ran.
+seconds and memory: a warm-up before the first step (MPO's modules'), each step's seconds, the
+peak RSS. Its console (rewards included) goes to a file that is deleted with it, kept only when
+the pilot fails. Each pilot is a line of the journal, so the results page can say that one ran.
 """
 
 from __future__ import annotations
@@ -119,12 +119,19 @@ def _steps(run_dir: Path) -> list[dict]:
 
 
 def _measured(run_dir: Path) -> dict[str, float]:
-    """Seconds and memory from metrics.jsonl, nothing else of it: the MTP warm-up's seconds (its
-    records count them cumulatively), each step's seconds and the highest peak RSS."""
+    """Seconds and memory from metrics.jsonl, nothing else of it: a warm-up's seconds (the records
+    before the first step, with a `..._warmup_seconds` key counted cumulatively), each step's
+    seconds and the highest peak RSS."""
     path = run_dir / METRICS
     lines = path.read_text().splitlines() if path.is_file() else []
     records = [json.loads(line) for line in lines if line.strip()]
-    warmup = [r["mtp_warmup_seconds"] for r in records if "mtp_warmup_seconds" in r]
+    warmup = [
+        value
+        for record in records
+        if "step" not in record
+        for key, value in record.items()
+        if key.endswith("warmup_seconds")
+    ]
     seconds = [r["step_seconds"] for r in records if "step" in r and "step_seconds" in r]
     rss = [r["peak_rss_mb"] for r in records if "peak_rss_mb" in r]
     found = {"warmup_seconds": max(warmup)} if warmup else {}
@@ -137,7 +144,7 @@ def _measured(run_dir: Path) -> dict[str, float]:
 def _measured_said(name: str, seed: int, found: dict[str, float]) -> str:
     parts = [f"pilot of {name} at seed {seed}"]
     if "warmup_seconds" in found:
-        parts.append(f"MTP warm-up {found['warmup_seconds']:.0f} s")
+        parts.append(f"warm-up {found['warmup_seconds']:.0f} s")
     low, high = found["min_step_seconds"], found["max_step_seconds"]
     spread = f"{low:.0f}–{high:.0f} s" if round(low) != round(high) else f"{low:.0f} s"
     parts.append(f"a step {spread} (median {found['median_step_seconds']:.0f} s)")
