@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tepo_cli.core.run_dir import METRICS
 from tepo_cli.protocol.journal import EXPERIMENT, Journal
-from tepo_cli.protocol.run_progress import duration
+from tepo_cli.protocol.run_progress import duration, step_records
 from tepo_cli.protocol.spec import Protocol, Run
 
 # Overrides a pilot replaces: the seed, and nothing evaluated or saved while it runs.
@@ -91,13 +91,13 @@ def _pilot(run: Run, seed: int, run_dir: Path, steps: int) -> tuple[int, dict[st
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            while process.poll() is None and len(_steps(run_dir)) < steps:
+            while process.poll() is None and len(step_records(run_dir)) < steps:
                 time.sleep(1.0)
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
             code = process.wait()
-    records, found = _steps(run_dir), _measured(run_dir)
+    records, found = step_records(run_dir), _measured(run_dir)
     if len(records) >= steps or (code == 0 and records):  # killed at N, or a shorter run ended
         shutil.rmtree(run_dir, ignore_errors=True)
         console.unlink()
@@ -110,12 +110,6 @@ def _pilot(run: Run, seed: int, run_dir: Path, steps: int) -> tuple[int, dict[st
         flush=True,
     )
     return code, found
-
-
-def _steps(run_dir: Path) -> list[dict]:
-    path = run_dir / METRICS
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return [r for r in (json.loads(line) for line in lines if line.strip()) if "step" in r]
 
 
 def _measured(run_dir: Path) -> dict[str, float]:

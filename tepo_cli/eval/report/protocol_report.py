@@ -34,7 +34,6 @@ from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.censored import Time, logrank, time_to_level
 from tepo_cli.eval.report.dynamics import held_out_curve
 from tepo_cli.eval.report.inference import (
-    DIRECTIONS,
     Inference,
     adjust,
     detectable,
@@ -43,14 +42,11 @@ from tepo_cli.eval.report.inference import (
 )
 from tepo_cli.eval.report.machines import run_machine
 from tepo_cli.eval.report.per_problem import per_problem_paired
+from tepo_cli.eval.report.protocol_check import check, claim_params
 from tepo_cli.eval.report.protocol_metrics import (
     PER_PROBLEM,
-    REQUIRED,
     RUN_METRICS,
     STEPS_TO_LEVEL,
-    accepted,
-    metric_names,
-    param_problem,
 )
 from tepo_cli.eval.report.run_history import RunHistory
 from tepo_cli.eval.report.runs import Run
@@ -126,76 +122,6 @@ class ProtocolReport:
         return f"{'; '.join(looks)}: not the registered analysis" if looks else ""
 
 
-def _params(claim: Any) -> dict[str, Any]:
-    return dict(getattr(claim, "params", None) or {})
-
-
-def check(protocol: Any, source: Path) -> None:
-    """Every claim's metric, params and test are ones the report computes; one ConfigError
-    paragraph naming the claim and key otherwise (before anything is read or written)."""
-    claims = [("primaries", c) for c in protocol.primaries]
-    claims += [("secondaries", c) for c in protocol.secondaries]
-    for section, claim in claims:
-        where = f"{source}: {section} {claim.name!r}"
-        for key, metric, params in [
-            ("metric", claim.metric, _params(claim)),
-            *(
-                [("gate.metric", claim.gate.metric, _params(claim.gate))]
-                if getattr(claim, "gate", None) is not None
-                else []
-            ),
-        ]:
-            _check_metric(where, key, metric, params)
-        gate = getattr(claim, "gate", None)
-        if gate is not None and gate.metric not in RUN_METRICS:
-            raise ConfigError(
-                f"{where}: gate.metric {gate.metric!r} must be one number per run, one of: "
-                f"{', '.join(RUN_METRICS)}. Nothing was written."
-            )
-        _, tests = accepted(claim.metric)
-        test = getattr(claim, "test", None)
-        if test is not None and test not in tests:
-            raise ConfigError(
-                f"{where}: test {test!r} does not apply to {claim.metric}; it takes: "
-                f"{', '.join(tests)}. Nothing was written."
-            )
-        if claim.direction not in DIRECTIONS:
-            raise ConfigError(
-                f"{where}: direction {claim.direction!r} must be one of "
-                f"{', '.join(DIRECTIONS)}. Nothing was written."
-            )
-
-
-def _check_metric(where: str, key: str, metric: str, params: dict[str, Any]) -> None:
-    """`metric` (a claim's or its gate's, named by `key`) is one the report computes, with
-    params it takes, each with an allowed value."""
-    if metric not in metric_names():
-        raise ConfigError(
-            f"{where}: {key} {metric!r} is not a metric the report computes; the metrics "
-            f"are: {', '.join(metric_names())}. Nothing was written."
-        )
-    allowed, _ = accepted(metric)
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"{where}: params {', '.join(unknown)} are not parameters of {metric}; it "
-            f"takes: {', '.join(sorted(allowed)) or 'none'}. Nothing was written."
-        )
-    for name, what in REQUIRED.get(metric, {}).items():
-        if name not in params:
-            raise ConfigError(
-                f"{where}: {metric} needs {key.replace('metric', 'params')}.{name} ({what}). "
-                "Nothing was written."
-            )
-    for name, value in params.items():
-        problem = param_problem(name, value)
-        if problem is not None:
-            raise ConfigError(
-                f"{where}: {key.replace('metric', 'params')}.{name}={value!r} is not "
-                f"allowed: it is {problem}. Nothing was written."
-            )
-
-
 def match_runs(
     protocol: Any, runs: list[Run]
 ) -> tuple[dict[str, dict[int, Run]], list[str], list[str], list[str]]:
@@ -244,7 +170,7 @@ def _values(runs: dict[int, Run], metric: str, params: dict[str, Any]) -> dict[i
 def evaluate(claim: Any, arms: dict[str, dict[int, Run]], alpha: float) -> Inference:
     """The claim's test on the finished runs of its two arms."""
     treatment, control = arms[claim.treatment], arms[claim.control]
-    params, direction = _params(claim), claim.direction
+    params, direction = claim_params(claim), claim.direction
     if claim.metric == STEPS_TO_LEVEL:
 
         def times(runs: dict[int, Run]) -> list[Time]:
@@ -274,7 +200,7 @@ def gate_status(gate: Any, arms: dict[str, dict[int, Run]]) -> tuple[bool, str]:
     absent = [s for s in seeds if s not in runs]
     if absent:
         return False, f"gate: {gate.arm} seed(s) {', '.join(map(str, absent))} not finished"
-    values = _values({s: runs[s] for s in seeds}, gate.metric, _params(gate))
+    values = _values({s: runs[s] for s in seeds}, gate.metric, claim_params(gate))
     if len(values) < len(seeds):
         return False, f"gate: {gate.metric} not computable for every {gate.arm} gate seed"
     mean = statistics.fmean(values.values())
@@ -292,10 +218,10 @@ def per_run_columns(protocol: Any) -> list[tuple[str, str, dict[str, Any]]]:
     columns = []
     for claim in [*protocol.primaries, *protocol.secondaries]:
         if claim.metric != PER_PROBLEM:
-            columns.append((f"{claim.name} ({claim.metric})", claim.metric, _params(claim)))
+            columns.append((f"{claim.name} ({claim.metric})", claim.metric, claim_params(claim)))
         gate = getattr(claim, "gate", None)
         if gate is not None:
-            columns.append((f"{claim.name} gate ({gate.metric})", gate.metric, _params(gate)))
+            columns.append((f"{claim.name} gate ({gate.metric})", gate.metric, claim_params(gate)))
     return columns
 
 
