@@ -15,10 +15,10 @@ import pytest
 from test_docs_commands import CODE_BLOCK, PAGES, ROOT
 
 from tepo_cli.eval.report import command as report_command
-from tepo_cli.protocol import protocol_runner
+from tepo_cli.protocol import arguments as protocol_arguments
 
 COMMAND = re.compile(r"^(?:\$ )?tepo (?P<tool>report|protocol)(?P<args>(?: .*)?)$")
-PARSERS = {"report": report_command.parser, "protocol": protocol_runner.parser}
+PARSERS = {"report": report_command.parser, "protocol": protocol_arguments.parser}
 
 
 def documented() -> list[tuple[str, str, list[str]]]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import io
 import json
 
+import yaml
 from rich.cells import cell_len
 from rich.console import Console
-from test_report_protocol import protocol, sweep  # noqa: F401 (the fake sweep fixture)
+from test_report_protocol import SEEDS, protocol, sweep  # noqa: F401 (the fake sweep fixture)
 
 from tepo_cli.eval.report.build_protocol import build_protocol_report
 from tepo_cli.eval.report.render_protocol import NO_JOURNAL
@@ -161,3 +162,40 @@ def test_runs_gathered_through_links_bring_their_own_journals(sweep, tmp_path): 
         for s in (10, 11, 12)
         for arm in ("grpo", "tepo")
     ]
+
+
+def test_a_reused_arm_is_read_where_its_protocol_published_it(sweep, tmp_path):  # noqa: F811
+    """A protocol that reuses another's grpo arm (`reuse:`) is reported from its own runs/ alone:
+    the grpo runs and their history come from the other protocol's runs/ and journal — not that
+    protocol's other runs, nor its pilots of other arms — and the verdicts are those of the
+    whole sweep in one folder."""
+    whole, _ = build_protocol_report(
+        sweep, protocol(tmp_path / "p.yaml"), tmp_path / "o1", plots=False
+    )
+    text = "f" * 64
+    source, follow = tmp_path / "claims", tmp_path / "follow"
+    for folder in (source / "runs", follow / "runs"):
+        folder.mkdir(parents=True)
+    protocol(source / "protocol.yaml")
+    data = yaml.safe_load(protocol(follow / "protocol.yaml").read_text())
+    data["reuse"] = {"grpo": "../claims/protocol.yaml"}
+    (follow / "protocol.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    for run in sweep.iterdir():
+        run.rename((source if run.name.startswith("grpo") else follow) / "runs" / run.name)
+    lines = [line(f"{arm}_seed{s}", "finish", f"0{s - 10}:30:00", text)
+             for arm in ("grpo", "tepo") for s in SEEDS]  # fmt: skip
+    lines.append(line("*", "pilot", "00:00:00", text, arm="tepo", of_run="tepo_seed10", seed=1012,
+                      steps=2, exit_code=0))  # fmt: skip
+    lines.append(line("*", "pilot", "00:01:00", text, arm="grpo", of_run="grpo_seed10", seed=1012,
+                      steps=2, exit_code=0))  # fmt: skip
+    (source / "runs" / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+    report, _ = build_protocol_report(
+        follow / "runs", follow / "protocol.yaml", tmp_path / "o2", plots=False
+    )
+    assert [(r.name, r.adjusted_p, r.verdict) for r in report.primaries] == [
+        (r.name, r.adjusted_p, r.verdict) for r in whole.primaries
+    ]
+    assert report.finished == report.registered == 6
+    assert [r.run for r in report.history] == ["grpo_seed10", "grpo_seed11", "grpo_seed12"]
+    assert len(report.deviations) == 1 and "a pilot of arm grpo" in report.deviations[0]

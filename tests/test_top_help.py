@@ -9,7 +9,7 @@ import pytest
 
 from tepo_cli.cli import USAGE
 from tepo_cli.eval.report.command import parser as report_parser
-from tepo_cli.protocol.protocol_runner import parser as protocol_parser
+from tepo_cli.protocol.arguments import parser as protocol_parser
 
 
 def _usage_block(command: str) -> str:

@@ -11,13 +11,11 @@ checkpoints deleted; every start, resume, finish and failure is a line of RESULT
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from tepo_cli.core.atomic_write import staged
@@ -34,6 +32,7 @@ from tepo_cli.core.run_dir import (
     SUMMARY,
 )
 from tepo_cli.core.run_status import effective_state
+from tepo_cli.protocol.arguments import Options, parse
 from tepo_cli.protocol.journal import (
     EXPERIMENT,
     Checkout,
@@ -44,6 +43,7 @@ from tepo_cli.protocol.journal import (
     tries_by_run,
 )
 from tepo_cli.protocol.pilot import run_pilots
+from tepo_cli.protocol.reuse import reused_runs
 from tepo_cli.protocol.run_progress import (
     earlier_tries,
     last_step,
@@ -57,28 +57,9 @@ from tepo_cli.protocol.spec import Protocol, Run, load_protocol, published_dir
 RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "train.log")
 CONSOLE = "console.log"
 
-USAGE = (
-    "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
-    "[--list] [--status] [--dry-run] [--pilot STEPS]"
-)
-
-
-@dataclass(frozen=True)
-class Options:
-    protocol: Path
-    runs_dir: Path
-    results_dir: Path
-    only: str | None
-    list_only: bool
-    dry_run: bool
-    status: bool
-    pilot: int | None
-    allow_commit_mismatch: bool
-    allow_protocol_change: bool
-
 
 def main(argv: list[str]) -> int:
-    options = _parse(argv)
+    options = parse(argv)
     try:
         return run_protocol(options)
     except ConfigError as error:
@@ -86,105 +67,23 @@ def main(argv: list[str]) -> int:
         return 2
 
 
-def parser() -> argparse.ArgumentParser:
-    """`tepo protocol`'s arguments (its one command, `run`)."""
-    parser = argparse.ArgumentParser(
-        prog="tepo protocol",
-        description="Pre-registered experiments (docs/guides/sweeps.md#pre-registered-experiments).",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="run")
-    run = commands.add_parser(
-        "run",
-        usage=USAGE,
-        help="train the protocol's runs, interleaved and resumable",
-        description=(
-            "Train every run of PROTOCOL.yaml in its registered order, one at a time. Run it "
-            "again after any interruption: published runs are skipped, the unfinished one "
-            "resumes from its last checkpoint."
-        ),
-    )
-    run.add_argument("protocol", type=Path, metavar="PROTOCOL.yaml")
-    run.add_argument(
-        "--runs-dir",
-        type=Path,
-        metavar="DIR",
-        help="where the runs train (default multirun/<protocol name>)",
-    )
-    run.add_argument(
-        "--results-dir",
-        type=Path,
-        metavar="DIR",
-        help="the published records and journal.jsonl (default runs/ beside the protocol file)",
-    )
-    run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
-    _add_modes(run)
-    return parser
-
-
-def _parse(argv: list[str]) -> Options:
-    args = parser().parse_args(argv)
-    return Options(
-        protocol=args.protocol,
-        runs_dir=args.runs_dir,
-        results_dir=args.results_dir,
-        only=args.only,
-        list_only=args.list,
-        dry_run=args.dry_run,
-        status=args.status,
-        pilot=args.pilot,
-        allow_commit_mismatch=args.allow_commit_mismatch,
-        allow_protocol_change=args.allow_protocol_change,
-    )
-
-
-def _add_modes(run: argparse.ArgumentParser) -> None:
-    """What `run` does besides training (list, status, dry run) and the deviations it allows."""
-    run.add_argument("--list", action="store_true", help="print the runs and their overrides")
-    run.add_argument(
-        "--status",
-        action="store_true",
-        help="where each run stands (published, its step and checkpoint, or not started), "
-        "with no metric but steps and seconds: watch the experiment without reading outcomes",
-    )
-    run.add_argument(
-        "--dry-run", action="store_true", help="validate every run's config, train nothing"
-    )
-    run.add_argument(
-        "--pilot",
-        type=_steps,
-        metavar="STEPS",
-        help="before the runs: each arm's first run for STEPS steps at a seed no run uses, not "
-        "evaluated, killed and deleted; says only its seconds and memory (journaled)",
-    )
-    run.add_argument(
-        "--allow-commit-mismatch",
-        action="store_true",
-        help="run at a commit other than the protocol's (journaled as a deviation)",
-    )
-    run.add_argument(
-        "--allow-protocol-change",
-        action="store_true",
-        help="go on after the protocol file changed since its runs started (journaled)",
-    )
-
-
-def _steps(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps (1 or more)")
-    return int(text)
-
-
 def run_protocol(options: Options) -> int:
     protocol = load_protocol(options.protocol)
     runs = _selected(protocol, options.only)
+    reused = reused_runs(protocol, options.protocol)
     runs_dir = options.runs_dir or Path("multirun") / protocol.name
     results_dir = options.results_dir or published_dir(options.protocol)
     if options.list_only:
         for name, overrides in runs:
-            print(f"{name}: {' '.join(overrides)}")
+            source = (
+                f"  # reused: {reused[name].parent}, not trained here" if name in reused else ""
+            )
+            print(f"{name}: {' '.join(overrides)}{source}")
         return 0
     if options.status:
-        return print_status(runs, runs_dir, results_dir)
+        return print_status(runs, runs_dir, results_dir, reused)
+    awaited = [name for name, _ in runs if name in reused and not published(reused[name])]
+    runs = _trained_here(runs, reused)
     if options.dry_run:
         return _dry_run(runs)
     checkout = code_checkout()
@@ -210,7 +109,25 @@ def run_protocol(options: Options) -> int:
             )
             return code
     print(f"== every run of {protocol.name} is published in {results_dir}", flush=True)
+    if awaited:
+        print(
+            f"== reused runs that their own protocol has not published yet: {', '.join(awaited)} "
+            f"(in {reused[awaited[0]].parent}); the report waits for them",
+            flush=True,
+        )
     return 0
+
+
+def _trained_here(runs: list[Run], reused: dict[str, Path]) -> list[Run]:
+    """The runs this protocol trains: a reused run trains under the protocol it comes from."""
+    own = [run for run in runs if run.name not in reused]
+    if runs and not own:
+        raise ConfigError(
+            f"the runs selected ({', '.join(run.name for run in runs)}) are all reused from "
+            f"another protocol ({reused[runs[0].name].parent}): they train there, not here. "
+            "Nothing was run."
+        )
+    return own
 
 
 def _selected(protocol: Protocol, only: str | None) -> list[Run]:

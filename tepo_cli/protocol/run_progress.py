@@ -125,15 +125,20 @@ def earlier_tries(count: int) -> str:
     return f"{count} earlier {'try' if count == 1 else 'tries'}"
 
 
-def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
+def print_status(
+    runs: list[Run], runs_dir: Path, results_dir: Path, reused: dict[str, Path] | None = None
+) -> int:
     """One line a run: published (its steps), in progress (its state, last step of the planned
     ones, newest checkpoint, that step's seconds, the steps and evaluations it has left, which try
     the journal counts it at) or not started (with the journal's earlier tries, where its
-    directory is gone). Nothing about rewards or held-out results, so a pre-registered experiment can be
-    watched without its outcomes."""
-    finished = [name for name, _ in runs if published(results_dir / name)]
+    directory is gone); a reused run (`reused`: name -> where another protocol publishes it) is
+    published there or awaited from there. Nothing about rewards or held-out results, so a
+    pre-registered experiment can be watched without its outcomes."""
+    reused = reused or {}
+    where = {name: reused.get(name, results_dir / name) for name, _ in runs}
+    finished = [name for name, _ in runs if published(where[name])]
     tries = tries_by_run(read_entries(results_dir / JOURNAL))
-    timed = {name: evaluation_seconds(results_dir / name) for name in finished}
+    timed = {name: evaluation_seconds(where[name]) for name in finished}
     evaluations = all(timed.values())  # every published run's evaluations were timed
     typical = [s for seconds in timed.values() for s in seconds.values()]
     done: list[float] = []  # each published run's summed seconds
@@ -142,13 +147,13 @@ def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
         planned = [o.split("=", 1)[1] for o in overrides if o.startswith("trainer.max_steps=")]
         of = f" of {planned[-1]}" if planned else ""
         if name in finished:
-            steps = step_records(results_dir / name)
-            done.append(
-                sum(r.get("step_seconds") or 0.0 for r in steps) + sum(timed[name].values())
-            )
-            print(
-                f"{name}: published in {results_dir / name} ({last_step(results_dir / name)} steps)"
-            )
+            done.append(_seconds_spent(where[name], timed[name]))
+            said = "reused, published" if name in reused else "published"
+            print(f"{name}: {said} in {where[name]} ({last_step(where[name])} steps)")
+            continue
+        if name in reused:
+            print(f"{name}: reused from {where[name].parent}, not published there yet (it trains "
+                  "under its own protocol)")  # fmt: skip
             continue
         run_dir = runs_dir / name
         if not run_dir.is_dir():
@@ -179,6 +184,12 @@ def print_status(runs: list[Run], runs_dir: Path, results_dir: Path) -> int:
         )
     print(total_left(done, running, waiting, len(runs), evaluations))
     return 0
+
+
+def _seconds_spent(run_dir: Path, evaluations: dict[int, float]) -> float:
+    """A published run's summed seconds of steps and (timed) held-out evaluations."""
+    steps = step_records(run_dir)
+    return sum(r.get("step_seconds") or 0.0 for r in steps) + sum(evaluations.values())
 
 
 def _evaluations_said(left: list[int], pace: float | None) -> str:

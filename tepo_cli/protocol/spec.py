@@ -93,6 +93,9 @@ class Protocol(_Strict):
     commit: StrictStr | None = None
     base: list[StrictStr] = Field(default_factory=list)
     arms: dict[StrictStr, list[StrictStr]] = Field(min_length=1)
+    # arm -> another protocol file (relative to this one) whose published runs of that arm are
+    # this protocol's: never trained here (tepo_cli/protocol/reuse.py checks they are the same runs)
+    reuse: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     seeds: list[StrictInt] = Field(min_length=1)
     order: Literal["interleaved", "arm_major"] = "interleaved"
     first_run_only: list[StrictStr] = Field(default_factory=list)
@@ -130,6 +133,13 @@ class Protocol(_Strict):
         _check_overrides("base", self.base)
         for arm, overrides in self.arms.items():
             _check_overrides(f"arms.{arm}", overrides)
+        for arm in self.reuse:
+            self._check_arm(f"reuse.{arm}", arm)
+        if self.reuse and set(self.reuse) == set(self.arms):
+            raise ValueError(
+                "reuse: every arm is reused, so nothing would train here; a protocol registers "
+                "runs that are still to come (reuse the arms it is compared against)"
+            )
         _check_overrides("first_run_only", self.first_run_only)
         _check_overrides("other_runs", self.other_runs)
         names: set[str] = set()

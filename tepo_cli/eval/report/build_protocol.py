@@ -12,8 +12,14 @@ from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.machines import setup_note
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
-from tepo_cli.eval.report.run_history import experiment_events, read_journals, run_histories
+from tepo_cli.eval.report.run_history import (
+    experiment_events,
+    read_journals,
+    reused_journals,
+    run_histories,
+)
 from tepo_cli.eval.report.runs import find_runs, load_run
+from tepo_cli.protocol.reuse import reused_runs
 from tepo_cli.protocol.spec import load_protocol
 
 MARKDOWN = "report_protocol.md"
@@ -39,7 +45,8 @@ def build_protocol_report(
     Until every registered run is in, nothing is written or shown unless `interim`: then every
     table is labelled as an interim look. `seeds`: the comparisons over those registered seeds
     only (a subset a deviation declares, e.g. the seeds whose arms trained on one machine), every
-    table labelled so; it too waits for every registered run."""
+    table labelled so; it too waits for every registered run. A reused arm's runs (`reuse:`)
+    that `root` lacks are read where the protocol they come from published them."""
     protocol = load_protocol(protocol_path)
     check(protocol, protocol_path)
     if not root.is_dir():
@@ -49,6 +56,10 @@ def build_protocol_report(
         )
     run_dirs = find_runs(root)
     runs = [load_run(path, root) for path in run_dirs]
+    here = {path.name for path in run_dirs}
+    reused = {name: path for name, path in reused_runs(protocol, protocol_path).items()
+              if name not in here and path.is_dir()}  # fmt: skip
+    runs += [load_run(path, path.parent) for path in reused.values()]
     report = protocol_report(protocol, runs, protocol_path, seeds)
     if not any(report.arms.values()) and not report.unfinished:
         raise ConfigError(
@@ -59,7 +70,7 @@ def build_protocol_report(
         raise ConfigError(_not_yet(protocol.name, protocol_path, report))
     arms = {arm: list(runs.values()) for arm, runs in report.arms.items()}
     report.machines = setup_note([run for runs in arms.values() for run in runs], arms)
-    journals = read_journals(root, run_dirs)
+    journals = read_journals(root, run_dirs) + reused_journals(reused, set(protocol.reuse))
     registered = [run.name for run in protocol.runs()]
     report.history = run_histories(journals, registered, protocol.commit)
     report.deviations = experiment_events(journals)

@@ -59,6 +59,24 @@ def read_journals(root: Path, run_dirs: list[Path]) -> list[list[dict[str, Any]]
     return [entries for place in places if (entries := read_entries(place / JOURNAL))]
 
 
+def reused_journals(reused: dict[str, Path], arms: set[str]) -> list[list[dict[str, Any]]]:
+    """For runs another protocol published (`reuse:`, of `arms`), their lines of that protocol's
+    journal and its experiment-wide lines but the pilots of its other arms: not its other runs,
+    which this protocol does not compare. (A change of its text is a line of its own, so the
+    newest line kept still carries the newest text.)"""
+    journals = []
+    for place in dict.fromkeys(path.resolve().parent for path in reused.values()):
+        kept = [
+            entry
+            for entry in read_entries(place / JOURNAL)
+            if entry.get("run") in reused
+            or (entry.get("run") == EXPERIMENT and entry.get("arm", next(iter(arms))) in arms)
+        ]
+        if kept:
+            journals.append(kept)
+    return journals
+
+
 def run_histories(
     journals: list[list[dict[str, Any]]], order: list[str], commit: str | None
 ) -> list[RunHistory]:

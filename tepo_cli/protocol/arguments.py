@@ -1,0 +1,114 @@
+"""`tepo protocol run`'s arguments: what it trains, where, and the modes beside training."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+USAGE = (
+    "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
+    "[--list] [--status] [--dry-run] [--pilot STEPS]"
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    protocol: Path
+    runs_dir: Path
+    results_dir: Path
+    only: str | None
+    list_only: bool
+    dry_run: bool
+    status: bool
+    pilot: int | None
+    allow_commit_mismatch: bool
+    allow_protocol_change: bool
+
+
+def parser() -> argparse.ArgumentParser:
+    """`tepo protocol`'s arguments (its one command, `run`)."""
+    parser = argparse.ArgumentParser(
+        prog="tepo protocol",
+        description="Pre-registered experiments (docs/guides/sweeps.md#pre-registered-experiments).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="run")
+    run = commands.add_parser(
+        "run",
+        usage=USAGE,
+        help="train the protocol's runs, interleaved and resumable",
+        description=(
+            "Train every run of PROTOCOL.yaml in its registered order, one at a time. Run it "
+            "again after any interruption: published runs are skipped, the unfinished one "
+            "resumes from its last checkpoint."
+        ),
+    )
+    run.add_argument("protocol", type=Path, metavar="PROTOCOL.yaml")
+    run.add_argument(
+        "--runs-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the runs train (default multirun/<protocol name>)",
+    )
+    run.add_argument(
+        "--results-dir",
+        type=Path,
+        metavar="DIR",
+        help="the published records and journal.jsonl (default runs/ beside the protocol file)",
+    )
+    run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
+    _add_modes(run)
+    return parser
+
+
+def parse(argv: list[str]) -> Options:
+    args = parser().parse_args(argv)
+    return Options(
+        protocol=args.protocol,
+        runs_dir=args.runs_dir,
+        results_dir=args.results_dir,
+        only=args.only,
+        list_only=args.list,
+        dry_run=args.dry_run,
+        status=args.status,
+        pilot=args.pilot,
+        allow_commit_mismatch=args.allow_commit_mismatch,
+        allow_protocol_change=args.allow_protocol_change,
+    )
+
+
+def _add_modes(run: argparse.ArgumentParser) -> None:
+    """What `run` does besides training (list, status, dry run) and the deviations it allows."""
+    run.add_argument("--list", action="store_true", help="print the runs and their overrides")
+    run.add_argument(
+        "--status",
+        action="store_true",
+        help="where each run stands (published, its step and checkpoint, or not started), "
+        "with no metric but steps and seconds: watch the experiment without reading outcomes",
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="validate every run's config, train nothing"
+    )
+    run.add_argument(
+        "--pilot",
+        type=_steps,
+        metavar="STEPS",
+        help="before the runs: each arm's first run for STEPS steps at a seed no run uses, not "
+        "evaluated, killed and deleted; says only its seconds and memory (journaled)",
+    )
+    run.add_argument(
+        "--allow-commit-mismatch",
+        action="store_true",
+        help="run at a commit other than the protocol's (journaled as a deviation)",
+    )
+    run.add_argument(
+        "--allow-protocol-change",
+        action="store_true",
+        help="go on after the protocol file changed since its runs started (journaled)",
+    )
+
+
+def _steps(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps (1 or more)")
+    return int(text)
