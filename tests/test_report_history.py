@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 
+import pytest
 import yaml
 from rich.cells import cell_len
 from rich.console import Console
 from test_report_protocol import SEEDS, protocol, sweep  # noqa: F401 (the fake sweep fixture)
 
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.build_protocol import build_protocol_report
 from tepo_cli.eval.report.render_protocol import NO_JOURNAL
 from tepo_cli.eval.report.run_history import experiment_events, history_columns, run_histories
@@ -199,3 +202,11 @@ def test_a_reused_arm_is_read_where_its_protocol_published_it(sweep, tmp_path): 
     assert report.finished == report.registered == 6
     assert [r.run for r in report.history] == ["grpo_seed10", "grpo_seed11", "grpo_seed12"]
     assert len(report.deviations) == 1 and "a pilot of arm grpo" in report.deviations[0]
+    shutil.rmtree(source / "runs" / "grpo_seed12")
+    with pytest.raises(ConfigError) as waiting:
+        build_protocol_report(follow / "runs", follow / "protocol.yaml", tmp_path / "o3")
+    assert "not found: grpo_seed12" in str(waiting.value)
+    assert (
+        f"(grpo_seed12: reused, trained by the protocol that publishes them in {source / 'runs'})"
+        in str(waiting.value)
+    )

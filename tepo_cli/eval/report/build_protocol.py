@@ -57,7 +57,8 @@ def build_protocol_report(
     run_dirs = find_runs(root)
     runs = [load_run(path, root) for path in run_dirs]
     here = {path.name for path in run_dirs}
-    reused = {name: path for name, path in reused_runs(protocol, protocol_path).items()
+    every_reused = reused_runs(protocol, protocol_path)
+    reused = {name: path for name, path in every_reused.items()
               if name not in here and path.is_dir()}  # fmt: skip
     runs += [load_run(path, path.parent) for path in reused.values()]
     report = protocol_report(protocol, runs, protocol_path, seeds)
@@ -67,7 +68,7 @@ def build_protocol_report(
             f"{{arm}}_seed{{seed}} (e.g. {protocol.runs()[0].name}). Nothing was written."
         )
     if report.runs_in and not interim:
-        raise ConfigError(_not_yet(protocol.name, protocol_path, report))
+        raise ConfigError(_not_yet(protocol.name, protocol_path, report, every_reused))
     arms = {arm: list(runs.values()) for arm, runs in report.arms.items()}
     report.machines = setup_note([run for runs in arms.values() for run in runs], arms)
     journals = read_journals(root, run_dirs) + reused_journals(reused, set(protocol.reuse))
@@ -87,14 +88,23 @@ def build_protocol_report(
     return report, [out / MARKDOWN, out / CSV, out / RUNS_CSV, *images]
 
 
-def _not_yet(name: str, protocol_path: Path, report: ProtocolReport) -> str:
+def _not_yet(
+    name: str, protocol_path: Path, report: ProtocolReport, reused: dict[str, Path]
+) -> str:
     lists = [("not found", report.missing), ("not finished", report.unfinished)]
     lists.append(("excluded", report.excluded))
     waiting = "; ".join(f"{what}: {', '.join(runs)}" for what, runs in lists if runs)
+    awaited = [run for run in report.missing if run in reused]
+    elsewhere = (
+        f" ({', '.join(awaited)}: reused, trained by the protocol that publishes them in "
+        f"{reused[awaited[0]].parent})"
+        if awaited
+        else ""
+    )
     return (
         f"protocol {name!r}: {report.runs_in} are finished ({waiting}). The registered analysis "
         f"reads the outcomes once every run is in: finish them with `tepo protocol run "
-        f"{protocol_path}`, or pass --interim to compute the verdicts now, every table labelled "
-        "as an interim look (one the protocol did not register: list it among its deviations). "
-        "Nothing was written or shown."
+        f"{protocol_path}`{elsewhere}, or pass --interim to compute the verdicts now, every "
+        "table labelled as an interim look (one the protocol did not register: list it among "
+        "its deviations). Nothing was written or shown."
     )
