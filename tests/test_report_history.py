@@ -105,10 +105,15 @@ def test_each_run_s_tries_ends_and_code_are_counted_from_the_journal():
 
 
 def test_the_experiment_wide_lines_are_its_deviations():
-    assert experiment_events([journal("f" * 64)]) == [
+    rerun = line("*", "rerun", "09:00:00", "f" * 64, of_run="grpo_seed10", steps=3,
+                 at="c0ffee1", outcome="every compared record equal")  # fmt: skip
+    assert experiment_events([[*journal("f" * 64), rerun]]) == [
         "2026-11-29 02:42 UTC: the protocol file changed after its runs had started "
         "(--allow-protocol-change)",
         "2026-11-29 08:00 UTC: something_new",
+        "2026-11-29 09:00 UTC: grpo_seed10 trained again from its published overrides until "
+        "step 3 at commit c0ffee1 and compared with its records (--rerun): every compared "
+        "record equal",
     ]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 USAGE = (
     "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
-    "[--list] [--status] [--dry-run] [--pilot STEPS]"
+    "[--list] [--status] [--dry-run] [--pilot STEPS] [--rerun RUN [--rerun-steps N]]"
 )
 
 
@@ -22,6 +22,8 @@ class Options:
     dry_run: bool
     status: bool
     pilot: int | None
+    rerun: str | None
+    rerun_steps: int
     allow_commit_mismatch: bool
     allow_protocol_change: bool
 
@@ -72,6 +74,8 @@ def parse(argv: list[str]) -> Options:
         dry_run=args.dry_run,
         status=args.status,
         pilot=args.pilot,
+        rerun=args.rerun,
+        rerun_steps=args.rerun_steps,
         allow_commit_mismatch=args.allow_commit_mismatch,
         allow_protocol_change=args.allow_protocol_change,
     )
@@ -95,6 +99,19 @@ def _add_modes(run: argparse.ArgumentParser) -> None:
         metavar="STEPS",
         help="before the runs: each arm's first run for STEPS steps at a seed no run uses, not "
         "evaluated, killed and deleted; says only its seconds and memory (journaled)",
+    )
+    run.add_argument(
+        "--rerun",
+        metavar="RUN",
+        help="train a published run again from its own overrides until --rerun-steps, and say "
+        "how many of its records come out equal (which keys differ, never a value; journaled)",
+    )
+    run.add_argument(
+        "--rerun-steps",
+        type=_steps,
+        default=3,
+        metavar="N",
+        help="the steps a --rerun trains and compares (default 3)",
     )
     run.add_argument(
         "--allow-commit-mismatch",

@@ -86,6 +86,25 @@ def _pilot(run: Run, seed: int, run_dir: Path, steps: int) -> tuple[int, dict[st
     command = [sys.executable, "-m", "tepo_cli", "train", *pilot_overrides(run, seed, run_dir)]
     print(f"== pilot of {run.name} at seed {seed}, {steps} steps: tepo train "
           f"{' '.join(command[4:])}", flush=True)  # fmt: skip
+    code = train_until(command, run_dir, steps, console)
+    records, found = step_records(run_dir), _measured(run_dir)
+    if len(records) >= steps or (code == 0 and records):  # killed at N, or a shorter run ended
+        shutil.rmtree(run_dir, ignore_errors=True)
+        console.unlink()
+        return 0, found
+    code = 128 - code if code < 0 else code or 1  # a shell's numbers; 1: ended with no step
+    print(
+        f"tepo protocol run --pilot: the pilot of {run.name} ended (exit {code}) after "
+        f"{len(records)} of {steps} steps. Its console: {console}\n{error_lines(console)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return code, found
+
+
+def train_until(command: list[str], run_dir: Path, steps: int, console: Path) -> int:
+    """Run the `tepo train` `command` (its console into `console`, never shown) until `run_dir`'s
+    metrics.jsonl holds `steps` step records, then SIGKILL its process group; its exit code."""
     with console.open("w") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -97,19 +116,7 @@ def _pilot(run: Run, seed: int, run_dir: Path, steps: int) -> tuple[int, dict[st
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
             code = process.wait()
-    records, found = step_records(run_dir), _measured(run_dir)
-    if len(records) >= steps or (code == 0 and records):  # killed at N, or a shorter run ended
-        shutil.rmtree(run_dir, ignore_errors=True)
-        console.unlink()
-        return 0, found
-    code = 128 - code if code < 0 else code or 1  # a shell's numbers; 1: ended with no step
-    print(
-        f"tepo protocol run --pilot: the pilot of {run.name} ended (exit {code}) after "
-        f"{len(records)} of {steps} steps. Its console: {console}\n{_errors(console)}",
-        file=sys.stderr,
-        flush=True,
-    )
-    return code, found
+    return code
 
 
 def _measured(run_dir: Path) -> dict[str, float]:
@@ -167,7 +174,7 @@ def _estimate(runs: list[Run], arm_of: dict[str, str], paces: dict[str, float]) 
     )
 
 
-def _errors(console: Path) -> str:
+def error_lines(console: Path) -> str:
     """The console's error lines (a refusal's paragraph, an exception's last line), never its
     step lines (they carry rewards)."""
     lines = console.read_text(errors="replace").splitlines() if console.is_file() else []

@@ -43,6 +43,7 @@ from tepo_cli.protocol.journal import (
     tries_by_run,
 )
 from tepo_cli.protocol.pilot import run_pilots
+from tepo_cli.protocol.rerun import rerun
 from tepo_cli.protocol.reuse import reused_runs
 from tepo_cli.protocol.run_progress import (
     earlier_tries,
@@ -90,6 +91,10 @@ def run_protocol(options: Options) -> int:
     mismatch = _commit_mismatch(protocol, checkout, options)
     journal = Journal(results_dir, checkout, file_digest(options.protocol))
     _check_unchanged(journal, options)
+    if options.rerun is not None:  # trains no run of the experiment: its line has the commit
+        run = _one(protocol, options.rerun)
+        where = reused.get(run.name, results_dir / run.name)
+        return rerun(run, where, runs_dir / ".rerun", journal, options.rerun_steps)
     if mismatch:
         journal.write(EXPERIMENT, "commit_mismatch", pinned=protocol.commit)
         print(f"tepo protocol run: {mismatch}", file=sys.stderr)
@@ -128,6 +133,16 @@ def _trained_here(runs: list[Run], reused: dict[str, Path]) -> list[Run]:
             "Nothing was run."
         )
     return own
+
+
+def _one(protocol: Protocol, name: str) -> Run:
+    runs = {run.name: run for run in protocol.runs()}
+    if name not in runs:
+        raise ConfigError(
+            f"--rerun {name!r} is not one of the protocol's runs ({', '.join(runs)}). "
+            "Nothing was run."
+        )
+    return runs[name]
 
 
 def _selected(protocol: Protocol, only: str | None) -> list[Run]:

@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
 from pathlib import Path
 
-TIMES = re.compile(r"seconds|per_second|mfu|peak_flops|rss|memory")
+from tepo_cli.protocol.rerun import untimed
 
 
 def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def untimed(record: dict) -> dict:
-    """The record without its times, inside nested records too (the summary's MTP warm-up)."""
-    return {
-        k: untimed(v) if isinstance(v, dict) else v
-        for k, v in record.items()
-        if not TIMES.search(k)
-    }
 
 
 def summary(run: Path) -> dict | None:

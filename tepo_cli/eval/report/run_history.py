@@ -30,6 +30,8 @@ EXPERIMENT_EVENTS = {
     "(--allow-commit-mismatch)",
     "pilot": "a pilot of arm {arm}: {of_run}'s command at seed {seed} until step {steps}, not "
     "evaluated, only its seconds and memory read (--pilot; exit {exit_code})",
+    "rerun": "{of_run} trained again from its published overrides until step {steps} at "
+    "commit {at} and compared with its records (--rerun): {outcome}",
 }
 NONE = "—"
 

@@ -1,0 +1,144 @@
+"""`tepo protocol run PROTOCOL.yaml --rerun RUN`: a published run trained again for its first
+steps and compared with its records.
+
+A pre-registered result rests on runs no reader watched being made. What a reader can check is
+that a published run comes out the same when trained again from its own published overrides at
+the pinned commit. The rerun trains in a scratch directory until it has logged STEPS steps, is
+killed (SIGKILL to its process group), and its records are compared with the published ones:
+every record of metrics.jsonl up to step STEPS (keys that measure time, rates or memory aside),
+the logged answers of those steps, and any held-out evaluation both reached. It says how many are
+equal and, where one differs, which keys — never a value: the records are outcomes, and the
+experiment's analysis may still be ahead. Each rerun is a journal line, so the report lists it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from tepo_cli.core.errors import ConfigError
+from tepo_cli.core.run_dir import EVAL_SAMPLES, EVALS, HYDRA, METRICS, SAMPLES
+from tepo_cli.protocol.journal import EXPERIMENT, Journal
+from tepo_cli.protocol.pilot import error_lines, train_until
+from tepo_cli.protocol.run_progress import published, step_records
+from tepo_cli.protocol.spec import Run
+
+# Keys whose values depend on the machine's speed or load, not on what the run computed.
+TIMES = re.compile(r"seconds|per_second|mfu|peak_flops|rss|memory")
+DEFAULT_STEPS = 3
+
+
+def untimed(record: dict) -> dict:
+    """The record without its times, inside nested records too (the summary's MTP warm-up)."""
+    return {
+        key: untimed(value) if isinstance(value, dict) else value
+        for key, value in record.items()
+        if not TIMES.search(key)
+    }
+
+
+def rerun(run: Run, published_in: Path, scratch: Path, journal: Journal, steps: int) -> int:
+    """Train `run` again from `published_in`'s overrides until `steps` steps and compare; 0 when
+    every compared record is equal, 1 when one differs, the run's exit code when it died first."""
+    if not published(published_in):
+        raise ConfigError(
+            f"--rerun {run.name}: it is not published in {published_in} yet; a rerun is compared "
+            "with a finished run's records. Nothing was run."
+        )
+    made = _published_overrides(run, published_in)
+    run_dir, console = scratch / run.name, scratch / f"{run.name}.console.log"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    command = [sys.executable, "-m", "tepo_cli", "train", *made, f"hydra.run.dir={run_dir}"]
+    print(f"== rerun of {run.name} until step {steps}: tepo train {' '.join(command[4:])}",
+          flush=True)  # fmt: skip
+    code = train_until(command, run_dir, steps, console)
+    found = compare(published_in, run_dir, steps)
+    if len(step_records(run_dir)) < steps:  # it died first
+        code = 128 - code if code < 0 else code or 1
+        print(f"tepo protocol run --rerun: {run.name}'s rerun ended (exit {code}) before step "
+              f"{steps}. Its console: {console}\n{error_lines(console)}", file=sys.stderr)  # fmt: skip
+        journal.write(EXPERIMENT, "rerun", of_run=run.name, steps=steps, at=_at(journal),
+                      outcome=f"exit {code}")  # fmt: skip
+        return code
+    equal = all(same == compared for compared, same, _ in found.values())
+    said = "; ".join(_said(name, *counts) for name, counts in found.items() if counts[0])
+    print(f"{run.name}, rerun of steps 1–{steps}: {said}", flush=True)
+    outcome = "every compared record equal" if equal else "records differed"
+    journal.write(EXPERIMENT, "rerun", of_run=run.name, steps=steps, at=_at(journal),
+                  outcome=outcome)  # fmt: skip
+    if equal:
+        shutil.rmtree(run_dir)
+        console.unlink()
+        return 0
+    print(f"tepo protocol run --rerun: {run.name}'s rerun differs from its published records; "
+          f"the rerun is kept in {run_dir}.", file=sys.stderr)  # fmt: skip
+    return 1
+
+
+def _at(journal: Journal) -> str:
+    """The code the rerun trained with, as the report names it."""
+    return (journal.checkout.commit or "")[:7] or "(no git checkout)"
+
+
+def _published_overrides(run: Run, published_in: Path) -> list[str]:
+    """The overrides the run was made with (its .hydra/overrides.yaml) less `resume`, and the
+    console's progress line off; a note where they are not the protocol's for it."""
+    path = published_in / HYDRA / "overrides.yaml"
+    try:
+        made = [str(o) for o in yaml.safe_load(path.read_text()) or []]
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(
+            f"--rerun {run.name}: cannot read the overrides it was made with ({path}: {error}); "
+            "a rerun trains from them. Nothing was run."
+        ) from None
+    made = [o for o in made if o.split("=", 1)[0] not in ("resume", "trainer.progress")]
+    if sorted(made) != sorted(run.overrides):
+        only_made = [o for o in made if o not in run.overrides]
+        only_registered = [o for o in run.overrides if o not in made]
+        print(f"== note: {run.name} was made with overrides the protocol does not give it (only "
+              f"made: {' '.join(only_made) or 'nothing'}; only registered: "
+              f"{' '.join(only_registered) or 'nothing'}); the rerun uses what it was made with",
+              flush=True)  # fmt: skip
+    return [*made, "trainer.progress=false"]
+
+
+def compare(before: Path, after: Path, steps: int) -> dict[str, tuple[int, int, list[str]]]:
+    """File -> (records compared, equal, the first differing record's differing keys): the
+    records up to step `steps` that both runs have."""
+    found = {}
+    for name in (METRICS, SAMPLES, EVALS, EVAL_SAMPLES):
+        left = _up_to(before / name, steps, name == METRICS)
+        right = _up_to(after / name, steps, name == METRICS)
+        pairs = list(zip(left, right, strict=False))
+        differing = [(x, y) for x, y in pairs if x != y]
+        keys = sorted(k for k in {*differing[0][0], *differing[0][1]}
+                      if differing[0][0].get(k) != differing[0][1].get(k)) if differing else []  # fmt: skip
+        found[name] = (len(pairs), len(pairs) - len(differing), keys)
+    return found
+
+
+def _up_to(path: Path, steps: int, through_last: bool) -> list[dict]:
+    """The file's records (times aside) of steps up to `steps`; `through_last` (metrics.jsonl):
+    every record up to the one of step `steps`, those before the first step included (a warm-up)."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    records = [untimed(json.loads(line)) for line in lines if line.strip()]
+    if not through_last:
+        return [r for r in records if int(r.get("step", 0)) <= steps]
+    kept = []
+    for record in records:
+        kept.append(record)
+        if record.get("step") == steps:
+            break
+    return kept
+
+
+def _said(name: str, compared: int, same: int, keys: list[str]) -> str:
+    what = {METRICS: "records", SAMPLES: "answers"}.get(name, "rows")
+    text = f"{name} {same} of {compared} {what} equal"
+    return text + (f" (the first that differs: {', '.join(keys)})" if keys else "")
