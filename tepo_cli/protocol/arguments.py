@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 USAGE = (
@@ -64,26 +64,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> Options:
+    """The command line as Options (each field is the argument of its name)."""
     args = parser().parse_args(argv)
-    return Options(
-        protocol=args.protocol,
-        runs_dir=args.runs_dir,
-        results_dir=args.results_dir,
-        only=args.only,
-        list_only=args.list,
-        dry_run=args.dry_run,
-        status=args.status,
-        pilot=args.pilot,
-        rerun=args.rerun,
-        rerun_steps=args.rerun_steps,
-        allow_commit_mismatch=args.allow_commit_mismatch,
-        allow_protocol_change=args.allow_protocol_change,
-    )
+    return Options(**{field.name: getattr(args, field.name) for field in fields(Options)})
 
 
 def _add_modes(run: argparse.ArgumentParser) -> None:
     """What `run` does besides training (list, status, dry run) and the deviations it allows."""
-    run.add_argument("--list", action="store_true", help="print the runs and their overrides")
+    run.add_argument(
+        "--list", dest="list_only", action="store_true", help="print the runs and their overrides"
+    )
     run.add_argument(
         "--status",
         action="store_true",
