@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_protocol_run import journal, protocol_file, tepo_protocol
 
-from tepo_cli.protocol.rerun import compare
+from tepo_cli.protocol.rerun import Agreement, compare
 from tepo_cli.protocol.spec import Run
 
 
@@ -34,11 +34,11 @@ def test_records_are_compared_up_to_the_step_with_times_aside(tmp_path):
     write_jsonl(tmp_path / "a/eval.jsonl", [{"step": 0, "accuracy": 0.5, "seconds": 3.0}])
     write_jsonl(tmp_path / "b/eval.jsonl", [{"step": 0, "accuracy": 0.5, "seconds": 9.0}])
     found = compare(tmp_path / "a", tmp_path / "b", 2)
-    assert found == {
-        "metrics.jsonl": (3, 2, ["kl", "loss"]),
-        "samples.jsonl": (4, 4, []),
-        "eval.jsonl": (1, 1, []),
-        "eval_samples.jsonl": (0, 0, []),
+    assert found == {  # the key only the rerun logs is named, not counted as a difference
+        "metrics.jsonl": Agreement(3, 2, 4, ("loss",), (), ("kl",)),
+        "samples.jsonl": Agreement(4, 4, 2, (), (), ()),
+        "eval.jsonl": Agreement(1, 1, 2, (), (), ()),
+        "eval_samples.jsonl": Agreement(0, 0, 0, (), (), ()),
     }
 
 

@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -66,8 +67,10 @@ def rerun(run: Run, published_in: Path, scratch: Path, journal: Journal, steps: 
         journal.write(EXPERIMENT, "rerun", of_run=run.name, steps=steps, at=_at(journal),
                       outcome=f"exit {code}")  # fmt: skip
         return code
-    equal = all(same == compared for compared, same, _ in found.values())
-    said = "; ".join(_said(name, *counts) for name, counts in found.items() if counts[0])
+    equal = all(agreement.equal == agreement.compared for agreement in found.values())
+    said = "; ".join(
+        _said(name, agreement) for name, agreement in found.items() if agreement.compared
+    )
     print(f"{run.name}, rerun of steps 1–{steps}: {said}", flush=True)
     outcome = "every compared record equal" if equal else "records differed"
     journal.write(EXPERIMENT, "rerun", of_run=run.name, steps=steps, at=_at(journal),
@@ -108,18 +111,35 @@ def _published_overrides(run: Run, published_in: Path) -> list[str]:
     return [*made, "trainer.progress=false"]
 
 
-def compare(before: Path, after: Path, steps: int) -> dict[str, tuple[int, int, list[str]]]:
-    """File -> (records compared, equal, the first differing record's differing keys): the
-    records up to step `steps` that both runs have."""
+@dataclass(frozen=True)
+class Agreement:
+    """One file's records of a rerun beside the published ones, compared on the keys both have
+    (code at another commit may log keys the published run's did not)."""
+
+    compared: int  # records both have
+    equal: int  # of them, equal in every key both have
+    keys: int  # the distinct keys compared
+    differing: tuple[str, ...]  # the first unequal record's keys whose values differ
+    only_published: tuple[str, ...]  # keys of published records that their rerun's lack
+    only_rerun: tuple[str, ...]
+
+
+def compare(before: Path, after: Path, steps: int) -> dict[str, Agreement]:
+    """File -> how its records up to step `steps` that both runs have agree."""
     found = {}
     for name in (METRICS, SAMPLES, EVALS, EVAL_SAMPLES):
-        left = _up_to(before / name, steps, name == METRICS)
-        right = _up_to(after / name, steps, name == METRICS)
-        pairs = list(zip(left, right, strict=False))
-        differing = [(x, y) for x, y in pairs if x != y]
-        keys = sorted(k for k in {*differing[0][0], *differing[0][1]}
-                      if differing[0][0].get(k) != differing[0][1].get(k)) if differing else []  # fmt: skip
-        found[name] = (len(pairs), len(pairs) - len(differing), keys)
+        published, again = (_up_to(run / name, steps, name == METRICS) for run in (before, after))
+        pairs = list(zip(published, again, strict=False))
+        shared = [x.keys() & y.keys() for x, y in pairs]
+        unequal = [sorted(k for k in x.keys() & y.keys() if x[k] != y[k]) for x, y in pairs]
+        found[name] = Agreement(
+            len(pairs),
+            sum(not keys for keys in unequal),
+            len(set().union(*shared)),
+            tuple(next((keys for keys in unequal if keys), [])),
+            tuple(sorted({k for x, y in pairs for k in x if k not in y})),
+            tuple(sorted({k for x, y in pairs for k in y if k not in x})),
+        )
     return found
 
 
@@ -138,7 +158,13 @@ def _up_to(path: Path, steps: int, through_last: bool) -> list[dict]:
     return kept
 
 
-def _said(name: str, compared: int, same: int, keys: list[str]) -> str:
+def _said(name: str, found: Agreement) -> str:
     what = {METRICS: "records", SAMPLES: "answers"}.get(name, "rows")
-    text = f"{name} {same} of {compared} {what} equal"
-    return text + (f" (the first that differs: {', '.join(keys)})" if keys else "")
+    text = (
+        f"{name} {found.equal} of {found.compared} {what} equal in the {found.keys} keys both have"
+    )
+    extra = [f"the first that differs: {', '.join(found.differing)}"] if found.differing else []
+    for side, keys in (("published", found.only_published), ("rerun", found.only_rerun)):
+        if keys:
+            extra.append(f"keys only the {side} records have: {', '.join(keys)}")
+    return text + (f" ({'; '.join(extra)})" if extra else "")
