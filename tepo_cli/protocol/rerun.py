@@ -35,7 +35,7 @@ DEFAULT_STEPS = 3
 
 
 def untimed(record: dict) -> dict:
-    """The record without its times, inside nested records too (the summary's MTP warm-up)."""
+    """The record without its times, inside nested records too (a summary's warm-up record)."""
     return {
         key: untimed(value) if isinstance(value, dict) else value
         for key, value in record.items()
@@ -59,14 +59,16 @@ def rerun(run: Run, published_in: Path, scratch: Path, journal: Journal, steps: 
     print(f"== rerun of {run.name} until step {steps}: tepo train {' '.join(command[4:])}",
           flush=True)  # fmt: skip
     code = train_until(command, run_dir, steps, console)
-    found = compare(published_in, run_dir, steps)
-    if len(step_records(run_dir)) < steps:  # it died first
+    trained = len(step_records(run_dir))
+    if trained < steps and (code != 0 or not trained):  # it died first (0: a shorter run ended)
         code = 128 - code if code < 0 else code or 1
         print(f"tepo protocol run --rerun: {run.name}'s rerun ended (exit {code}) before step "
               f"{steps}. Its console: {console}\n{error_lines(console)}", file=sys.stderr)  # fmt: skip
         journal.write(EXPERIMENT, "rerun", of_run=run.name, steps=steps, at=_at(journal),
                       outcome=f"exit {code}")  # fmt: skip
         return code
+    steps = min(steps, trained)
+    found = compare(published_in, run_dir, steps)
     equal = all(agreement.equal == agreement.compared for agreement in found.values())
     said = "; ".join(
         _said(name, agreement) for name, agreement in found.items() if agreement.compared
