@@ -12,6 +12,7 @@ from tepo_cli.eval.report.grouping import Group
 from tepo_cli.eval.report.machines import setup_note
 from tepo_cli.eval.report.plots import write_plots
 from tepo_cli.eval.report.protocol_report import ProtocolReport, check, protocol_report
+from tepo_cli.eval.report.registration import registration
 from tepo_cli.eval.report.run_history import (
     experiment_events,
     read_journals,
@@ -75,6 +76,7 @@ def build_protocol_report(
     registered = [run.name for run in protocol.runs()]
     report.history = run_histories(journals, registered, protocol.commit)
     report.deviations = experiment_events(journals)
+    report.registration = registration(protocol_path, journals)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     groups = [Group(arm, {"arm": arm}, runs) for arm, runs in arms.items() if runs]

@@ -102,6 +102,7 @@ class ProtocolReport:
     per_run: list[RunValues] = field(default_factory=list)  # finished runs, registered order
     history: list[RunHistory] = field(default_factory=list)  # each journaled run's tries
     deviations: list[str] = field(default_factory=list)  # the journal's experiment-wide lines
+    registration: str = ""  # its first commit against its first run (registration.py)
 
     @property
     def runs_in(self) -> str:

@@ -156,6 +156,8 @@ def print_protocol(console: Console, report: ProtocolReport) -> None:
     label = _label(report)
     columns = verdict_columns(report.correction)
     title = f"Protocol {report.name}: primary claims{label}"
+    if report.registration:
+        console.print(report.registration, highlight=False, markup=False)
     print_fitted(console, [Spec(title, columns, report.primaries, legend(report))], [])
     for line in notes(report):
         console.print(line, highlight=False)
@@ -202,6 +204,7 @@ def markdown(report: ProtocolReport, source: Path, images: list[Path] | None = N
         "",
         *([f"**{report.label}.**", ""] if report.label else []),
         f"Registered in `{source}`; α = {report.alpha:g}, correction {report.correction}.",
+        *(["", report.registration] if report.registration else []),
         "",
         "## Primary claims",
         "",
