@@ -292,6 +292,25 @@ def test_sigterm_then_kill_9_then_resume_true_loses_nothing(tmp_path, reference)
     assert nothing_left.returncode == 2 and "no unfinished run" in nothing_left.stderr
 
 
+def test_a_time_limit_stops_after_a_step_with_a_checkpoint_and_resume_loses_nothing(
+    tmp_path, reference
+):
+    """trainer.time_limit_minutes so short that after step 1 the next step cannot end in time
+    (the process has run longer already): it writes a checkpoint and exits 128 + 15 saying why;
+    resumed with no limit (a new allocation), it ends byte for byte as the uninterrupted run."""
+    run_dir = tmp_path / "run"
+    args = [*base_args(tmp_path, run_dir), "trainer.save_every=0"]
+    stopped = tepo([*args, "trainer.time_limit_minutes=0.001"], cwd=tmp_path)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "tepo train: trainer.time_limit_minutes=0.001: stopped after step 1, " in stopped.stderr
+    assert f"resume={run_dir}" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "interrupted"
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_00000001"]
+    resumed = tepo([*args, "resume=true"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(run_dir, reference)
+
+
 def wait_for_run_dir(root: Path, process: subprocess.Popen) -> Path:
     """The run directory a run started without hydra.run.dir creates under `root`."""
     deadline = time.monotonic() + 120

@@ -236,6 +236,7 @@ class TrainerConfig(Strict):
     # leave rows whose advantage is all 0 out of the update when no other term reads them
     skip_zero_advantage: bool = True  # train/zero_advantage.py
     collective_timeout_s: float = Field(default=1800.0, gt=0)  # runtime/collective_timeout.py
+    time_limit_minutes: float | None = Field(default=None, gt=0)  # runtime/time_limit.py
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainerConfig:

@@ -32,6 +32,7 @@ HARMLESS = (
     "trainer.max_bad_steps",
     "trainer.skip_zero_advantage",  # the same gradient (a step with none left: no AdamW step)
     "trainer.collective_timeout_s",
+    "trainer.time_limit_minutes",  # a new allocation brings a new limit
     "trainer.eval_every",
     "trainer.eval_before",
     "trainer.eval_after",

@@ -31,6 +31,7 @@ from tepo_cli.core import collective
 
 STUCK_GRACE_S = 10.0  # how long a signal may wait for its handler before the process ends
 _STOP = (signal.SIGINT, signal.SIGTERM)
+TIME_UP = 1024  # above every signal number, so the agreement's maximum says which stop it was
 
 
 class StopSignals:
@@ -63,9 +64,10 @@ class StopSignals:
             _exit_now(signum, "a second one: stop now")
         self.signum = signum
 
-    def requested(self, device: torch.device) -> int:
-        """The signal any rank received (0 if none): all ranks stop after the same step."""
-        flag = torch.tensor([self.signum], dtype=torch.int64, device=device)
+    def requested(self, device: torch.device, time_up: bool = False) -> int:
+        """The signal any rank received, TIME_UP where a rank's time limit would pass first
+        (runtime/time_limit.py), else 0: all ranks stop after the same step."""
+        flag = torch.tensor([TIME_UP if time_up else self.signum], dtype=torch.int64, device=device)
         return int(collective.all_max(flag).item())
 
 

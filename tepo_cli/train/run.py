@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,8 @@ from tepo_cli.runtime.metrics import RunLog
 from tepo_cli.runtime.resume import log_lengths
 from tepo_cli.runtime.rng_and_streams import capture_rng
 from tepo_cli.runtime.state import RankState, TrainerState
-from tepo_cli.runtime.stop import StopSignals
+from tepo_cli.runtime.stop import TIME_UP, StopSignals
+from tepo_cli.runtime.time_limit import TimeLimit
 from tepo_cli.trackers import Trackers
 from tepo_cli.train.held_out import held_out_accuracy
 from tepo_cli.train.prompt_streams import Prompts
@@ -79,6 +81,10 @@ class Run:
     trackers: Trackers = field(default_factory=Trackers)  # logger=[...]; empty off rank 0
     signals: StopSignals = field(default_factory=StopSignals)
     hooks: RunHooks = field(default_factory=RunHooks)  # faults (TEPO_FAULT) in the kill tests
+    time_limit: TimeLimit = field(init=False)  # trainer.time_limit_minutes
+
+    def __post_init__(self) -> None:
+        self.time_limit = TimeLimit(self.cfg.trainer.time_limit_minutes)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -134,6 +140,7 @@ class Run:
         state = self.state
         state.step = record["step"]
         state.step_seconds.append(record["step_seconds"])
+        self.time_limit.step_took(record["step_seconds"])
         if self.log is not None:
             self.log.step(record, samples)
         self.trackers.log_step(record)
@@ -144,9 +151,13 @@ class Run:
             raise RunError(finish.too_many_bad_steps(self.cfg, record["step"], self.run_dir))
 
     def checkpoint(self, step: int) -> None:
-        """A checkpoint every `trainer.save_every` steps, and after a stop signal (then exit)."""
+        """A checkpoint every `trainer.save_every` steps, and after a stop signal or before the
+        time limit would pass (then exit)."""
+        time_up = step < self.cfg.trainer.max_steps and self.time_limit.next_would_pass(
+            self._evaluation_after(step + 1)
+        )
         with collective_timeout.phase("stop-signal agreement"):
-            signum = self.signals.requested(self.topo.device)
+            signum = self.signals.requested(self.topo.device, time_up)
         every = self.cfg.trainer.save_every
         if not (signum or (every and step % every == 0)):
             return
@@ -166,8 +177,17 @@ class Run:
                 models.critic_engine,
                 self.hooks,
             )
+        if signum == TIME_UP:
+            said = self.time_limit.said(step, self._evaluation_after(step + 1))
+            raise StopRequested(signal.SIGTERM, f"{said}; {_continue(saved, self.run_dir)}")
         if signum:
             raise StopRequested(signum, _stopped(signum, step, saved, self.run_dir))
+
+    def _evaluation_after(self, step: int) -> bool:
+        """Whether a held-out evaluation follows `step` (eval_every's, or the one after the last)."""
+        trainer, every = self.cfg.trainer, self.cfg.trainer.eval_every
+        last = step == trainer.max_steps
+        return bool(trainer.eval_after if last else every and step % every == 0)
 
     def finish(self) -> None:
         """Optimizer state dropped, held-out accuracy after, the final model and summary."""
@@ -196,6 +216,7 @@ class Run:
 
     def _held_out(self, step: int, when: str) -> float:
         """Held-out accuracy into eval.jsonl and the trackers, at the step it follows."""
+        started = time.monotonic()
         with collective_timeout.phase(f"held-out evaluation ({when})"):
             accuracy = held_out_accuracy(
                 self.cfg,
@@ -210,13 +231,18 @@ class Run:
                 when,
             )
         self.trackers.log_held_out(step, accuracy)
+        self.time_limit.evaluation_took(time.monotonic() - started)
         return accuracy
 
 
 def _stopped(signum: int, step: int, saved: Path, run_dir: Path) -> str:
-    name = signal.Signals(signum).name
     return (
-        f"stopped by {name} after step {step}; checkpoint written to {saved}. Continue it with "
-        f"the same command plus resume={run_dir} (for a sweep: the same sweep command plus "
-        f"resume=true)."
+        f"stopped by {signal.Signals(signum).name} after step {step}; {_continue(saved, run_dir)}"
+    )
+
+
+def _continue(saved: Path, run_dir: Path) -> str:
+    return (
+        f"checkpoint written to {saved}. Continue it with the same command plus "
+        f"resume={run_dir} (for a sweep: the same sweep command plus resume=true)."
     )
