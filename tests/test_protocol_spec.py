@@ -189,10 +189,9 @@ def test_a_file_that_is_missing_not_yaml_or_not_a_mapping_is_refused(tmp_path):
         load_protocol(listed)
 
 
-def test_the_sweeps_guides_example_is_the_example_and_loads(tmp_path):
+def test_the_protocols_guides_example_is_the_example_and_loads(tmp_path):
     """The guide's protocol is this file's EXAMPLE with comments: a schema change shows there."""
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "sweeps.md").read_text()
-    section = guide.split("### Pre-registered experiments", 1)[1]
-    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "protocols.md").read_text()
+    block = guide.split("```yaml\n", 1)[1].split("```", 1)[0]
     documented = load_protocol(write(tmp_path, block))
     assert documented == load_protocol(write(tmp_path, EXAMPLE))

@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     """`tepo protocol`'s arguments (its one command, `run`)."""
     parser = argparse.ArgumentParser(
         prog="tepo protocol",
-        description="Pre-registered experiments (docs/guides/sweeps.md#pre-registered-experiments).",
+        description="Pre-registered experiments (docs/guides/protocols.md).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="run")
     run = commands.add_parser(
