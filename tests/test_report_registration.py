@@ -31,7 +31,8 @@ def start(time: str, text: str, run: str = "grpo_seed10", event: str = "start") 
     return {"time": f"2026-11-28T{time}+00:00", "run": run, "event": event, "protocol_sha256": sha}
 
 
-def test_a_file_outside_git_or_never_committed_says_so(tmp_path):
+def test_a_file_outside_git_or_never_committed_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # wherever /tmp lies
     path = tmp_path / "protocol.yaml"
     path.write_text("name: p\n")
     assert registration(path, []) == (
