@@ -248,3 +248,20 @@ def test_a_two_rank_run_whose_group_is_sigkilled_leaves_nothing_and_resumes_exac
         if (reference_dir / weights).exists() or (run_dir / weights).exists():
             assert (run_dir / weights).read_bytes() == (reference_dir / weights).read_bytes()
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
+def test_a_two_rank_run_stops_together_at_its_time_limit(tmp_path):
+    """trainer.time_limit_minutes on two ranks: the clock is the launching `tepo train`'s, both
+    ranks agree to stop after step 1 (each writes its part of the checkpoint), and the job exits
+    128 + SIGTERM saying why."""
+    run_dir = tmp_path / "run"
+    args = [*_args(tmp_path, run_dir), "trainer.save_every=0", "trainer.time_limit_minutes=0.001"]
+    process = _tepo(args, tmp_path)
+    output, _ = process.communicate(timeout=400)
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "trainer.time_limit_minutes=0.001: stopped after step 1, " in output
+    assert "Traceback" not in output
+    manifest = json.loads((run_dir / "checkpoints/step_00000001/manifest.json").read_text())
+    assert {"rank_00000.pt", "rank_00001.pt"} <= set(manifest["files"])
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "interrupted"
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1

@@ -7,26 +7,40 @@ checkpoint's write costs that checkpoint. Told its limit, a run stops itself fir
 when the next one would end past the limit — at the longest step this process has taken, a
 quarter more for the spread and the checkpoint, plus the held-out evaluation due after it at the
 last one's seconds — it writes a checkpoint and exits 143 as for SIGTERM (runtime/stop.py), and
-`resume=true` continues exactly. Time counts from the process's start, model loading included,
-as a scheduler counts it. After the last step nothing stops it: only the final evaluation and save
-are left, and the step before it already counted them.
+`resume=true` continues exactly. Time counts from the job's start (the `tepo train` process that
+launched the ranks), model loading included, as a scheduler counts it. After the last step
+nothing stops it: only the final evaluation and save are left, and the step before it already
+counted them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
+
+from tepo_cli.runtime.lifetime import PARENT_ENV
 
 MARGIN = (
     1.25  # the next step may take a quarter longer than the longest so far, with its checkpoint
 )
 
 
+def job_start() -> float:
+    """When this job started: the `tepo train` process that launched this rank (its PID is in
+    runtime/lifetime.py's PARENT_ENV), else this process."""
+    parent = os.environ.get(PARENT_ENV)
+    try:
+        return psutil.Process(int(parent) if parent else None).create_time()
+    except (ValueError, psutil.Error):
+        return psutil.Process().create_time()
+
+
 class TimeLimit:
     def __init__(self, minutes: float | None, started: float | None = None) -> None:
         self.seconds = None if minutes is None else minutes * 60.0
-        self.started = psutil.Process().create_time() if started is None else started
+        self.started = job_start() if started is None else started
         self.longest_step = 0.0
         self.last_evaluation = 0.0
 
