@@ -115,8 +115,7 @@ class Run:
 
     def evaluate_during(self, step: int) -> None:
         """Every `trainer.eval_every` steps, except the last (`after` covers it)."""
-        every = self.cfg.trainer.eval_every
-        if every and step % every == 0 and step < self.cfg.trainer.max_steps:
+        if step < self.cfg.trainer.max_steps and self._evaluation_after(step):
             self._held_out(step, "during")
 
     def _evaluation_lost(self, step: int) -> bool:
