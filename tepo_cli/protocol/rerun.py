@@ -27,7 +27,7 @@ from tepo_cli.core.run_dir import EVAL_SAMPLES, EVALS, HYDRA, METRICS, SAMPLES
 from tepo_cli.protocol.journal import EXPERIMENT, Journal
 from tepo_cli.protocol.pilot import error_lines, train_until
 from tepo_cli.protocol.run_progress import published, step_records
-from tepo_cli.protocol.spec import Run
+from tepo_cli.protocol.spec import Run, override_difference
 
 # Keys whose values depend on the machine's speed or load, not on what the run computed.
 TIMES = re.compile(r"seconds|per_second|mfu|peak_flops|rss|memory")
@@ -103,13 +103,10 @@ def _published_overrides(run: Run, published_in: Path) -> list[str]:
             "a rerun trains from them. Nothing was run."
         ) from None
     made = [o for o in made if o.split("=", 1)[0] not in ("resume", "trainer.progress")]
-    if sorted(made) != sorted(run.overrides):
-        only_made = [o for o in made if o not in run.overrides]
-        only_registered = [o for o in run.overrides if o not in made]
-        print(f"== note: {run.name} was made with overrides the protocol does not give it (only "
-              f"made: {' '.join(only_made) or 'nothing'}; only registered: "
-              f"{' '.join(only_registered) or 'nothing'}); the rerun uses what it was made with",
-              flush=True)  # fmt: skip
+    difference = override_difference(made, run.overrides, ("made", "registered"))
+    if difference is not None:
+        print(f"== note: {run.name} was made with overrides the protocol does not give it "
+              f"({difference}); the rerun uses what it was made with", flush=True)  # fmt: skip
     return [*made, "trainer.progress=false"]
 
 

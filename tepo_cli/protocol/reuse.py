@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from tepo_cli.core.errors import ConfigError
-from tepo_cli.protocol.spec import Protocol, load_protocol, published_dir
+from tepo_cli.protocol.spec import Protocol, load_protocol, override_difference, published_dir
 
 
 def reused_runs(protocol: Protocol, path: Path) -> dict[str, Path]:
@@ -76,13 +76,11 @@ def _same_commit(where: str, mine: str | None, theirs: str | None) -> None:
 
 
 def _same_overrides(where: str, name: str, mine: list[str], theirs: list[str]) -> None:
-    if sorted(mine) == sorted(theirs):
+    difference = override_difference(mine, theirs, ("here", "there"))
+    if difference is None:
         return
-    only_here = [o for o in mine if o not in theirs]
-    only_there = [o for o in theirs if o not in mine]
     raise ConfigError(
-        f"{where}: its run {name} was not made as this protocol would make it (only here: "
-        f"{' '.join(only_here) or 'nothing'}; only there: {' '.join(only_there) or 'nothing'}). "
+        f"{where}: its run {name} was not made as this protocol would make it ({difference}). "
         "A reused run must have the same base, arm and per-run overrides in both protocols. "
         "Nothing was run."
     )

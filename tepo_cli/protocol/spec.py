@@ -226,6 +226,16 @@ def _check_overrides(where: str, overrides: list[str]) -> None:
             )
 
 
+def override_difference(first: list[str], second: list[str], names: tuple[str, str]) -> str | None:
+    """None where two runs' overrides are the same set (order aside), else "only <name 1>: ...;
+    only <name 2>: ..." in the words of the message that says which run was made differently."""
+    if sorted(first) == sorted(second):
+        return None
+    only_first = " ".join(o for o in first if o not in second) or "nothing"
+    only_second = " ".join(o for o in second if o not in first) or "nothing"
+    return f"only {names[0]}: {only_first}; only {names[1]}: {only_second}"
+
+
 def published_dir(protocol_path: Path) -> Path:
     """Where a protocol's finished runs' records are published by default: runs/ beside its file
     (`tepo protocol run --results-dir`), which `tepo report --protocol` reads by default."""
