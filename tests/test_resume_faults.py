@@ -296,13 +296,17 @@ def test_a_time_limit_stops_after_a_step_with_a_checkpoint_and_resume_loses_noth
     tmp_path, reference
 ):
     """trainer.time_limit_minutes so short that after step 1 the next step cannot end in time
-    (the process has run longer already): it writes a checkpoint and exits 128 + 15 saying why;
-    resumed with no limit (a new allocation), it ends byte for byte as the uninterrupted run."""
+    (the process has run longer already): it writes a checkpoint and exits 128 + 15 saying why,
+    counting the evaluation due after step 2 at its estimate (none has run); resumed with no
+    limit and no evaluation (a new allocation), it ends byte for byte as the uninterrupted run."""
     run_dir = tmp_path / "run"
     args = [*base_args(tmp_path, run_dir), "trainer.save_every=0"]
-    stopped = tepo([*args, "trainer.time_limit_minutes=0.001"], cwd=tmp_path)
+    limited = [*args, "trainer.time_limit_minutes=0.001", "trainer.eval_every=2"]
+    stopped = tepo(limited, cwd=tmp_path)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert "tepo train: trainer.time_limit_minutes=0.001: stopped after step 1, " in stopped.stderr
+    assert "and the held-out evaluation after it, " in stopped.stderr
+    assert " s (estimated: none has run yet)) could end past the limit" in stopped.stderr
     assert f"resume={run_dir}" in stopped.stderr and "Traceback" not in stopped.stderr
     assert json.loads((run_dir / "status.json").read_text())["state"] == "interrupted"
     assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_00000001"]

@@ -1,6 +1,7 @@
 """trainer.time_limit_minutes's decision (tepo_cli/runtime/time_limit.py): stop after a step when
-the next one — its longest so far times 1.25, and the evaluation due after it — could end past
-the limit. The run that stops and resumes is in tests/test_resume_faults.py."""
+the next one — its longest so far times 1.25, and the evaluation due after it (the last one's
+seconds, or before any has run an estimate from the steps' generation) — could end past the
+limit. The run that stops and resumes is in tests/test_resume_faults.py."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def test_an_evaluation_due_after_the_next_step_counts_at_the_last_ones_seconds()
     assert not clock.next_would_pass(False) and not clock.next_would_pass(True)  # 19 s
     clock.evaluation_took(16.0)
     assert clock.next_would_pass(True) and not clock.next_would_pass(False)  # 21 s, 5 s
+
+
+def test_an_evaluation_not_yet_timed_is_estimated_from_the_slowest_rollout_per_answer():
+    # 200 held-out answers on this rank; a step's rollout generates 16
+    clock = TimeLimit(1.0, time.time() - 10.0, evaluation_answers=lambda: 200, step_answers=16)
+    clock.step_took(4.0, rollout_seconds=1.6)  # 0.1 s an answer: 200 x 0.1 x 1.25 = 25 s
+    assert clock.evaluation() == pytest.approx(25.0)
+    clock.step_took(3.0, rollout_seconds=0.8)  # a faster rollout does not lower it
+    assert clock.evaluation() == pytest.approx(25.0)
+    # 50 s left: the next step (5 s) alone fits, with the estimated evaluation (30 s) too ...
+    assert not clock.next_would_pass(True)
+    clock.step_took(4.0, rollout_seconds=3.2)  # ... until a slower rollout: 0.2 s -> 50 s
+    assert clock.next_would_pass(True) and not clock.next_would_pass(False)
+    assert "after it, 50 s (estimated: none has run yet)" in clock.said(3, True)
+    clock.evaluation_took(20.0)  # a timed one replaces the estimate
+    assert clock.evaluation() == 20.0 and not clock.next_would_pass(True)
+    assert "after it, 20 s) could" in clock.said(3, True)
 
 
 def test_no_limit_never_stops():

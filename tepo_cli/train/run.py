@@ -84,7 +84,19 @@ class Run:
     time_limit: TimeLimit = field(init=False)  # trainer.time_limit_minutes
 
     def __post_init__(self) -> None:
-        self.time_limit = TimeLimit(self.cfg.trainer.time_limit_minutes)
+        self.time_limit = self._time_limit()
+
+    def _time_limit(self) -> TimeLimit:
+        """trainer.time_limit_minutes's clock, with the answers this rank generates in an
+        evaluation and in a step (to estimate an evaluation not yet timed)."""
+        cfg, world = self.cfg, self.topo.world_size
+        if cfg.trainer.time_limit_minutes is None:
+            return TimeLimit(None)
+        return TimeLimit(
+            cfg.trainer.time_limit_minutes,
+            evaluation_answers=lambda: -(-len(self.sampler.held_out_problems(self.task)) // world),
+            step_answers=cfg.trainer.prompts_per_step / world * cfg.rollout.n,
+        )
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -139,7 +151,7 @@ class Run:
         state = self.state
         state.step = record["step"]
         state.step_seconds.append(record["step_seconds"])
-        self.time_limit.step_took(record["step_seconds"])
+        self.time_limit.step_took(record["step_seconds"], record.get("rollout_seconds", 0.0))
         if self.log is not None:
             self.log.step(record, samples)
         self.trackers.log_step(record)
