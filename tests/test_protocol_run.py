@@ -370,7 +370,8 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
     assert (restart["event"], restart["earlier_tries"]) == ("start", 1)
     assert "earlier_tries" not in start
 
-    again = tepo_protocol(tmp_path, str(path))
+    # under a scheduler's wall time: each run gets what is left as its own limit (ample here)
+    again = tepo_protocol(tmp_path, str(path), "--time-limit", "600")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "resuming" in again.stdout and "after step 1" in again.stdout
     events = [(e["run"], e["event"]) for e in journal(results)[4:]]
@@ -380,14 +381,17 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
         ("tepo_seed0", "start"),
         ("tepo_seed0", "finish"),
     ]
-    resume, finish = journal(results)[4:6]
+    resume, finish, start = journal(results)[4:7]
     assert resume["after_step"] == 1 and finish["steps"] == 2
+    assert 590 < start["time_limit_minutes"] <= resume["time_limit_minutes"] < 600
     for name in ("grpo_seed0", "tepo_seed0"):
         published = results / name
         assert json.loads((published / "status.json").read_text())["state"] == "finished"
         steps = [json.loads(line)["step"] for line in (published / "metrics.jsonl").open()]
         assert steps == [1, 2]  # the resumed run counts step 2 once
         overrides = yaml.safe_load((published / ".hydra" / "overrides.yaml").read_text())
+        limit = overrides.pop()  # the time left when it was started or resumed
+        assert limit.startswith("trainer.time_limit_minutes=5") and float(limit[27:]) < 600
         arm = name.split("_")[0]
         first = "true" if arm == "grpo" else "false"
         assert overrides == [
@@ -430,6 +434,45 @@ def test_runs_crash_resume_publish_and_are_skipped_once_published(tmp_path):
     assert "nothing to resume, skipped" in fourth.stdout
     assert journal(results)[-2]["event"] == "publish" and journal(results)[-1]["event"] == "finish"
     assert (results / "tepo_seed0" / "status.json").is_file()
+
+
+def test_no_run_starts_once_the_time_limit_is_spent(tmp_path):
+    path = protocol_file(tmp_path)
+    spent = tepo_protocol(tmp_path, str(path), "--time-limit", "0.001")
+    assert spent.returncode == 128 + signal.SIGTERM, spent.stdout[-2000:] + spent.stderr[-2000:]
+    assert "== --time-limit 0.001: no time left: grpo_seed0 and the runs after it wait for " in (
+        spent.stdout
+    )
+    assert not (tmp_path / "multirun").exists() and not (path.parent / "runs").exists()
+    for bad in ("0", "-1", "soon", "inf"):
+        refused = tepo_protocol(tmp_path, str(path), "--time-limit", bad)
+        assert refused.returncode == 2 and "is not a number of minutes (above 0)" in refused.stderr
+
+
+def test_the_next_run_needs_two_steps_at_the_published_runs_median_pace(tmp_path, capsys):
+    from tepo_cli.protocol.protocol_runner import _minutes_left
+    from tepo_cli.protocol.spec import Run
+    from tepo_cli.runtime.time_limit import TimeLimit
+
+    results = tmp_path / "runs"
+    for name, seconds in (("a_seed0", [50, 70, 60]), ("a_seed1", [40, 200])):
+        (results / name).mkdir(parents=True)
+        steps = [{"step": i + 1, "step_seconds": s} for i, s in enumerate(seconds)]
+        lines = [{"warmup": 1}, *steps]  # a record before the first step is no step
+        (results / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    runs = [Run("a_seed0", []), Run("a_seed1", []), Run("a_seed2", [])]
+    assert _minutes_left(None, runs, results, "a_seed2") is None  # no --time-limit
+    # median step 60 s: 130 s left is enough, 110 s is not
+    enough = TimeLimit(10.0, started=time.time() - 470.0)
+    assert 2.1 < _minutes_left(enough, runs, results, "a_seed2") <= 130 / 60
+    short = TimeLimit(10.0, started=time.time() - 490.0)
+    assert _minutes_left(short, runs, results, "a_seed2") == 0.0
+    said = capsys.readouterr().out
+    assert (
+        "== --time-limit 10: 1.8 min left, less than two steps (2.0 min at the published " in said
+    )
+    # nothing published: any time left starts the next run
+    assert _minutes_left(short, runs, tmp_path / "none", "a_seed0") > 0
 
 
 def test_a_pilot_replaces_the_seed_and_turns_off_evaluations_and_checkpoints():

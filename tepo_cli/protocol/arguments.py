@@ -8,7 +8,8 @@ from pathlib import Path
 
 USAGE = (
     "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
-    "[--list] [--status] [--dry-run] [--pilot STEPS] [--rerun RUN [--rerun-steps N]]"
+    "[--time-limit MINUTES] [--list] [--status] [--dry-run] [--pilot STEPS] "
+    "[--rerun RUN [--rerun-steps N]]"
 )
 
 
@@ -18,6 +19,7 @@ class Options:
     runs_dir: Path
     results_dir: Path
     only: str | None
+    time_limit: float | None
     list_only: bool
     dry_run: bool
     status: bool
@@ -59,6 +61,14 @@ def parser() -> argparse.ArgumentParser:
         help="the published records and journal.jsonl (default runs/ beside the protocol file)",
     )
     run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
+    run.add_argument(
+        "--time-limit",
+        type=_minutes,
+        metavar="MINUTES",
+        help="stop before MINUTES from this command's start (a scheduler's wall time): each run "
+        "gets what is left as trainer.time_limit_minutes and stops at a step with a "
+        "checkpoint; no run starts once it is spent; exit 143, the same command resumes",
+    )
     _add_modes(run)
     return parser
 
@@ -113,6 +123,16 @@ def _add_modes(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="go on after the protocol file changed since its runs started (journaled)",
     )
+
+
+def _minutes(text: str) -> float:
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = 0.0
+    if not minutes > 0 or minutes == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes (above 0)")
+    return minutes
 
 
 def _steps(text: str) -> int:

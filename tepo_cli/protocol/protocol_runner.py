@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,8 +53,10 @@ from tepo_cli.protocol.run_progress import (
     newest_checkpoint,
     print_status,
     published,
+    step_records,
 )
 from tepo_cli.protocol.spec import Protocol, Run, load_protocol, published_dir
+from tepo_cli.runtime.time_limit import TimeLimit
 
 # What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
 RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "train.log")
@@ -100,11 +104,33 @@ def run_protocol(options: Options) -> int:
         print(f"tepo protocol run: {mismatch}", file=sys.stderr)
     if options.pilot is not None:
         return run_pilots(protocol, runs, runs_dir, journal, options.pilot)
+    code = _train_runs(runs, runs_dir, results_dir, journal, options.time_limit)
+    if code != 0:
+        return code
+    print(f"== every run of {protocol.name} is published in {results_dir}", flush=True)
+    if awaited:
+        print(
+            f"== reused runs that their own protocol has not published yet: {', '.join(awaited)} "
+            f"(in {reused[awaited[0]].parent}); the report waits for them",
+            flush=True,
+        )
+    return 0
+
+
+def _train_runs(
+    runs: list[Run], runs_dir: Path, results_dir: Path, journal: Journal, minutes: float | None
+) -> int:
+    """Each run not yet published, in order, until one does not finish (its exit code) or, with
+    --time-limit `minutes`, too little time is left to start the next (143, as for SIGTERM)."""
+    clock = TimeLimit(minutes) if minutes else None
     for run in runs:
         if published(results_dir / run.name):
             print(f"== {run.name}: finished and published already, skipped", flush=True)
             continue
-        code = _train(run, runs_dir, results_dir, journal)
+        limit = _minutes_left(clock, runs, results_dir, run.name)
+        if limit is not None and limit <= 0:
+            return 128 + signal.SIGTERM
+        code = _train(run, runs_dir, results_dir, journal, limit)
         if code != 0:
             print(
                 f"tepo protocol run: {run.name} did not finish (exit {code}); the runs after it "
@@ -113,13 +139,6 @@ def run_protocol(options: Options) -> int:
                 file=sys.stderr,
             )
             return code
-    print(f"== every run of {protocol.name} is published in {results_dir}", flush=True)
-    if awaited:
-        print(
-            f"== reused runs that their own protocol has not published yet: {', '.join(awaited)} "
-            f"(in {reused[awaited[0]].parent}); the report waits for them",
-            flush=True,
-        )
     return 0
 
 
@@ -200,8 +219,44 @@ def _check_unchanged(journal: Journal, options: Options) -> None:
     )
 
 
-def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int:
+def _minutes_left(
+    clock: TimeLimit | None, runs: list[Run], results_dir: Path, name: str
+) -> float | None:
+    """With --time-limit, the minutes left for the next run (its trainer.time_limit_minutes), or
+    0 when too little is left to start one: less than two steps at the median pace of the
+    published runs' steps (any time at all before one is published). None without a limit."""
+    if clock is None or clock.seconds is None:
+        return None
+    left = clock.seconds - clock.elapsed()
+    paces = [
+        record["step_seconds"]
+        for run in runs
+        for record in step_records(results_dir / run.name)
+        if isinstance(record.get("step_seconds"), int | float)
+    ]
+    need = 2 * statistics.median(paces) if paces else 0.0
+    if left > need:
+        return left / 60
+    short = (
+        f"{left / 60:.1f} min left, less than two steps ({need / 60:.1f} min at the published "
+        "runs' median pace)"
+        if left > 0
+        else "no time left"
+    )
+    print(
+        f"== --time-limit {clock.seconds / 60:g}: {short}: {name} and the runs after it wait "
+        "for the next invocation (the same command)",
+        flush=True,
+    )
+    return 0.0
+
+
+def _train(
+    run: Run, runs_dir: Path, results_dir: Path, journal: Journal, limit: float | None = None
+) -> int:
+    """Start, resume or publish `run` (journaled); `limit`: its trainer.time_limit_minutes."""
     run_dir = runs_dir / run.name
+    limited = {"time_limit_minutes": round(limit, 2)} if limit is not None else {}
     before = effective_state(run_dir) if run_dir.is_dir() else None
     after_step = newest_checkpoint(run_dir)
     if before is None:
@@ -213,11 +268,13 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
                 "another --runs-dir?). Training it again from step 0; the journal says so.",
                 flush=True,
             )
-        journal.write(run.name, "start", **({"earlier_tries": earlier} if earlier else {}))
+        journal.write(
+            run.name, "start", **({"earlier_tries": earlier} if earlier else {}), **limited
+        )
     elif before == "finished":
         journal.write(run.name, "publish", note="finished before, not yet published")
     else:
-        journal.write(run.name, "resume", after_step=after_step or 0, state=before)
+        journal.write(run.name, "resume", after_step=after_step or 0, state=before, **limited)
     runs_dir.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -226,6 +283,7 @@ def _train(run: Run, runs_dir: Path, results_dir: Path, journal: Journal) -> int
         "train",
         *run.overrides,
         "resume=true",
+        *([f"trainer.time_limit_minutes={limit:.4f}"] if limit is not None else []),
         f"hydra.run.dir={run_dir}",
     ]
     print(f"== {run.name}: tepo train {' '.join(command[4:])}", flush=True)

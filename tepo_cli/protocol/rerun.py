@@ -32,6 +32,8 @@ from tepo_cli.protocol.spec import Run, override_difference
 # Keys whose values depend on the machine's speed or load, not on what the run computed.
 TIMES = re.compile(r"seconds|per_second|mfu|peak_flops|rss|memory")
 DEFAULT_STEPS = 3
+# Overrides the runner adds to a run's command besides the protocol's: none changes a record.
+_RUNNER_ONLY = ("resume", "trainer.progress", "trainer.time_limit_minutes")
 
 
 def untimed(record: dict) -> dict:
@@ -92,8 +94,8 @@ def _at(journal: Journal) -> str:
 
 
 def _published_overrides(run: Run, published_in: Path) -> list[str]:
-    """The overrides the run was made with (its .hydra/overrides.yaml) less `resume`, and the
-    console's progress line off; a note where they are not the protocol's for it."""
+    """The overrides the run was made with (its .hydra/overrides.yaml) less `resume` and a
+    --time-limit's, and the console's progress line off; a note where they are not the protocol's for it."""
     path = published_in / HYDRA / "overrides.yaml"
     try:
         made = [str(o) for o in yaml.safe_load(path.read_text()) or []]
@@ -102,7 +104,7 @@ def _published_overrides(run: Run, published_in: Path) -> list[str]:
             f"--rerun {run.name}: cannot read the overrides it was made with ({path}: {error}); "
             "a rerun trains from them. Nothing was run."
         ) from None
-    made = [o for o in made if o.split("=", 1)[0] not in ("resume", "trainer.progress")]
+    made = [o for o in made if o.split("=", 1)[0] not in _RUNNER_ONLY]
     difference = override_difference(made, run.overrides, ("made", "registered"))
     if difference is not None:
         print(f"== note: {run.name} was made with overrides the protocol does not give it "

@@ -27,6 +27,7 @@ from tepo_cli.eval.report.runs import Run
 _NOT_SWEPT = {"seed", "run_dir", "model.path", "resume"}
 _NOT_SWEPT |= {f"trainer.{key}" for key in ("eval_before", "eval_after", "progress")}
 _NOT_SWEPT |= {f"trainer.{key}" for key in ("save_every", "keep_checkpoints", "save_final")}
+_NOT_SWEPT |= {"trainer.time_limit_minutes"}  # each allocation's own, runs differ in nothing
 _MISSING = "(default)"
 # A top-level shorthand a run did not type shows the value it sets (conf/train.yaml: `k=K` is
 # algo.unit=block algo.k=K; an MPO run that did not type it has k null and algo.k 5).
