@@ -22,8 +22,9 @@ commands:
             CSV) and plots over the runs of a run or multirun directory; with --protocol, the
             registered metrics and verdicts of a pre-registered experiment (`tepo report --help`)
   protocol  `tepo protocol run PROTOCOL.yaml [--status] [--list] [--dry-run] [--only REGEX]`:
-            train a pre-registered experiment's runs in order, resumable; --status: how far
-            they are, no outcome read (`tepo protocol run --help`)
+            train a pre-registered experiment's runs in order, resumable (--time-limit MIN:
+            stop in time, with a checkpoint); --status: how far they are, no outcome read
+            (`tepo protocol run --help`)
 
 examples:
   tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU
