@@ -87,7 +87,8 @@ def test_one_setting_is_all_runs():
 
 def test_what_a_run_records_but_does_not_train_never_splits_a_group():
     """A pre-registered protocol evaluates step 0 in its first run only (trainer.eval_before),
-    and runs differ in checkpointing and console settings: the arms stay one group each."""
+    and runs differ in checkpointing, console settings and time limits: the arms stay one group
+    each."""
     runs = [
         run("grpo_seed10", "algo=grpo", "seed=10", "trainer.eval_before=true"),
         run("grpo_seed11", "algo=grpo", "seed=11", "trainer.eval_before=false"),
@@ -96,10 +97,12 @@ def test_what_a_run_records_but_does_not_train_never_splits_a_group():
         ),
         run("tepo_seed10", "algo=tepo", "seed=10", "trainer.eval_before=false"),
         run("tepo_seed11", "algo=tepo", "seed=11", "trainer.save_final=true"),
+        # each started with what its allocation had left (tepo protocol run --time-limit)
+        run("tepo_seed12", "algo=tepo", "seed=12", "trainer.time_limit_minutes=212.5"),
     ]
     swept, groups = group_runs(runs)
     assert swept == ["algo"]
-    assert {group.label: len(group.runs) for group in groups} == {"algo=grpo": 3, "algo=tepo": 2}
+    assert {group.label: len(group.runs) for group in groups} == {"algo=grpo": 3, "algo=tepo": 3}
     # a key that changes what is measured still splits
     swept, groups = group_runs([*runs, run("grpo_eval", "algo=grpo", "benchmark.eval_size=50")])
     assert "benchmark.eval_size" in swept and len(groups) == 3
