@@ -449,7 +449,9 @@ def test_no_run_starts_once_the_time_limit_is_spent(tmp_path):
         assert refused.returncode == 2 and "is not a number of minutes (above 0)" in refused.stderr
 
 
-def test_the_next_run_needs_two_steps_at_the_published_runs_median_pace(tmp_path, capsys):
+def test_the_next_run_needs_two_steps_at_the_published_runs_median_pace_and_a_minute(
+    tmp_path, capsys
+):
     from tepo_cli.protocol.protocol_runner import _minutes_left
     from tepo_cli.protocol.spec import Run
     from tepo_cli.runtime.time_limit import TimeLimit
@@ -469,10 +471,13 @@ def test_the_next_run_needs_two_steps_at_the_published_runs_median_pace(tmp_path
     assert _minutes_left(short, runs, results, "a_seed2") == 0.0
     said = capsys.readouterr().out
     assert (
-        "== --time-limit 10: 1.8 min left, less than two steps (2.0 min at the published " in said
+        "== --time-limit 10: 1.8 min left, less than 2.0 min (two steps at the published " in said
     )
-    # nothing published: any time left starts the next run
+    # nothing published: a minute is enough, less is not
     assert _minutes_left(short, runs, tmp_path / "none", "a_seed0") > 0
+    last = TimeLimit(10.0, started=time.time() - 545.0)
+    assert _minutes_left(last, runs, tmp_path / "none", "a_seed0") == 0.0
+    assert "0.9 min left, less than 1.0 min (two steps at " in capsys.readouterr().out
 
 
 def test_a_pilot_replaces_the_seed_and_turns_off_evaluations_and_checkpoints():

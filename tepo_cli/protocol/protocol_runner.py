@@ -61,6 +61,9 @@ from tepo_cli.runtime.time_limit import TimeLimit
 # What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
 RECORDS = (CONFIG, METRICS, EVALS, EVAL_SAMPLES, SAMPLES, STATUS, SUMMARY, "train.log")
 CONSOLE = "console.log"
+MINIMUM_SECONDS = (
+    60.0  # --time-limit: no run starts with less (its model alone takes longer to load)
+)
 
 
 def main(argv: list[str]) -> int:
@@ -224,7 +227,7 @@ def _minutes_left(
 ) -> float | None:
     """With --time-limit, the minutes left for the next run (its trainer.time_limit_minutes), or
     0 when too little is left to start one: less than two steps at the median pace of the
-    published runs' steps (any time at all before one is published). None without a limit."""
+    published runs' steps, and less than a minute in any case. None without a limit."""
     if clock is None or clock.seconds is None:
         return None
     left = clock.seconds - clock.elapsed()
@@ -234,12 +237,12 @@ def _minutes_left(
         for record in step_records(results_dir / run.name)
         if isinstance(record.get("step_seconds"), int | float)
     ]
-    need = 2 * statistics.median(paces) if paces else 0.0
+    need = max(MINIMUM_SECONDS, 2 * statistics.median(paces) if paces else 0.0)
     if left > need:
         return left / 60
     short = (
-        f"{left / 60:.1f} min left, less than two steps ({need / 60:.1f} min at the published "
-        "runs' median pace)"
+        f"{left / 60:.1f} min left, less than {need / 60:.1f} min (two steps at the published "
+        "runs' median pace, a minute at least)"
         if left > 0
         else "no time left"
     )
