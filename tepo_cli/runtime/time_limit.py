@@ -7,11 +7,12 @@ checkpoint's write costs that checkpoint. Told its limit, a run stops itself fir
 when the next one would end past the limit — at the longest step this process has taken, a
 quarter more for the spread and the checkpoint, plus the held-out evaluation due after it at the
 last one's seconds — it writes a checkpoint and exits 143 as for SIGTERM (runtime/stop.py), and
-`resume=true` continues exactly. Before any evaluation has run (`trainer.eval_before=false`), the
-first one's seconds are estimated from the steps' generation: the slowest rate per answer of a
-step's rollout times the held-out answers this rank generates, a quarter more; an estimate, and
-the first real evaluation replaces it. Time counts from the job's start (the `tepo train` process that
-launched the ranks), model loading included, as a scheduler counts it. After the last step
+`resume=true` continues exactly. Until this process has run an evaluation
+(`trainer.eval_before=false`, or a resumed run), the next one's seconds are estimated from the
+steps' generation: the slowest rate per answer of a step's rollout times the held-out answers
+this rank generates, a quarter more; the first timed evaluation replaces the estimate. Time
+counts from the job's start (the `tepo train` process that launched the ranks), model loading
+included, as a scheduler counts it. After the last step
 nothing stops it: only the final evaluation and save are left, and the step before it already
 counted them.
 """
