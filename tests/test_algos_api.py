@@ -22,9 +22,9 @@ from tepo_cli.algos import (
 )
 
 F64 = torch.float64
-PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo", "kl_cov", "clip_cov"]
+PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo", "kl_cov", "clip_cov", "cispo"]
 # Presets callable without MTP inputs (the paper's `mpo` needs them: tests/test_algos_mpo.py).
-LOSS_PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint", "kl_cov", "clip_cov"]
+LOSS_PRESETS = [name for name in preset_names() if name != "mpo"]
 
 
 def inputs(rows: int = 4, columns: int = 7, seed: int = 0):
@@ -193,7 +193,7 @@ def test_block_of_one_and_unit_block_on_any_objective() -> None:
             "use ratio_norm=sum",
         ),
         ({"block_weights": "future:2"}, "future:p"),
-        ({"eps_low": 1.0}, "less than 1"),
+        ({"eps_low": 1.5}, "less than or equal to 1"),
         ({"dual_clip": 1.0}, "greater than 1"),
         ({"loss_agg": "mean"}, "token-mean"),
         ({"overlong_max_len": 10, "overlong_cache_len": 10}, "smaller than overlong_max_len"),

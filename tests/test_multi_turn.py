@@ -121,6 +121,7 @@ PRESETS = [
     ("mpo_exact", {"k": 2}),
     ("kl_cov", {"cov_fraction": 0.3}),
     ("clip_cov", {"cov_fraction": 0.3, "cov_lb": -10.0}),
+    ("cispo", {}),
 ]
 
 

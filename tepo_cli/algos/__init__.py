@@ -78,6 +78,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'tepo_cli.algos' has no attribute {name!r}")
     importlib.import_module("tepo_cli.algos.objectives")
     importlib.import_module("tepo_cli.algos.cov_objectives")
+    importlib.import_module("tepo_cli.algos.cispo")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

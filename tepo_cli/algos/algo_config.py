@@ -82,7 +82,7 @@ class AlgoConfig(BaseModel):
     layout: Literal["disjoint", "sliding"] = "disjoint"
     ratio_norm: Literal["sum", "mean"] = "sum"
     route: Literal["unit", "token"] = "unit"
-    eps_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    eps_low: float = Field(default=0.2, ge=0.0, le=1.0)
     eps_high: float = Field(default=0.2, ge=0.0)
     dual_clip: float | None = Field(default=None, gt=1.0)
     loss_agg: LossAgg = "token-mean"
@@ -169,6 +169,16 @@ class AlgoConfig(BaseModel):
             raise ValueError(
                 f"{self.name} selects single tokens by their covariance: it needs unit=token "
                 f"(got unit={self.unit}); leave unit and k unset"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_cispo(self) -> AlgoConfig:
+        if self.name == "cispo" and self.dual_clip is not None:
+            raise ValueError(
+                f"dual_clip={self.dual_clip} bounds PPO's clipped surrogate where the advantage is "
+                "negative; cispo has no such surrogate (its clip bounds each token's detached "
+                "weight to [1 - eps_low, 1 + eps_high]): leave dual_clip unset"
             )
         return self
 

@@ -1,0 +1,160 @@
+"""§1.7 CISPO against a float64 reference written from docs/objectives.md, and what sets it apart
+from PPO's clip: a token outside the clip range keeps a gradient, bounded by its clipped weight."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from tepo_cli.algos import load_preset, policy_loss, resolve_algo
+
+F64 = torch.float64
+
+
+def _inputs(seed: int, rows: int = 6, columns: int = 8):
+    """Off-policy rows (ratios from ~0.3 to ~3), both paddings, one row of length 1."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (rows, columns)
+    logp = -torch.rand(shape, generator=gen, dtype=F64) * 3 - 0.05
+    old = logp + torch.tensor([0.0, 0.05, 0.4, 1.0, 0.2, 0.6], dtype=F64)[:rows, None] * (
+        torch.randn(shape, generator=gen, dtype=F64)
+    )
+    ref = logp + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
+    adv = torch.randn(rows, generator=gen, dtype=F64)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    lengths = torch.randint(1, columns + 1, (rows,), generator=gen).tolist()
+    lengths[1] = 1
+    for b, n in enumerate(lengths):
+        if b % 2:
+            mask[b, columns - n :] = True  # left padding
+        else:
+            mask[b, :n] = True
+    weights = 0.5 + torch.rand(shape, generator=gen, dtype=F64)
+    return logp.requires_grad_(True), old, adv, mask, ref, weights
+
+
+def _reference(knobs: dict, logp, old, adv, mask, ref, weights=None) -> torch.Tensor:
+    """Σ over valid tokens of −w·A·ℓ (w a plain float: no gradient through it), + β·k3 KL,
+    aggregated by hand; w is the clipped token ratio, or the answer's clipped mean-log ratio."""
+    low, high = 1 - knobs["eps_low"], 1 + knobs["eps_high"]
+    rows, columns = logp.shape
+    d = (logp.detach() - old).tolist()
+    per_row, count, total = [], 0, torch.zeros((), dtype=F64)
+    for b in range(rows):
+        cols = [t for t in range(columns) if mask[b, t]]
+        if knobs["unit"] == "sequence":
+            mean = sum(d[b][t] for t in cols) / len(cols)
+            ratios = {t: math.exp(mean) for t in cols}
+        else:
+            ratios = {t: math.exp(d[b][t]) for t in cols}
+        row = torch.zeros((), dtype=F64)
+        for t in cols:
+            w = min(max(ratios[t], low), high)
+            a = float(adv[b, t]) if adv.dim() == 2 else float(adv[b])
+            term = -w * a * logp[b, t] * (1.0 if weights is None else float(weights[b, t]))
+            if knobs["beta"]:
+                x = ref[b, t] - logp[b, t]
+                term = term + knobs["beta"] * (torch.exp(x) - x - 1)
+            row = row + term
+        per_row.append(row / len(cols))
+        total, count = total + row, count + len(cols)
+    if knobs["loss_agg"] == "token-mean":
+        return total / count
+    assert knobs["loss_agg"] == "seq-mean-token-mean"
+    return sum(per_row) / rows
+
+
+VARIANTS = [
+    {},
+    {"eps_low": 0.2, "eps_high": 0.28},
+    {"unit": "sequence", "ratio_norm": "mean", "eps_low": 0.5, "eps_high": 0.5},
+    {"loss_agg": "seq-mean-token-mean", "beta": 0.05, "eps_high": 1.0},
+]
+
+
+@pytest.mark.parametrize("knobs", VARIANTS, ids=str)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loss_and_gradient_match_the_float64_reference(knobs: dict, seed: int) -> None:
+    logp, old, adv, mask, ref, _ = _inputs(seed)
+    loss, metrics = policy_loss("cispo", logp, old, adv, mask, ref_logp=ref, **knobs)
+    expected = _reference({**load_preset("cispo"), **knobs}, logp, old, adv, mask, ref)
+    (grad,) = torch.autograd.grad(loss, logp)
+    (expected_grad,) = torch.autograd.grad(expected, logp)
+    assert loss.dtype == F64 and math.isclose(loss.item(), expected.item(), abs_tol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
+    assert grad.abs().sum() > 0 and grad[~mask].abs().sum() == 0
+    assert math.isclose(metrics["pg_loss"] + metrics["kl_loss"], loss.item(), abs_tol=1e-12)
+
+
+def test_token_advantages_and_mismatch_weights_match_the_reference() -> None:
+    logp, old, adv, mask, ref, weights = _inputs(2)
+    token_adv = adv[:, None] + 0.3 * torch.randn(mask.shape, dtype=F64)
+    loss, _ = policy_loss("cispo", logp, old, token_adv, mask, token_weights=weights)
+    expected = _reference(load_preset("cispo"), logp, old, token_adv, mask, ref, weights)
+    torch.testing.assert_close(
+        torch.autograd.grad(loss, logp)[0],
+        torch.autograd.grad(expected, logp)[0],
+        rtol=0,
+        atol=1e-12,
+    )
+
+
+def test_a_token_outside_the_clip_keeps_a_bounded_gradient_where_ppo_gives_none() -> None:
+    """Row 0: A = +1, the first token's ratio 10 (above 1.28); row 1: A = −1, the first token's
+    ratio 0.1 (below 0.8). GRPO's clip leaves both without gradient; CISPO weighs them 1.28
+    and 0.8: dL/dℓ = −w·A / N with N = 6 valid tokens."""
+    logp = torch.full((2, 3), -1.0, dtype=F64, requires_grad=True)
+    old = logp.detach().clone()
+    old[0, 0] -= math.log(10.0)
+    old[1, 0] -= math.log(0.1)
+    adv = torch.tensor([1.0, -1.0], dtype=F64)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    knobs = {"eps_low": 0.2, "eps_high": 0.28}
+    loss, metrics = policy_loss("cispo", logp, old, adv, mask, **knobs)
+    (grad,) = torch.autograd.grad(loss, logp)
+    expected = torch.tensor([[-1.28, -1.0, -1.0], [0.8, 1.0, 1.0]], dtype=F64) / 6
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-15)
+    assert metrics["clip_frac_high"] == metrics["clip_frac_low"] == 1 / 6
+    ppo, _ = policy_loss("dapo", logp, old, adv, mask, **knobs)
+    (ppo_grad,) = torch.autograd.grad(ppo, logp)
+    assert ppo_grad[0, 0] == 0 and ppo_grad[1, 0] == 0
+
+
+def test_on_policy_the_gradient_is_dapos_token_mean_policy_gradient() -> None:
+    """With π = π_old every weight is 1 and every ratio is inside any clip: REINFORCE with the
+    group advantage, as DAPO's surrogate (token-mean, no KL) gives it."""
+    logp, _, adv, mask, _, _ = _inputs(3)
+    old = logp.detach()
+    cispo, _ = policy_loss("cispo", logp, old, adv, mask)
+    dapo, _ = policy_loss("dapo", logp, old, adv, mask)
+    torch.testing.assert_close(
+        torch.autograd.grad(cispo, logp)[0], torch.autograd.grad(dapo, logp)[0], rtol=0, atol=1e-15
+    )
+
+
+def test_padding_and_zero_advantage_rows_get_exactly_zero_gradient() -> None:
+    logp, old, adv, mask, _, _ = _inputs(4)
+    adv = adv.clone()
+    adv[2] = 0.0
+    poisoned = logp.detach().masked_fill(~mask, float("nan")).requires_grad_(True)
+    stale = old.masked_fill(~mask, float("inf"))
+    loss, _ = policy_loss("cispo", poisoned, stale, adv, mask)
+    (grad,) = torch.autograd.grad(loss, poisoned)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert grad[~mask].abs().sum() == 0 and grad[2].abs().sum() == 0
+    assert grad[mask].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"dual_clip": 3.0}, "cispo has no such surrogate"),
+        ({"eps_low": 1.5}, "less than or equal to 1"),
+    ],
+)
+def test_knobs_cispo_cannot_honour_are_refused(knobs: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        resolve_algo("cispo", knobs)
