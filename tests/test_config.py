@@ -39,6 +39,14 @@ def test_default_eval_config_is_valid(compose_config):
             "advantage=rloo +advantage.scale=none",
             ["advantage.scale do not apply to advantage=rloo"],
         ),
+        (
+            "advantage=reinforce_pp rollout.n=1",
+            ["advantage=reinforce_pp compares each response", "(or advantage.baseline=none)"],
+        ),
+        (
+            "+advantage.baseline=none",
+            ["advantage.baseline do not apply to advantage=grpo", "reinforce_pp: baseline"],
+        ),
         ("advantage=gae advantage.gamma=1.5", ["advantage.gamma=1.5", "less than or equal to 1"]),
         ("advantage=gae advantage.value_clip=0", ["advantage.value_clip=0", "greater than 0"]),
         ("algo=dapo advantage=gae rollout.n=1", ["algo.dynamic_sampling drops the prompts"]),
@@ -128,7 +136,10 @@ def _tepo(*args: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess
     [
         (["train", "algo=nope"], "algo=nope: there is no algo preset 'nope'"),
         (["train", "rollout.n=1"], "advantage=grpo compares each response with the other"),
-        (["train", "advantage=ppo"], "the choices of advantage are: gae, grpo, rloo."),
+        (
+            ["train", "advantage=ppo"],
+            "the choices of advantage are: gae, grpo, reinforce_pp, rloo.",
+        ),
         (["train", "advantage=gae", "advantage.gamma=1.5"], "advantage.gamma=1.5 is not allowed"),
         (["train", "advantage=rloo", "rollout.n=1"], "advantage=rloo compares each response"),
         (["train", "algo.eps_low=-1"], "algo.eps_low=-1 is not allowed"),

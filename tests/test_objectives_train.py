@@ -45,6 +45,8 @@ pytestmark = pytest.mark.slow
         ["algo=tepo", "algo.mask_criterion=first_order"],
         ["algo=tepo", "algo.mask_criterion=advantage_only"],
         ["algo=grpo", "advantage=rloo"],
+        ["algo=grpo", "advantage=reinforce_pp"],
+        ["algo=dapo", "advantage=reinforce_pp", "advantage.baseline=none"],
         ["algo=grpo", "advantage=gae", "rollout.n=1", "trainer.prompts_per_step=8"],
         [
             "algo=tepo",

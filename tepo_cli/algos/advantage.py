@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor
+
+from tepo_cli.algos.gae import whiten, whiten_sums
 
 
 def group_advantages(
@@ -48,6 +51,36 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """
     centred = group_advantages(rewards, group_size, scale="none")
     return centred * (group_size / (group_size - 1))
+
+
+def reinforce_pp_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    group_size: int,
+    baseline: Literal["group", "none"] = "group",
+    reduce: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """REINFORCE++ (Hu, arXiv 2501.03262) on outcome rewards: each response's reward, minus its
+    group's mean with `baseline="group"` (REINFORCE++-baseline), whitened over every valid token
+    of the step, (a − mean)·(var + 1e-8)^−½ token-weighted with the unbiased variance, as verl's
+    `masked_whiten`. So a long answer weighs more in the statistics, and a group of equal
+    rewards gets −mean/std, not 0 (as in verl and OpenRLHF).
+
+    `mask` [N, T]: each response's valid tokens. `reduce` sums the (count, Σ, Σ²) statistics
+    over ranks (identity on one); returns one advantage per response, [N].
+    """
+    if rewards.dim() != 1 or mask.shape[:1] != rewards.shape:
+        raise ValueError(
+            f"rewards must be [N] and mask [N, T], got {tuple(rewards.shape)}, {tuple(mask.shape)}"
+        )
+    if baseline not in ("group", "none"):
+        raise ValueError(f"baseline must be 'group' or 'none', got {baseline!r}")
+    centred = group_advantages(rewards, group_size, "none") if baseline == "group" else rewards
+    tokens = centred.double()[:, None].expand(mask.shape)
+    sums = whiten_sums(tokens, mask)
+    sums = sums if reduce is None else reduce(sums)
+    every_row = torch.ones(len(rewards), 1, dtype=torch.bool, device=rewards.device)
+    return whiten(centred.double()[:, None], every_row, sums)[:, 0].to(rewards.dtype)
 
 
 def estimate_advantages(

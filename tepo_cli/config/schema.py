@@ -131,10 +131,12 @@ class RewardConfig(Strict):
 class AdvantageConfig(Strict):
     """How rewards become advantages (docs/objectives.md §0.1), outside the loss."""
 
-    name: Literal["grpo", "rloo", "gae"]
+    name: Literal["grpo", "rloo", "reinforce_pp", "gae"]
     # grpo
     scale: Literal["std", "none"] = "std"
     eps: float = Field(default=1e-6, gt=0.0)
+    # reinforce_pp
+    baseline: Literal["group", "none"] = "group"
     # gae
     gamma: float = Field(default=1.0, ge=0.0, le=1.0)
     lam: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -146,13 +148,12 @@ class AdvantageConfig(Strict):
 
     @model_validator(mode="after")
     def _check_knobs(self) -> AdvantageConfig:
-        own = {"grpo": _GRPO_KNOBS, "rloo": set(), "gae": _GAE_KNOBS}[self.name]
-        misplaced = sorted((self.model_fields_set - own) & (_GRPO_KNOBS | _GAE_KNOBS))
+        misplaced = sorted((self.model_fields_set - _OWN[self.name]) & _ESTIMATOR_KNOBS)
         if misplaced:
             raise ValueError(
                 f"{', '.join('advantage.' + k for k in misplaced)} do not apply to "
-                f"advantage={self.name} (grpo: {', '.join(sorted(_GRPO_KNOBS))}; gae: "
-                f"{', '.join(sorted(_GAE_KNOBS))})"
+                f"advantage={self.name} (grpo: {', '.join(sorted(_GRPO_KNOBS))}; reinforce_pp: "
+                f"baseline; gae: {', '.join(sorted(_GAE_KNOBS))})"
             )
         return self
 
@@ -160,13 +161,14 @@ class AdvantageConfig(Strict):
     def _applicable_knobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """A dump (a run's config.yaml) holds this estimator's knobs only, so it validates
         again: the other estimators' knobs are refused when set."""
-        own = {"grpo": _GRPO_KNOBS, "rloo": set(), "gae": _GAE_KNOBS}[self.name]
-        return without(handler(self), (_GRPO_KNOBS | _GAE_KNOBS) - own)
+        return without(handler(self), _ESTIMATOR_KNOBS - _OWN[self.name])
 
     @property
     def needs_groups(self) -> bool:
         """Group estimators compare the samples of one prompt: they need rollout.n >= 2."""
-        return self.name in ("grpo", "rloo")
+        return self.name in ("grpo", "rloo") or (
+            self.name == "reinforce_pp" and self.baseline == "group"
+        )
 
     @property
     def needs_critic(self) -> bool:
@@ -175,6 +177,8 @@ class AdvantageConfig(Strict):
 
 _GRPO_KNOBS = {"scale", "eps"}
 _GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path", "save_critic"}
+_OWN = {"grpo": _GRPO_KNOBS, "rloo": set(), "reinforce_pp": {"baseline"}, "gae": _GAE_KNOBS}
+_ESTIMATOR_KNOBS = _GRPO_KNOBS | {"baseline"} | _GAE_KNOBS
 
 
 class DeepSpeedConfig(Strict):
@@ -339,6 +343,7 @@ class TrainConfig(Strict):
                 f"responses to the same prompt, so it needs rollout.n >= 2 (got "
                 f"rollout.n={self.rollout.n}); sample several responses per prompt, or use "
                 "advantage=gae (a learned critic), which works with one"
+                + (" (or advantage.baseline=none)" if self.advantage.name == "reinforce_pp" else "")
             )
         if t.prompts_per_step % t.nproc:
             raise ValueError(

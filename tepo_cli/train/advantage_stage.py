@@ -1,5 +1,6 @@
-"""The advantage stage of a step: the group estimators (GRPO, RLOO) on the sequence rewards, or,
-with advantage=gae, the critic's values, GAE and the critic's regression targets (docs §0.1)."""
+"""The advantage stage of a step: the group estimators (GRPO, RLOO) on the sequence rewards,
+REINFORCE++ (whitened over the step's tokens on every rank), or, with advantage=gae, the critic's
+values, GAE and the critic's regression targets (docs §0.1)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tepo_cli.algos import estimate_advantages
+from tepo_cli.algos.advantage import reinforce_pp_advantages
 from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
@@ -33,6 +35,13 @@ def estimate(
 ) -> Advantages:
     """The configured estimator's advantages for the step's groups."""
     estimator = cfg.advantage
+    if estimator.name == "reinforce_pp":  # whitened over the step's tokens on every rank
+        mask = groups.batch.trained_mask
+        return Advantages(
+            reinforce_pp_advantages(
+                groups.rewards, mask, cfg.rollout.n, estimator.baseline, reduce=_all_ranks_sum
+            )
+        )
     if not estimator.needs_critic:
         return Advantages(
             estimate_advantages(
