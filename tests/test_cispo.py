@@ -89,11 +89,14 @@ def test_loss_and_gradient_match_the_float64_reference(knobs: dict, seed: int) -
     assert math.isclose(metrics["pg_loss"] + metrics["kl_loss"], loss.item(), abs_tol=1e-12)
 
 
-def test_token_advantages_and_mismatch_weights_match_the_reference() -> None:
+@pytest.mark.parametrize("knobs", [{}, {"unit": "sequence", "ratio_norm": "mean"}], ids=str)
+def test_token_advantages_and_mismatch_weights_match_the_reference(knobs: dict) -> None:
+    """Each token takes its own advantage, also when its weight is its answer's ratio."""
     logp, old, adv, mask, ref, weights = _inputs(2)
     token_adv = adv[:, None] + 0.3 * torch.randn(mask.shape, dtype=F64)
-    loss, _ = policy_loss("cispo", logp, old, token_adv, mask, token_weights=weights)
-    expected = _reference(load_preset("cispo"), logp, old, token_adv, mask, ref, weights)
+    loss, _ = policy_loss("cispo", logp, old, token_adv, mask, token_weights=weights, **knobs)
+    cfg = {**load_preset("cispo"), **knobs}
+    expected = _reference(cfg, logp, old, token_adv, mask, ref, weights)
     torch.testing.assert_close(
         torch.autograd.grad(loss, logp)[0],
         torch.autograd.grad(expected, logp)[0],

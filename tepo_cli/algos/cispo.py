@@ -10,7 +10,8 @@ the weight instead and keeps every token's gradient:
 
 ρ_t is the token's unit ratio (§0.2: `unit=token` in the preset; `unit=sequence` gives one
 detached weight per answer, as TRL's `importance_sampling_level="sequence"`); the gradient
-always goes through the token's own log-prob, so `route` changes nothing here.
+always goes through the token's own log-prob, with the token's own advantage (token-level ones,
+e.g. GAE's, are not averaged over the unit), so `route` changes nothing here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from tepo_cli.algos.objectives import (
     clipped_reads,
     kl_term,
     token_ratios,
-    unit_advantages,
 )
 from tepo_cli.algos.registry import register_policy_loss
 
@@ -41,7 +41,8 @@ def cispo_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, f
     mask = batch.mask  # padding is 0 in every input (algos/batch.py: checked_batch)
     ratio = token_ratios(batch, cfg).detach()
     weight = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
-    advantages = unit_advantages(batch.advantages, mask, cfg, batch.turns)
+    advantages = batch.advantages  # each token's own: [B] broadcast, or [B, T] (e.g. GAE)
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     surrogate = -weight * advantages * batch.logp
     if batch.token_weights is not None:  # mismatch correction (algos/mismatch.py)
         surrogate = surrogate * batch.token_weights.to(surrogate.dtype)
