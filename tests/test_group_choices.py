@@ -28,7 +28,7 @@ def _refusal(capsys, *args: str) -> str:
             ["train", "algo=foo"],
             [
                 "algo=foo: there is no algo preset 'foo'",
-                "the choices of algo are: cispo, clip_cov, dapo, grpo, gspo, kl_cov, mpo, mpo_disjoint, mpo_exact, tepo.",
+                "the choices of algo are: cispo, clip_cov, dapo, grpo, gspo, kl_cov, mpo, mpo_disjoint, mpo_exact, sapo, tepo.",
                 "register_policy_loss",
                 "hydra.searchpath=[file://my_conf]",
             ],
@@ -60,7 +60,7 @@ def test_a_choice_from_the_users_search_path_counts(capsys, tmp_path, monkeypatc
     (tmp_path / "my_conf" / "algo").mkdir(parents=True)
     (tmp_path / "my_conf" / "algo" / "reinforce.yaml").write_text("defaults: [grpo]\n")
     message = _refusal(capsys, "train", "hydra.searchpath=[file://my_conf]", "algo=reinforcee")
-    assert "mpo_exact, reinforce, tepo." in message and "Did you mean algo=reinforce?" in message
+    assert "mpo_exact, reinforce, sapo, tepo." in message and "Did you mean algo=reinforce?" in message
     from tepo_cli.config.group_choices import check_group_choice
 
     check_group_choice("algo", ["reinforce"], ["hydra.searchpath=[file://my_conf]"])

@@ -176,6 +176,7 @@ PRESETS = [
     ["algo=kl_cov", "algo.cov_fraction=0.25"],  # one pick per optimizer step, not per micro-batch
     ["algo=clip_cov", "algo.cov_fraction=0.25", "algo.cov_lb=-100"],
     ["algo=cispo"],
+    ["algo=sapo"],
 ]
 
 

@@ -122,6 +122,7 @@ PRESETS = [
     ("kl_cov", {"cov_fraction": 0.3}),
     ("clip_cov", {"cov_fraction": 0.3, "cov_lb": -10.0}),
     ("cispo", {}),
+    ("sapo", {}),
 ]
 
 

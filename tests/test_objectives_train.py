@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
         ["algo=kl_cov", "trainer.minibatches=2"],  # the penalty acts from the second minibatch
         ["algo=clip_cov"],
         ["algo=cispo", "trainer.minibatches=2"],  # off-policy from the second minibatch
+        ["algo=sapo", "trainer.minibatches=2"],
         ["algo=dapo", "k=2"],
         ["algo=mpo_exact", "algo.block_weights=geometric:0.5", "algo.tail=renormalise"],
         [

@@ -79,6 +79,7 @@ def __getattr__(name: str) -> Any:
     importlib.import_module("tepo_cli.algos.objectives")
     importlib.import_module("tepo_cli.algos.cov_objectives")
     importlib.import_module("tepo_cli.algos.cispo")
+    importlib.import_module("tepo_cli.algos.sapo")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -100,6 +100,9 @@ class AlgoConfig(BaseModel):
     cov_coef: float = Field(default=0.1, ge=0.0)
     cov_lb: float = 1.0
     cov_ub: float = 5.0
+    # SAPO (docs/objectives.md §1.8), read by that objective only.
+    tau_pos: float = Field(default=1.0, gt=0.0)
+    tau_neg: float = Field(default=1.05, gt=0.0)
     # DAPO (docs/objectives.md §1.2), used by the training loop.
     dynamic_sampling: bool = False
     max_refill_rounds: int = Field(default=10, ge=1)

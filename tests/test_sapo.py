@@ -1,0 +1,129 @@
+"""§1.8 SAPO against a float64 reference written from docs/objectives.md: a smooth gate on each
+token's ratio, whose slope is 1 on-policy and fades, never to exactly zero, away from it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from tepo_cli.algos import load_preset, policy_loss, resolve_algo
+
+F64 = torch.float64
+
+
+def _inputs(seed: int, rows: int = 6, columns: int = 8):
+    """Off-policy rows (ratios from ~0.3 to ~3), both paddings, one row of length 1."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (rows, columns)
+    logp = -torch.rand(shape, generator=gen, dtype=F64) * 3 - 0.05
+    spread = torch.tensor([0.0, 0.05, 0.4, 1.0, 0.2, 0.6], dtype=F64)[:rows, None]
+    old = logp + spread * torch.randn(shape, generator=gen, dtype=F64)
+    ref = logp + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
+    adv = torch.randn(rows, generator=gen, dtype=F64)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    lengths = torch.randint(1, columns + 1, (rows,), generator=gen).tolist()
+    lengths[1] = 1
+    for b, n in enumerate(lengths):
+        if b % 2:
+            mask[b, columns - n :] = True  # left padding
+        else:
+            mask[b, :n] = True
+    return logp.requires_grad_(True), old, adv, mask, ref
+
+
+def _reference(knobs: dict, logp, old, adv, mask, ref) -> torch.Tensor:
+    """−(4/τ)σ(τ(ρ − 1))·A per token (ρ the token's, or the answer's geometric-mean, ratio),
+    τ by the sign of A, + β·k3 KL; seq-mean-token-mean or token-mean, by hand."""
+    rows, columns = logp.shape
+    per_row, count, total = [], 0, torch.zeros((), dtype=F64)
+    for b in range(rows):
+        cols = [t for t in range(columns) if mask[b, t]]
+        a = float(adv[b])
+        tau = knobs["tau_pos"] if a > 0 else knobs["tau_neg"]
+        if knobs["unit"] == "sequence":
+            mean = sum(logp[b, t] - old[b, t] for t in cols) / len(cols)
+            ratios = {t: torch.exp(mean) for t in cols}
+        else:
+            ratios = {t: torch.exp(logp[b, t] - old[b, t]) for t in cols}
+        row = torch.zeros((), dtype=F64)
+        for t in cols:
+            term = -(4 / tau) * torch.sigmoid(tau * (ratios[t] - 1)) * a
+            if knobs["beta"]:
+                x = ref[b, t] - logp[b, t]
+                term = term + knobs["beta"] * (torch.exp(x) - x - 1)
+            row = row + term
+        per_row.append(row / len(cols))
+        total, count = total + row, count + len(cols)
+    if knobs["loss_agg"] == "token-mean":
+        return total / count
+    return sum(per_row) / rows
+
+
+VARIANTS = [
+    {},
+    {"tau_pos": 0.5, "tau_neg": 3.0},
+    {"loss_agg": "token-mean", "beta": 0.05},
+    {"unit": "sequence", "ratio_norm": "mean"},
+]
+
+
+@pytest.mark.parametrize("knobs", VARIANTS, ids=str)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loss_and_gradient_match_the_float64_reference(knobs: dict, seed: int) -> None:
+    logp, old, adv, mask, ref = _inputs(seed)
+    loss, metrics = policy_loss("sapo", logp, old, adv, mask, ref_logp=ref, **knobs)
+    expected = _reference({**load_preset("sapo"), **knobs}, logp, old, adv, mask, ref)
+    (grad,) = torch.autograd.grad(loss, logp)
+    (expected_grad,) = torch.autograd.grad(expected, logp)
+    assert loss.dtype == F64 and math.isclose(loss.item(), expected.item(), abs_tol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
+    assert grad.abs().sum() > 0 and grad[~mask].abs().sum() == 0
+    assert metrics["clip_frac"] == 0.0
+    assert math.isclose(metrics["pg_loss"] + metrics["kl_loss"], loss.item(), abs_tol=1e-12)
+
+
+def test_the_gradient_is_4_rho_sigma_one_minus_sigma_times_the_advantage() -> None:
+    """One token a row, token-mean over 2: dL/dℓ = −4ρσ(1 − σ)·A / 2 with σ = σ(τ(ρ − 1)).
+    At ρ = 10 (A > 0, τ = 1) the gate has nearly closed, yet the gradient is not zero, where
+    PPO's clip gives exactly zero; at ρ = 1 it is −A / 2, the plain policy gradient."""
+    logp = torch.full((2, 1), -1.0, dtype=F64, requires_grad=True)
+    old = logp.detach() - torch.tensor([[math.log(10.0)], [0.0]], dtype=F64)
+    adv = torch.tensor([1.0, -2.0], dtype=F64)
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    loss, _ = policy_loss("sapo", logp, old, adv, mask, loss_agg="token-mean")
+    (grad,) = torch.autograd.grad(loss, logp)
+    sigma = 1 / (1 + math.exp(-9.0))
+    expected = torch.tensor([[-4 * 10 * sigma * (1 - sigma) / 2], [2.0 / 2]], dtype=F64)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=0)
+    assert 0 < -grad[0, 0] < 1e-2
+    ppo, _ = policy_loss("dapo", logp, old, adv, mask)
+    assert torch.autograd.grad(ppo, logp)[0][0, 0] == 0
+
+
+def test_on_policy_the_gradient_is_grpos_without_kl() -> None:
+    logp, _, adv, mask, _ = _inputs(3)
+    old = logp.detach()
+    sapo, _ = policy_loss("sapo", logp, old, adv, mask)
+    grpo, _ = policy_loss("grpo", logp, old, adv, mask, beta=0.0)
+    torch.testing.assert_close(
+        torch.autograd.grad(sapo, logp)[0], torch.autograd.grad(grpo, logp)[0], rtol=0, atol=1e-15
+    )
+
+
+def test_each_temperature_acts_on_its_advantage_sign_only() -> None:
+    logp, old, adv, mask, _ = _inputs(4)
+    base, _ = policy_loss("sapo", logp, old, adv, mask)
+    hotter, _ = policy_loss("sapo", logp, old, adv, mask, tau_neg=5.0)
+    grad, hotter_grad = (torch.autograd.grad(x, logp)[0] for x in (base, hotter))
+    positive = adv > 0
+    assert torch.equal(grad[positive], hotter_grad[positive])
+    assert not torch.allclose(grad[~positive], hotter_grad[~positive])
+
+
+@pytest.mark.parametrize("knobs", [{"tau_pos": 0.0}, {"tau_neg": -1.0}])
+def test_temperatures_must_be_positive(knobs: dict) -> None:
+    with pytest.raises(ValidationError, match="greater than 0"):
+        resolve_algo("sapo", knobs)
