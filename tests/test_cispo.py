@@ -7,33 +7,12 @@ import math
 
 import pytest
 import torch
+from off_policy_batch import off_policy_batch
 from pydantic import ValidationError
 
 from tepo_cli.algos import load_preset, policy_loss, resolve_algo
 
 F64 = torch.float64
-
-
-def _inputs(seed: int, rows: int = 6, columns: int = 8):
-    """Off-policy rows (ratios from ~0.3 to ~3), both paddings, one row of length 1."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = (rows, columns)
-    logp = -torch.rand(shape, generator=gen, dtype=F64) * 3 - 0.05
-    old = logp + torch.tensor([0.0, 0.05, 0.4, 1.0, 0.2, 0.6], dtype=F64)[:rows, None] * (
-        torch.randn(shape, generator=gen, dtype=F64)
-    )
-    ref = logp + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
-    adv = torch.randn(rows, generator=gen, dtype=F64)
-    mask = torch.zeros(shape, dtype=torch.bool)
-    lengths = torch.randint(1, columns + 1, (rows,), generator=gen).tolist()
-    lengths[1] = 1
-    for b, n in enumerate(lengths):
-        if b % 2:
-            mask[b, columns - n :] = True  # left padding
-        else:
-            mask[b, :n] = True
-    weights = 0.5 + torch.rand(shape, generator=gen, dtype=F64)
-    return logp.requires_grad_(True), old, adv, mask, ref, weights
 
 
 def _reference(knobs: dict, logp, old, adv, mask, ref, weights=None) -> torch.Tensor:
@@ -78,7 +57,7 @@ VARIANTS = [
 @pytest.mark.parametrize("knobs", VARIANTS, ids=str)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_loss_and_gradient_match_the_float64_reference(knobs: dict, seed: int) -> None:
-    logp, old, adv, mask, ref, _ = _inputs(seed)
+    logp, old, adv, mask, ref, _ = off_policy_batch(seed)
     loss, metrics = policy_loss("cispo", logp, old, adv, mask, ref_logp=ref, **knobs)
     expected = _reference({**load_preset("cispo"), **knobs}, logp, old, adv, mask, ref)
     (grad,) = torch.autograd.grad(loss, logp)
@@ -92,7 +71,7 @@ def test_loss_and_gradient_match_the_float64_reference(knobs: dict, seed: int) -
 @pytest.mark.parametrize("knobs", [{}, {"unit": "sequence", "ratio_norm": "mean"}], ids=str)
 def test_token_advantages_and_mismatch_weights_match_the_reference(knobs: dict) -> None:
     """Each token takes its own advantage, also when its weight is its answer's ratio."""
-    logp, old, adv, mask, ref, weights = _inputs(2)
+    logp, old, adv, mask, ref, weights = off_policy_batch(2)
     token_adv = adv[:, None] + 0.3 * torch.randn(mask.shape, dtype=F64)
     loss, _ = policy_loss("cispo", logp, old, token_adv, mask, token_weights=weights, **knobs)
     cfg = {**load_preset("cispo"), **knobs}
@@ -129,7 +108,7 @@ def test_a_token_outside_the_clip_keeps_a_bounded_gradient_where_ppo_gives_none(
 def test_on_policy_the_gradient_is_dapos_token_mean_policy_gradient() -> None:
     """With π = π_old every weight is 1 and every ratio is inside any clip: REINFORCE with the
     group advantage, as DAPO's surrogate (token-mean, no KL) gives it."""
-    logp, _, adv, mask, _, _ = _inputs(3)
+    logp, _, adv, mask, _, _ = off_policy_batch(3)
     old = logp.detach()
     cispo, _ = policy_loss("cispo", logp, old, adv, mask)
     dapo, _ = policy_loss("dapo", logp, old, adv, mask)
@@ -139,7 +118,7 @@ def test_on_policy_the_gradient_is_dapos_token_mean_policy_gradient() -> None:
 
 
 def test_padding_and_zero_advantage_rows_get_exactly_zero_gradient() -> None:
-    logp, old, adv, mask, _, _ = _inputs(4)
+    logp, old, adv, mask, _, _ = off_policy_batch(4)
     adv = adv.clone()
     adv[2] = 0.0
     poisoned = logp.detach().masked_fill(~mask, float("nan")).requires_grad_(True)

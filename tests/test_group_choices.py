@@ -60,7 +60,9 @@ def test_a_choice_from_the_users_search_path_counts(capsys, tmp_path, monkeypatc
     (tmp_path / "my_conf" / "algo").mkdir(parents=True)
     (tmp_path / "my_conf" / "algo" / "reinforce.yaml").write_text("defaults: [grpo]\n")
     message = _refusal(capsys, "train", "hydra.searchpath=[file://my_conf]", "algo=reinforcee")
-    assert "mpo_exact, reinforce, sapo, tepo." in message and "Did you mean algo=reinforce?" in message
+    assert (
+        "mpo_exact, reinforce, sapo, tepo." in message and "Did you mean algo=reinforce?" in message
+    )
     from tepo_cli.config.group_choices import check_group_choice
 
     check_group_choice("algo", ["reinforce"], ["hydra.searchpath=[file://my_conf]"])

@@ -7,31 +7,12 @@ import math
 
 import pytest
 import torch
+from off_policy_batch import off_policy_batch
 from pydantic import ValidationError
 
 from tepo_cli.algos import load_preset, policy_loss, resolve_algo
 
 F64 = torch.float64
-
-
-def _inputs(seed: int, rows: int = 6, columns: int = 8):
-    """Off-policy rows (ratios from ~0.3 to ~3), both paddings, one row of length 1."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = (rows, columns)
-    logp = -torch.rand(shape, generator=gen, dtype=F64) * 3 - 0.05
-    spread = torch.tensor([0.0, 0.05, 0.4, 1.0, 0.2, 0.6], dtype=F64)[:rows, None]
-    old = logp + spread * torch.randn(shape, generator=gen, dtype=F64)
-    ref = logp + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
-    adv = torch.randn(rows, generator=gen, dtype=F64)
-    mask = torch.zeros(shape, dtype=torch.bool)
-    lengths = torch.randint(1, columns + 1, (rows,), generator=gen).tolist()
-    lengths[1] = 1
-    for b, n in enumerate(lengths):
-        if b % 2:
-            mask[b, columns - n :] = True  # left padding
-        else:
-            mask[b, :n] = True
-    return logp.requires_grad_(True), old, adv, mask, ref
 
 
 def _reference(knobs: dict, logp, old, adv, mask, ref) -> torch.Tensor:
@@ -73,7 +54,7 @@ VARIANTS = [
 @pytest.mark.parametrize("knobs", VARIANTS, ids=str)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_loss_and_gradient_match_the_float64_reference(knobs: dict, seed: int) -> None:
-    logp, old, adv, mask, ref = _inputs(seed)
+    logp, old, adv, mask, ref, _ = off_policy_batch(seed)
     loss, metrics = policy_loss("sapo", logp, old, adv, mask, ref_logp=ref, **knobs)
     expected = _reference({**load_preset("sapo"), **knobs}, logp, old, adv, mask, ref)
     (grad,) = torch.autograd.grad(loss, logp)
@@ -104,7 +85,7 @@ def test_the_gradient_is_4_rho_sigma_one_minus_sigma_times_the_advantage() -> No
 
 
 def test_on_policy_the_gradient_is_grpos_without_kl() -> None:
-    logp, _, adv, mask, _ = _inputs(3)
+    logp, _, adv, mask, _, _ = off_policy_batch(3)
     old = logp.detach()
     sapo, _ = policy_loss("sapo", logp, old, adv, mask)
     grpo, _ = policy_loss("grpo", logp, old, adv, mask, beta=0.0)
@@ -114,7 +95,7 @@ def test_on_policy_the_gradient_is_grpos_without_kl() -> None:
 
 
 def test_each_temperature_acts_on_its_advantage_sign_only() -> None:
-    logp, old, adv, mask, _ = _inputs(4)
+    logp, old, adv, mask, _, _ = off_policy_batch(4)
     base, _ = policy_loss("sapo", logp, old, adv, mask)
     hotter, _ = policy_loss("sapo", logp, old, adv, mask, tau_neg=5.0)
     grad, hotter_grad = (torch.autograd.grad(x, logp)[0] for x in (base, hotter))
