@@ -27,8 +27,16 @@ pytestmark = pytest.mark.slow
         ["algo=mpo_disjoint"],
         ["algo=kl_cov", "trainer.minibatches=2"],  # the penalty acts from the second minibatch
         ["algo=clip_cov"],
-        ["algo=cispo", "trainer.minibatches=2"],  # off-policy from the second minibatch
-        ["algo=sapo", "trainer.minibatches=2"],
+        # off-policy from the second minibatch, each with one REINFORCE++ advantage
+        ["algo=cispo", "advantage=reinforce_pp", "trainer.minibatches=2"],
+        [
+            "algo=sapo",
+            "advantage=reinforce_pp",
+            "advantage.baseline=none",
+            "rollout.n=1",
+            "trainer.prompts_per_step=8",
+            "trainer.minibatches=2",
+        ],
         ["algo=dapo", "k=2"],
         ["algo=mpo_exact", "algo.block_weights=geometric:0.5", "algo.tail=renormalise"],
         [
@@ -46,8 +54,6 @@ pytestmark = pytest.mark.slow
         ["algo=tepo", "algo.mask_criterion=first_order"],
         ["algo=tepo", "algo.mask_criterion=advantage_only"],
         ["algo=grpo", "advantage=rloo"],
-        ["algo=grpo", "advantage=reinforce_pp"],
-        ["algo=dapo", "advantage=reinforce_pp", "advantage.baseline=none"],
         ["algo=grpo", "advantage=gae", "rollout.n=1", "trainer.prompts_per_step=8"],
         [
             "algo=tepo",
