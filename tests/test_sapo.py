@@ -104,7 +104,14 @@ def test_each_temperature_acts_on_its_advantage_sign_only() -> None:
     assert not torch.allclose(grad[~positive], hotter_grad[~positive])
 
 
-@pytest.mark.parametrize("knobs", [{"tau_pos": 0.0}, {"tau_neg": -1.0}])
-def test_temperatures_must_be_positive(knobs: dict) -> None:
-    with pytest.raises(ValidationError, match="greater than 0"):
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"tau_pos": 0.0}, "greater than 0"),
+        ({"tau_neg": -1.0}, "greater than 0"),
+        ({"dual_clip": 3.0}, "sapo has no such surrogate"),
+    ],
+)
+def test_knobs_sapo_cannot_honour_are_refused(knobs: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
         resolve_algo("sapo", knobs)

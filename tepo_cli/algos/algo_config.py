@@ -176,12 +176,16 @@ class AlgoConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_cispo(self) -> AlgoConfig:
-        if self.name == "cispo" and self.dual_clip is not None:
+    def _check_no_surrogate(self) -> AlgoConfig:
+        unclipped = {
+            "cispo": "its clip bounds each token's detached weight to [1 - eps_low, 1 + eps_high]",
+            "sapo": "a soft gate takes the clip's place",
+        }
+        if self.name in unclipped and self.dual_clip is not None:
             raise ValueError(
                 f"dual_clip={self.dual_clip} bounds PPO's clipped surrogate where the advantage is "
-                "negative; cispo has no such surrogate (its clip bounds each token's detached "
-                "weight to [1 - eps_low, 1 + eps_high]): leave dual_clip unset"
+                f"negative; {self.name} has no such surrogate ({unclipped[self.name]}): leave "
+                "dual_clip unset"
             )
         return self
 

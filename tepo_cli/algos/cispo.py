@@ -3,8 +3,8 @@ term weighted by its importance ratio, clipped and detached.
 
 PPO's clip (§0.4) gives a token whose ratio left [1 − ε_low, 1 + ε_high] no gradient at all; the
 paper found those are often the rare tokens where a chain of thought turns ("However", "Wait"),
-and that dropping them after the first update of a rollout starves the entropy. CISPO bounds
-the weight instead and keeps every token's gradient:
+clipped out after a rollout's first update, and that they matter for a stable entropy. CISPO
+bounds the weight instead and keeps every token's gradient:
 
     L_t = −sg(clip(ρ_t, 1 − ε_low, 1 + ε_high)) · Â_t · ℓ_t
 
