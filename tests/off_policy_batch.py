@@ -74,3 +74,17 @@ def assert_matches_reference(
     assert grad.abs().sum() > 0 and grad[~mask].abs().sum() == 0
     assert math.isclose(metrics["pg_loss"] + metrics["kl_loss"], loss.item(), abs_tol=1e-12)
     return metrics
+
+
+def assert_same_on_policy_gradient(objective: str, other: str, **other_knobs) -> None:
+    """On `off_policy_batch(3)` made on-policy (π_old = π), `objective`'s gradient is `other`'s."""
+    logp, _, adv, mask, _, _ = off_policy_batch(3)
+    old = logp.detach()
+    first, _ = policy_loss(objective, logp, old, adv, mask)
+    second, _ = policy_loss(other, logp, old, adv, mask, **other_knobs)
+    torch.testing.assert_close(
+        torch.autograd.grad(first, logp)[0],
+        torch.autograd.grad(second, logp)[0],
+        rtol=0,
+        atol=1e-15,
+    )

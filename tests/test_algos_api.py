@@ -22,7 +22,7 @@ from tepo_cli.algos import (
 )
 
 F64 = torch.float64
-PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo", "kl_cov", "clip_cov", "cispo", "sapo"]
+PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo", "kl_cov", "clip_cov", "cispo", "sapo", "gmpo"]
 # Presets callable without MTP inputs (the paper's `mpo` needs them: tests/test_algos_mpo.py).
 LOSS_PRESETS = [name for name in preset_names() if name != "mpo"]
 

@@ -10,7 +10,7 @@ import torch
 from tepo_cli.algos import group_advantages, overlong_penalty, policy_loss
 
 F64 = torch.float64
-PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint", "cispo", "sapo"]
+PRESETS = ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint", "cispo", "sapo", "gmpo"]
 
 
 def inputs(seed: int = 0, rows: int = 6, columns: int = 10, spread: float | list[float] = 0.3):

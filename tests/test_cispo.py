@@ -7,7 +7,12 @@ import math
 
 import pytest
 import torch
-from off_policy_batch import assert_matches_reference, hand_loss, off_policy_batch
+from off_policy_batch import (
+    assert_matches_reference,
+    assert_same_on_policy_gradient,
+    hand_loss,
+    off_policy_batch,
+)
 from pydantic import ValidationError
 
 from tepo_cli.algos import load_preset, policy_loss, resolve_algo
@@ -88,13 +93,7 @@ def test_a_token_outside_the_clip_keeps_a_bounded_gradient_where_ppo_gives_none(
 def test_on_policy_the_gradient_is_dapos_token_mean_policy_gradient() -> None:
     """With π = π_old every weight is 1 and every ratio is inside any clip: REINFORCE with the
     group advantage, as DAPO's surrogate (token-mean, no KL) gives it."""
-    logp, _, adv, mask, _, _ = off_policy_batch(3)
-    old = logp.detach()
-    cispo, _ = policy_loss("cispo", logp, old, adv, mask)
-    dapo, _ = policy_loss("dapo", logp, old, adv, mask)
-    torch.testing.assert_close(
-        torch.autograd.grad(cispo, logp)[0], torch.autograd.grad(dapo, logp)[0], rtol=0, atol=1e-15
-    )
+    assert_same_on_policy_gradient("cispo", "dapo")
 
 
 def test_padding_and_zero_advantage_rows_get_exactly_zero_gradient() -> None:

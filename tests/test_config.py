@@ -190,7 +190,7 @@ def test_cli_help_and_cfg_job(tmp_path):
     hydra_help = _tepo("train", "--help", cwd=tmp_path)
     assert (
         hydra_help.returncode == 0
-        and "algo: _base, cispo, clip_cov, dapo, grpo, gspo, kl_cov, mpo, mpo_disjoint, mpo_exact, sapo, tepo"
+        and "algo: _base, cispo, clip_cov, dapo, gmpo, grpo, gspo, kl_cov, mpo, mpo_disjoint, mpo_exact, sapo, tepo"
         in hydra_help.stdout
     )
 

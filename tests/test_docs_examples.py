@@ -121,7 +121,7 @@ def test_unknown_objective_lists_the_registered_ones(tmp_path):
     assert result.returncode == 2
     assert "algo.name='reinforc' is not a registered objective" in result.stderr
     assert (
-        "cispo, clip_cov, dapo, grpo, gspo, kl_cov, mpo, sapo, tepo" in result.stderr
+        "cispo, clip_cov, dapo, gmpo, grpo, gspo, kl_cov, mpo, sapo, tepo" in result.stderr
         and "Traceback" not in result.stderr
     )
 

@@ -28,7 +28,7 @@ def _refusal(capsys, *args: str) -> str:
             ["train", "algo=foo"],
             [
                 "algo=foo: there is no algo preset 'foo'",
-                "the choices of algo are: cispo, clip_cov, dapo, grpo, gspo, kl_cov, mpo, mpo_disjoint, mpo_exact, sapo, tepo.",
+                "the choices of algo are: cispo, clip_cov, dapo, gmpo, grpo, gspo, kl_cov, mpo, mpo_disjoint, mpo_exact, sapo, tepo.",
                 "register_policy_loss",
                 "hydra.searchpath=[file://my_conf]",
             ],

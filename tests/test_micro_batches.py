@@ -177,6 +177,7 @@ PRESETS = [
     ["algo=clip_cov", "algo.cov_fraction=0.25", "algo.cov_lb=-100"],
     ["algo=cispo"],
     ["algo=sapo"],
+    ["algo=gmpo"],
 ]
 
 

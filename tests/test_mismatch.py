@@ -110,7 +110,7 @@ def _off_policy_batch(seed: int = 1):
 
 
 @pytest.mark.parametrize(
-    "algo", ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint", "cispo", "sapo"]
+    "algo", ["grpo", "dapo", "gspo", "tepo", "mpo_exact", "mpo_disjoint", "cispo", "sapo", "gmpo"]
 )
 def test_weights_of_one_leave_every_objective_unchanged(algo):
     """Invariant 12: with ℓ^roll = ℓ^old the corrected loss and gradient are the uncorrected ones,
@@ -125,7 +125,7 @@ def test_weights_of_one_leave_every_objective_unchanged(algo):
     assert torch.equal(plain, corrected) and torch.equal(plain_grad, corrected_grad)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "dapo", "gspo", "mpo_exact", "cispo", "sapo"])
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "gspo", "mpo_exact", "cispo", "sapo", "gmpo"])
 def test_a_masked_response_contributes_nothing_but_still_counts(algo):
     """seq_mask: weight 0 on a response = that response with no policy term, same normalisers."""
     logp, old, _, _, advantages, mask = _off_policy_batch()

@@ -123,6 +123,7 @@ PRESETS = [
     ("clip_cov", {"cov_fraction": 0.3, "cov_lb": -10.0}),
     ("cispo", {}),
     ("sapo", {}),
+    ("gmpo", {}),
 ]
 
 

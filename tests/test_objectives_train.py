@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
         ["algo=clip_cov"],
         # off-policy from the second minibatch, each with one REINFORCE++ advantage
         ["algo=cispo", "advantage=reinforce_pp", "trainer.minibatches=2"],
+        ["algo=gmpo", "trainer.minibatches=2"],
         [
             "algo=sapo",
             "advantage=reinforce_pp",

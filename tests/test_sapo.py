@@ -7,7 +7,12 @@ import math
 
 import pytest
 import torch
-from off_policy_batch import assert_matches_reference, hand_loss, off_policy_batch
+from off_policy_batch import (
+    assert_matches_reference,
+    assert_same_on_policy_gradient,
+    hand_loss,
+    off_policy_batch,
+)
 from pydantic import ValidationError
 
 from tepo_cli.algos import policy_loss, resolve_algo
@@ -66,13 +71,7 @@ def test_the_gradient_is_4_rho_sigma_one_minus_sigma_times_the_advantage() -> No
 
 
 def test_on_policy_the_gradient_is_grpos_without_kl() -> None:
-    logp, _, adv, mask, _, _ = off_policy_batch(3)
-    old = logp.detach()
-    sapo, _ = policy_loss("sapo", logp, old, adv, mask)
-    grpo, _ = policy_loss("grpo", logp, old, adv, mask, beta=0.0)
-    torch.testing.assert_close(
-        torch.autograd.grad(sapo, logp)[0], torch.autograd.grad(grpo, logp)[0], rtol=0, atol=1e-15
-    )
+    assert_same_on_policy_gradient("sapo", "grpo", beta=0.0)
 
 
 def test_each_temperature_acts_on_its_advantage_sign_only() -> None:

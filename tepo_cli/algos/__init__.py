@@ -80,6 +80,7 @@ def __getattr__(name: str) -> Any:
     importlib.import_module("tepo_cli.algos.cov_objectives")
     importlib.import_module("tepo_cli.algos.cispo")
     importlib.import_module("tepo_cli.algos.sapo")
+    importlib.import_module("tepo_cli.algos.gmpo")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 COV_OBJECTIVES = ("kl_cov", "clip_cov")
 """The objectives that select tokens by covariance (algos/covariance.py, §1.6)."""
+TOKEN_ONLY = (*COV_OBJECTIVES, "gmpo")
+"""The objectives that read single tokens' ratios whatever `unit` says: they refuse another."""
 
 Unit = Literal["token", "block", "sequence"]
 LossAgg = Literal[
@@ -168,10 +170,15 @@ class AlgoConfig(BaseModel):
                 f"cov_lb ({self.cov_lb}) must be smaller than cov_ub ({self.cov_ub}): Clip-Cov's "
                 "candidates are the tokens with cov_lb < cov < cov_ub"
             )
-        if self.name in COV_OBJECTIVES and self.unit != "token":
+        if self.name in TOKEN_ONLY and self.unit != "token":
+            what = (
+                "clips each token's ratio before their geometric mean"
+                if self.name == "gmpo"
+                else "selects single tokens by their covariance"
+            )
             raise ValueError(
-                f"{self.name} selects single tokens by their covariance: it needs unit=token "
-                f"(got unit={self.unit}); leave unit and k unset"
+                f"{self.name} {what}: it needs unit=token (got unit={self.unit}); leave unit "
+                "and k unset"
             )
         return self
 

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from tepo_cli.algos import cispo as _cispo  # noqa: F401  (cispo)
 from tepo_cli.algos import cov_objectives as _cov_objectives  # noqa: F401  (kl_cov, clip_cov)
+from tepo_cli.algos import gmpo as _gmpo  # noqa: F401  (gmpo)
 from tepo_cli.algos import objectives as _objectives  # noqa: F401  (registers the presets)
 from tepo_cli.algos import sapo as _sapo  # noqa: F401  (sapo)
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
