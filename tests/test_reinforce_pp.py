@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tepo_cli.algos.advantage import reinforce_pp_advantages
+from tepo_cli.algos import reinforce_pp_advantages
 from tepo_cli.algos.gae import whiten_sums
 
 F64 = torch.float64

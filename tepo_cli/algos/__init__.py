@@ -18,6 +18,7 @@ _EXPORTS = {
     "get_policy_loss": "tepo_cli.algos.registry",
     "estimate_advantages": "tepo_cli.algos.advantage",
     "group_advantages": "tepo_cli.algos.advantage",
+    "reinforce_pp_advantages": "tepo_cli.algos.advantage",
     "rloo_advantages": "tepo_cli.algos.advantage",
     "informative_groups": "tepo_cli.algos.filtering",
     "load_preset": "tepo_cli.algos.presets",
@@ -47,6 +48,7 @@ __all__ = [
     "preset_names",
     "register_policy_loss",
     "registered_policy_losses",
+    "reinforce_pp_advantages",
     "resolve_algo",
     "resolve_overlong_lengths",
     "rloo_advantages",
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from tepo_cli.algos.advantage import (
         estimate_advantages,
         group_advantages,
+        reinforce_pp_advantages,
         rloo_advantages,
     )
     from tepo_cli.algos.algo_config import AlgoConfig
