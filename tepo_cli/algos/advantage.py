@@ -76,11 +76,11 @@ def reinforce_pp_advantages(
     if baseline not in ("group", "none"):
         raise ValueError(f"baseline must be 'group' or 'none', got {baseline!r}")
     centred = group_advantages(rewards, group_size, "none") if baseline == "group" else rewards
-    tokens = centred.double()[:, None].expand(mask.shape)
-    sums = whiten_sums(tokens, mask)
+    column = centred.double()[:, None]  # one value per response, every token of it carries it
+    sums = whiten_sums(column.expand(mask.shape), mask)
     sums = sums if reduce is None else reduce(sums)
-    every_row = torch.ones(len(rewards), 1, dtype=torch.bool, device=rewards.device)
-    return whiten(centred.double()[:, None], every_row, sums)[:, 0].to(rewards.dtype)
+    every_row = torch.ones_like(column, dtype=torch.bool)
+    return whiten(column, every_row, sums)[:, 0].to(rewards.dtype)
 
 
 def estimate_advantages(

@@ -42,7 +42,8 @@ def gmpo_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, fl
     sign = torch.sign(advantages)[:, None]
     log_ratio = batch.logp - batch.old_logp
     low = math.log(1.0 - cfg.eps_low) if cfg.eps_low < 1.0 else -math.inf
-    bounded = log_ratio.clamp(low, math.log1p(cfg.eps_high))
+    high = math.log1p(cfg.eps_high)
+    bounded = log_ratio.clamp(low, high)
     clipped = sign * torch.minimum(sign * log_ratio, sign * bounded)
     ratio = torch.exp(torch.where(mask, clipped, 0.0).sum(dim=1) / lengths)
     surrogate = (-advantages * ratio)[:, None].expand_as(log_ratio)
@@ -53,7 +54,7 @@ def gmpo_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, fl
     with torch.no_grad():
         flags = ClipFlags(
             low=(sign < 0) & (log_ratio < low),
-            high=(sign > 0) & (log_ratio > math.log1p(cfg.eps_high)),
+            high=(sign > 0) & (log_ratio > high),
             dual=torch.zeros_like(mask),
         )
     token_ratio = torch.exp(log_ratio.detach())
