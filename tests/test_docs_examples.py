@@ -134,7 +134,7 @@ def test_unknown_benchmark_and_grader_list_the_known_ones():
     auto = RewardConfig(name="auto")
     with pytest.raises(
         ConfigError,
-        match=r"benchmark=svamp is not a benchmark; the benchmarks are: arith, gsm8k, humaneval, math, math500, mbpp, word_math\.",
+        match=r"benchmark=svamp is not a benchmark; the benchmarks are: arith, custom, gsm8k, humaneval, math, math500, mbpp, word_math\.",
     ):
         check_benchmark(BenchmarkConfig(name="svamp"), auto)
     with pytest.raises(

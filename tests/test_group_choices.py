@@ -35,7 +35,11 @@ def _refusal(capsys, *args: str) -> str:
         ),
         (
             ["train", "benchmark=gsm9k"],
-            ["Did you mean benchmark=gsm8k?", "register_benchmark", "arith, gsm8k, humaneval"],
+            [
+                "Did you mean benchmark=gsm8k?",
+                "register_benchmark",
+                "arith, custom, gsm8k, humaneval",
+            ],
         ),
         (
             ["train", "env=myenv"],

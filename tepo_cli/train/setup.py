@@ -20,6 +20,7 @@ import torch
 from tepo_cli.benchmarks import build_reward, build_task
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import host_allocator
+from tepo_cli.core.errors import ConfigError
 from tepo_cli.core.machine import describe, moved_warning, note_machine
 from tepo_cli.core.run_dir import METRICS
 from tepo_cli.data.tasks import DatasetTask, Task
@@ -130,6 +131,7 @@ def _task_and_sampler(
     if isinstance(task, DatasetTask):
         task.check_training()
     data = describe_data(cfg, task)
+    _check_held_out(cfg, data)
     sampler = build_sampler(cfg.env, cfg.benchmark, cfg.turn_tokens)  # answers or episodes
     if topo.is_main:
         _say_data(data)
@@ -138,6 +140,23 @@ def _task_and_sampler(
         if line is not None:
             print(f"tepo train: {line}", file=sys.stderr)
     return task, data, sampler
+
+
+def _check_held_out(cfg: TrainConfig, data: dict[str, Any]) -> None:
+    """A run that evaluates needs a held-out problem the run does not train on: a split whose every
+    problem is also a training one (one file given for both) leaves none, and an accuracy of nan."""
+    trainer = cfg.trainer
+    if data.get("eval_problems") == 0 and (
+        trainer.eval_before or trainer.eval_after or trainer.eval_every
+    ):
+        raise ConfigError(
+            f"benchmark={data['benchmark']}: every problem of the held-out split "
+            f"'{data['eval_split']}' ({data['eval_from']}) is also in the training split "
+            f"'{data['train_split']}', so none is left to evaluate on. Give the splits separate "
+            "files (benchmark.path=<a directory with train.* and test.* files>), or train "
+            "without held-out evaluations: trainer.eval_before=false trainer.eval_after=false "
+            "trainer.eval_every=0. Nothing was run."
+        )
 
 
 def _engines(cfg: TrainConfig, model: Policy, critic: Any, topo: Topology) -> tuple[Any, Any]:
