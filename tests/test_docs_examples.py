@@ -172,3 +172,19 @@ def test_your_own_reward_example(tmp_path):
     (samples,) = tmp_path.rglob("samples.jsonl")
     rewards = [json.loads(line)["reward"] for line in samples.read_text().splitlines()]
     assert rewards and set(rewards) <= {0.0, 1.0}
+
+
+def test_reward_terms_example(tmp_path):
+    """Two terms beside the grader: each logged per step and per sample, the reward their sum."""
+    files, commands = example("## Reward terms")
+    assert set(files) == {"shaping.py"} and [args[:2] for args in commands] == [["tepo", "train"]]
+    run_example(tmp_path, "## Reward terms")
+    (metrics,) = tmp_path.rglob("metrics.jsonl")
+    (record,) = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert {"reward_term_work_mean", "reward_term_cost_mean"} <= set(record)
+    (samples,) = tmp_path.rglob("samples.jsonl")
+    for sample in map(json.loads, samples.read_text().splitlines()):
+        terms, graded = sample["reward_terms"], float(sample["reward"] > 0.5)  # arith: 1 or 0
+        shaped = graded + 0.1 * terms["work"] - 0.05 * terms["cost"]
+        assert sample["reward"] == pytest.approx(shaped, abs=1e-6)
+        assert terms["cost"] == pytest.approx(len(sample["completion"]) / 1000)

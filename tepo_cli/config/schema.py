@@ -23,6 +23,7 @@ from tepo_cli.config.auto_bool import AutoBool
 from tepo_cli.config.benchmark_schema import BenchmarkConfig
 from tepo_cli.config.env_schema import EnvConfig
 from tepo_cli.config.model_path import model_path_problem
+from tepo_cli.config.reward_schema import RewardConfig
 from tepo_cli.config.rollout_schema import (  # noqa: F401  (imported from here across tepo)
     PROMPT_ROOM,
     EngineConfig,
@@ -104,27 +105,6 @@ class ModelConfig(Strict):
                 raise ValueError(
                     "model.num_attention_heads must be a multiple of model.num_key_value_heads"
                 )
-        return self
-
-
-class RewardConfig(Strict):
-    name: str = Field(min_length=1)  # auto or a grader (tepo_cli.rewards, checked at start)
-    correct: float = 1.0
-    incorrect: float = 0.0
-    mode: Literal["strict", "flexible", "numeric"] = "strict"  # gsm8k: lm-eval's two, or numeric
-    timeout_s: float = Field(default=10.0, gt=0.0)
-    path: str | None = None
-    function: str | None = None
-
-    @model_validator(mode="after")
-    def _check_custom(self) -> RewardConfig:
-        if self.name == "custom" and not (self.path and self.function):
-            raise ValueError("reward=custom needs reward.path (a .py file) and reward.function")
-        if self.correct <= self.incorrect:
-            raise ValueError(
-                f"reward.correct ({self.correct}) must be larger than reward.incorrect "
-                f"({self.incorrect})"
-            )
         return self
 
 

@@ -12,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.discovery import Registry
 from tepo_cli.core.records import Problem, RewardResult
+
+if TYPE_CHECKING:
+    from tepo_cli.rewards.terms import RewardTerm
 
 __all__ = ["Grader", "Reward", "RewardResult", "graders", "make_reward", "register_grader"]
 
@@ -42,12 +46,20 @@ class Grader:
 
 
 class Reward:
-    """A grader with its settings; `score_many` grades a batch (in input order)."""
+    """A grader with its settings; `score_many` grades a batch (in input order). `terms`: the
+    reward terms training adds to its reward (rewards/terms.py; evaluations ignore them)."""
 
-    def __init__(self, name: str, score_many: ScoreMany, cfg: RewardConfig) -> None:
+    def __init__(
+        self,
+        name: str,
+        score_many: ScoreMany,
+        cfg: RewardConfig,
+        terms: tuple[RewardTerm, ...] = (),
+    ) -> None:
         self.name = name
         self.score_many = score_many
         self.cfg = cfg
+        self.terms = terms
 
     def __call__(self, completion: str, problem: Problem) -> RewardResult:
         return self.score_many([completion], [problem])[0]
@@ -82,4 +94,6 @@ get_grader = _GRADERS.get
 
 def make_reward(cfg: RewardConfig, name: str) -> Reward:
     """The named grader (not `auto`: tepo_cli.benchmarks resolves that) with `cfg`'s settings."""
-    return Reward(name, get_grader(name).build(cfg), cfg)
+    from tepo_cli.rewards.terms import load_terms
+
+    return Reward(name, get_grader(name).build(cfg), cfg, load_terms(cfg))

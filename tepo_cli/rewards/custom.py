@@ -12,13 +12,15 @@ from tepo_cli.core.user_code import import_user_code
 from tepo_cli.rewards import Grader, ScoreMany, one_by_one
 
 
-def load_user_function(path: str, name: str) -> Callable[..., Any]:
-    module = import_user_code(path, "reward.path")
+def load_user_function(path: str, name: str, key: str = "reward") -> Callable[..., Any]:
+    """Function `name` of the file (or module) `path`; `key` prefixes the config keys named in
+    errors (`reward.path`, `reward.terms.<name>.path`)."""
+    module = import_user_code(path, f"{key}.path")
     function = getattr(module, name, None)
     if not callable(function):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ConfigError(
-            f"reward.function='{name}' is not a function in {path}; the functions there are: "
+            f"{key}.function='{name}' is not a function in {path}; the functions there are: "
             f"{', '.join(found) or 'none'}."
         )
     return function

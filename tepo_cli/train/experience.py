@@ -47,6 +47,7 @@ class Experience:
     sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
     refill_rounds: int = 0
     overlong_mean: float = 0.0
+    reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # [N] values by name
     env_sums: dict[str, float] = field(default_factory=dict)  # episodes' metric sums
     episode_records: list[dict[str, Any]] = field(default_factory=list)  # per row, the sampler's
     env_errors: list[str] | None = None  # the step's environment errors (None: no environment)

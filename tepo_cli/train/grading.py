@@ -2,12 +2,13 @@
 
 Rewards and correctness come from the reward group's verifier (`reward.correct/incorrect`; DAPO's
 preset sets them to ±1, docs/objectives.md §1.2). The soft overlong punishment sits on top. Dynamic
-sampling filters on correctness, never on the shaped reward.
+sampling filters on correctness, never on the shaped reward; so does every accuracy. The reward
+terms of `reward.terms` (rewards/terms.py) are added last, each weight times its value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +24,12 @@ class Graded:
     rewards: torch.Tensor  # [N] float32, shaped
     correct: torch.Tensor  # [N] bool
     overlong: torch.Tensor  # [N] float32, the overlong term included in rewards (0 when off)
+    # reward.terms by name: [N] float32 unweighted values; weight x value is in rewards
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def take(self, rows: torch.Tensor) -> Graded:
+        terms = {name: values[rows] for name, values in self.terms.items()}
+        return Graded(self.rewards[rows], self.correct[rows], self.overlong[rows], terms)
 
 
 def grade(
@@ -34,9 +41,8 @@ def grade(
 ) -> Graded:
     """The rows' rewards: the grader's on each completion, or `results` already given (an
     episode's environment grades it when it ends)."""
+    owners = [problems[i // cfg.rollout.n] for i in range(len(rollout.texts))]
     if results is None:
-        group = cfg.rollout.n
-        owners = [problems[i // group] for i in range(len(rollout.texts))]
         results = reward.score_many(rollout.texts, owners)
     device = rollout.completion_ids.device
     correct = torch.tensor([r.correct for r in results], dtype=torch.bool, device=device)
@@ -51,4 +57,9 @@ def grade(
         lengths = rollout.trained_mask.sum(dim=1)
         overlong = overlong_penalty(lengths, max_len, cache_len).float()
         rewards = rewards + overlong
-    return Graded(rewards, correct, overlong)
+    terms = {}
+    for term in reward.terms:
+        values = torch.tensor(term.values(rollout.texts, owners), dtype=torch.float32)
+        terms[term.name] = values.to(device)
+        rewards = rewards + term.weight * terms[term.name]
+    return Graded(rewards, correct, overlong, terms)

@@ -45,6 +45,7 @@ class Groups:
     rewards: torch.Tensor  # [N] shaped rewards
     correct: torch.Tensor  # [N] bool
     overlong_mean: float  # mean overlong term included in the rewards (0 when off)
+    reward_terms: dict[str, torch.Tensor]  # reward.terms by name: [N] unweighted values
     sampled_groups: int  # groups generated (more than kept under dynamic sampling)
     refill_rounds: int
     env_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # episodes' metrics
@@ -137,7 +138,7 @@ class _Kept:
             return
         rows = _group_rows(keep, group_size)
         part = [p for p, k in zip(problems, keep.tolist(), strict=True) if k]
-        self.parts.append((samples.rollout.take(rows), _take_graded(graded, rows), part))
+        self.parts.append((samples.rollout.take(rows), graded.take(rows), part))
         self.records += [samples.records[row] for row in rows.tolist()]
         self.groups += len(part)
 
@@ -151,6 +152,9 @@ class _Kept:
             rewards=torch.cat([g.rewards for g in graded]),
             correct=torch.cat([g.correct for g in graded]),
             overlong_mean=float(torch.cat([g.overlong for g in graded]).mean()),
+            reward_terms={
+                name: torch.cat([g.terms[name] for g in graded]) for name in graded[0].terms
+            },
             sampled_groups=self.sampled,
             refill_rounds=self.rounds,
             env_sums=self.env_sums,
@@ -216,10 +220,6 @@ def _group_rows(keep: torch.Tensor, group_size: int) -> torch.Tensor:
     return (
         torch.arange(keep.numel() * group_size, device="cpu").view(-1, group_size)[keep].reshape(-1)
     )
-
-
-def _take_graded(graded: Graded, rows: torch.Tensor) -> Graded:
-    return Graded(graded.rewards[rows], graded.correct[rows], graded.overlong[rows])
 
 
 def _can_refill(cfg: TrainConfig, rounds: int, refill: Iterator[Problem] | None) -> bool:

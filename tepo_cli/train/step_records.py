@@ -58,7 +58,23 @@ def step_record(
     record.update(update_metrics)
     record.update(_throughput(engine, record))
     record.update(_episode_metrics(experience.env_sums, engine.device))
+    record.update(_reward_term_means(experience.reward_terms, engine.device))
     return record
+
+
+def _reward_term_means(terms: dict[str, torch.Tensor], device: torch.device) -> dict[str, float]:
+    """`reward_term_<name>_mean`: each reward term's unweighted value over every rank's rows. One
+    collective, entered by every rank of a run with reward.terms (the same on every rank)."""
+    if not terms:
+        return {}
+    names = sorted(terms)
+    rows = next(iter(terms.values())).numel()
+    sums = [float(terms[name].double().sum()) for name in names] + [float(rows)]
+    totals = collective.all_sum(torch.tensor(sums, dtype=torch.float64, device=device)).tolist()
+    return {
+        f"reward_term_{name}_mean": total / totals[-1]
+        for name, total in zip(names, totals, strict=False)
+    }
 
 
 def _episode_metrics(sums: dict[str, float], device: torch.device) -> dict[str, float]:
@@ -160,11 +176,17 @@ def step_samples(cfg: TrainConfig, step: int, experience: Experience) -> list[di
                 "answer": problem.answer,
                 "completion": experience.rollout.texts[index],
                 "reward": float(experience.rewards[index]),
+                **_term_values(experience.reward_terms, index),
                 "advantage": response_advantage(experience, index),
                 **experience.episode_records[index],
             }
         )
     return samples
+
+
+def _term_values(terms: dict[str, torch.Tensor], index: int) -> dict[str, Any]:
+    """A logged row's reward terms, unweighted (none without reward.terms)."""
+    return {"reward_terms": {n: float(v[index]) for n, v in terms.items()}} if terms else {}
 
 
 def _logged_rows(cfg: TrainConfig, experience: Experience) -> list[int]:
