@@ -147,3 +147,45 @@ def test_eval_and_train_on_a_users_files(tmp_path):
     assert one_file.returncode == 2
     assert "every problem of the held-out split 'test'" in one_file.stderr
     assert "trainer.eval_every=0. Nothing was run." in one_file.stderr
+
+
+VERL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    right = solution_str.strip().endswith(ground_truth)
+    return {"score": 2.0 if right else -1.0, "acc": right, "source": data_source, "i": extra_info["index"]}
+
+
+def bare(solution_str, ground_truth):
+    return float(solution_str.strip() == ground_truth)
+"""
+
+
+def test_a_verl_reward_function_grades_verl_records_as_verl_calls_it(tmp_path):
+    records = [
+        {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{n} + 1?"}],
+         "reward_model": {"ground_truth": str(n + 1)}, "extra_info": {"index": n}}
+        for n in range(2)
+    ]  # fmt: skip
+    write_jsonl(tmp_path / "test.jsonl", records)
+    benchmark = custom(
+        tmp_path / "test.jsonl", question_key="prompt", answer_key="reward_model.ground_truth"
+    )
+    first, second = build_task(benchmark).eval_problems()
+    assert first.extra["fields"]["extra_info"] == {"index": 0}  # every column kept
+    (tmp_path / "verl_reward.py").write_text(VERL_REWARD)
+    path = str(tmp_path / "verl_reward.py")
+    reward = build_reward(
+        RewardConfig(name="custom", path=path, function="compute_score"), benchmark
+    )
+    right, wrong = reward("so it is 1", first), reward("so it is 3", second)
+    assert (right.reward, right.correct, wrong.reward, wrong.correct) == (2.0, True, -1.0, False)
+    bare = build_reward(RewardConfig(name="custom", path=path, function="bare"), benchmark)
+    assert [bare("2", second).reward, bare("2 ", first).reward] == [1.0, 0.0]
+    # tepo's own signature is called as before: (completion, problem)
+    (tmp_path / "own.py").write_text(
+        "def score(completion, problem):\n    return problem.answer in completion\n"
+    )
+    own = build_reward(
+        RewardConfig(name="custom", path=str(tmp_path / "own.py"), function="score"), benchmark
+    )
+    assert own("1", first).correct and not own("1", second).correct

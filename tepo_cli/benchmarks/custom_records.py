@@ -42,11 +42,12 @@ class CustomOptions(Strict):
 
 
 def to_problem(options: CustomOptions, record: Record, index: int) -> Problem:
-    """One record as a Problem (its id filled in by `problems`). extra["solution"]: the answer
-    field whole, where the answer is cut from it (the reference completion of `model=reference`)."""
+    """One record as a Problem (its id filled in by `problems`). extra["fields"]: the record's
+    fields (a reward function reads any of them); extra["solution"]: the answer field whole,
+    where the answer is cut from it (the reference completion of `model=reference`)."""
     question = _question(_field(record, index, options.question_key), index, options)
     value = _field(record, index, options.answer_key)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"fields": dict(record)}  # every column, for a reward function
     if options.answer_in == "value":
         answer = _plain(value)
     else:

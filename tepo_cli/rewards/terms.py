@@ -14,7 +14,7 @@ from typing import Any
 from tepo_cli.config.schema import RewardConfig
 from tepo_cli.core.errors import RunError
 from tepo_cli.core.records import Problem
-from tepo_cli.rewards.custom import load_user_function
+from tepo_cli.rewards.custom import as_scorer, load_user_function
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def load_terms(cfg: RewardConfig) -> tuple[RewardTerm, ...]:
         RewardTerm(
             name,
             term.weight,
-            load_user_function(term.path, term.function, f"reward.terms.{name}"),
+            as_scorer(load_user_function(term.path, term.function, f"reward.terms.{name}")),
             f"reward.terms.{name} ({term.function} of {term.path})",
         )
         for name, term in sorted(cfg.terms.items())
