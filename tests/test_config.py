@@ -153,6 +153,12 @@ def _tepo(*args: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess
         (["train", "+badkey=1"], "unknown key 'badkey'"),
         (["eval", "eval.n=4"], "eval.n > 1 needs sampling"),
         (["frobnicate"], "unknown command 'frobnicate'"),
+        (  # Hydra's grammar refuses '~' unquoted: the override is named with the quoting
+            ["train", "benchmark=custom", "benchmark.path=~/data"],
+            "'benchmark.path=~/data' is not an override Hydra can read (LexerNoViableAltException"
+            ": benchmark.path=~/data). Put the value in quotes, inside the shell's: "
+            "\"benchmark.path='~/data'\"",
+        ),
     ],
 )
 def test_cli_rejects_bad_input_without_traceback(tmp_path, args, fragment):

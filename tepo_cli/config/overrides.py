@@ -39,10 +39,16 @@ def check_override_keys(config_name: str, arguments: list[str]) -> None:
     from hydra.errors import HydraException
 
     candidates = [a for a in arguments if "=" in a and not a.startswith("-")]
+    parser = OverridesParser.create()
     try:
-        overrides = OverridesParser.create().parse_overrides(candidates)
+        overrides = parser.parse_overrides(candidates)
     except HydraException:
-        return  # malformed syntax: Hydra reports it with its own parser's message
+        for argument in candidates:  # the one Hydra's grammar refuses, named with how to write it
+            try:
+                parser.parse_overrides([argument])
+            except HydraException as error:
+                raise ConfigError(_malformed(argument, error)) from None
+        return
     groups = config_groups()
     for override in overrides:
         key = override.key_or_group
@@ -54,6 +60,18 @@ def check_override_keys(config_name: str, arguments: list[str]) -> None:
         if override.package is not None or key in groups:
             continue
         _check_path(SCHEMAS[config_name], key.split("."), config_name)
+
+
+def _malformed(argument: str, error: Exception) -> str:
+    """A paragraph for an override Hydra's grammar cannot read (`benchmark.path=~/data`): its
+    parser's first line, and the quoting that passes any value through."""
+    key, _, value = argument.partition("=")
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"{argument!r} is not an override Hydra can read ({reason}). Put the value in quotes, "
+        f"inside the shell's: \"{key}='{value}'\" (a '~', a second '=', or an unmatched bracket "
+        "or quote needs them). Nothing was run."
+    )
 
 
 def _choice_names(value: object) -> list[str]:
