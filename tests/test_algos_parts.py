@@ -19,6 +19,7 @@ from tepo_cli.algos import (
 from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.batch import PolicyBatch
 from tepo_cli.algos.clip import clipped_surrogate
+from tepo_cli.algos.gae import whiten_sums
 from tepo_cli.algos.kl import kl_estimate
 from tepo_cli.algos.overlong import resolve_overlong_lengths
 from tepo_cli.algos.tepo_mask import tepo_kl_mask
@@ -45,6 +46,25 @@ def test_group_advantages_none_scale_and_equal_groups() -> None:
     got = group_advantages(rewards, group_size=3, scale="none")
     assert got.tolist() == pytest.approx([-2.0, -1.0, 3.0, 0.0, 0.0, 0.0], abs=1e-12)
     assert torch.all(got[3:] == 0)  # exactly, not a rounding residue of the mean
+
+
+def test_group_advantages_batch_scale_divides_by_the_step_s_deviation_on_every_rank() -> None:
+    """Lite PPO / TRL's scale_rewards="batch": the group's mean, the whole step's std."""
+    rewards = t([1.0, 0.0, 0.0, 0.0, 3.0, 1.0, 2.0, 2.0])
+    got = group_advantages(rewards, group_size=2, scale="batch")
+    values = rewards.tolist()
+    mean = sum(values) / 8
+    std = math.sqrt(sum((r - mean) ** 2 for r in values) / 7)  # unbiased, float64 by hand
+    centred = [0.5, -0.5, 0.0, 0.0, 1.0, -1.0, 0.0, 0.0]
+    assert got.tolist() == pytest.approx([c / (std + 1e-6) for c in centred], abs=1e-12)
+    assert torch.all(got[2:4] == 0) and torch.all(got[6:] == 0)  # equal groups: exactly 0
+    # two ranks holding half the groups each, their (count, Σ, Σ²) summed: one rank's numbers
+    halves = rewards[:4], rewards[4:]
+    every = torch.ones(4, dtype=torch.bool)
+    both = whiten_sums(halves[0], every) + whiten_sums(halves[1], every)
+    split = [group_advantages(h, 2, scale="batch", reduce=lambda _: both) for h in halves]
+    torch.testing.assert_close(torch.cat(split), got, rtol=0, atol=1e-14)
+    assert not torch.allclose(group_advantages(halves[0], 2, scale="batch"), got[:4])
 
 
 def test_rloo_is_each_reward_against_the_mean_of_the_others() -> None:

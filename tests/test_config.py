@@ -52,7 +52,7 @@ def test_default_eval_config_is_valid(compose_config):
         ("algo=dapo advantage=gae rollout.n=1", ["algo.dynamic_sampling drops the prompts"]),
         (
             "advantage.scale=rank",
-            ["advantage.scale='rank'", "'std' or 'none'", "conf/advantage/grpo.yaml"],
+            ["advantage.scale='rank'", "'std', 'batch' or 'none'", "conf/advantage/grpo.yaml"],
         ),
         (
             "algo.eps_low=-1",

@@ -115,3 +115,29 @@ def test_without_dynamic_sampling_every_group_is_kept(compose_config, tiny_model
     assert result.problems == problems and result.refill_rounds == 0
     assert torch.equal(result.advantages, torch.zeros(6))
     assert result.old_logp is None and result.ref_logp is None  # on-policy, no reference
+
+
+def test_overlong_filter_trains_no_token_of_a_truncated_answer(
+    compose_config, tiny_model, tiny_tokenizer
+):
+    """DAPO's overlong filtering (algo.overlong_filter): a truncated answer's tokens leave the
+    trained mask (so the objective, its normaliser, the KL and the entropy), the others keep
+    theirs, and the rewards and rollout records are untouched."""
+    torch.manual_seed(0)
+    problems = ArithTask(config(compose_config).benchmark).eval_problems()[:3]
+    backend = HfBackend(tiny_model, tiny_tokenizer, True)
+    runs = {}
+    for flag in ("false", "true"):
+        torch.manual_seed(0)
+        knobs = ["rollout.n=2", "algo.beta=0", "rollout.stop=[a]"]  # some end early
+        cfg = config(compose_config, *knobs, f"algo.overlong_filter={flag}")
+        runs[flag] = rollout_and_grade(cfg, sampler(cfg), backend, tiny_tokenizer, problems, never)
+    plain, filtered = runs["false"], runs["true"]
+    truncated = filtered.rollout.truncated
+    assert truncated.any() and not truncated.all()  # the tiny model ends some answers early
+    assert torch.equal(plain.rollout.completion_ids, filtered.rollout.completion_ids)
+    mask = filtered.batch.trained_mask
+    assert not mask[truncated].any()
+    assert torch.equal(mask[~truncated], plain.batch.trained_mask[~truncated])
+    assert plain.batch.trained_mask[truncated].any()
+    assert torch.equal(filtered.rewards, plain.rewards)

@@ -14,14 +14,18 @@ from tepo_cli.algos.gae import whiten, whiten_sums
 def group_advantages(
     rewards: Tensor,
     group_size: int,
-    scale: Literal["std", "none"] = "std",
+    scale: Literal["std", "batch", "none"] = "std",
     eps: float = 1e-6,
+    reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
-    """Â_i = (R_i − mean_g R) / (std_g R + eps), or R_i − mean_g R with `scale="none"` (Dr. GRPO).
+    """Â_i = (R_i − mean_g R) / (std_g R + eps), or R_i − mean_g R with `scale="none"` (Dr. GRPO),
+    or (R_i − mean_g R) / (std R + eps) with `scale="batch"`, the deviation of every reward of the
+    step (Lite PPO's group mean and batch deviation; TRL's `scale_rewards="batch"`).
 
     `rewards` is [N] with the rows ordered group by group: G = `group_size` consecutive rows per
-    prompt. The standard deviation is the unbiased sample one (Bessel's correction, as GRPO
-    implementations use). A group whose rewards are all equal gets exactly 0.
+    prompt. The standard deviations are the unbiased sample ones (Bessel's correction, as GRPO
+    implementations use). A group whose rewards are all equal gets exactly 0. `reduce` sums the
+    batch deviation's (count, Σ, Σ²) over ranks (identity on one).
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be [N], got shape {tuple(rewards.shape)}")
@@ -33,8 +37,8 @@ def group_advantages(
         raise ValueError(
             f"rewards has {rewards.numel()} rows, not a multiple of group_size={group_size}"
         )
-    if scale not in ("std", "none"):
-        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    if scale not in ("std", "batch", "none"):
+        raise ValueError(f"scale must be 'std', 'batch' or 'none', got {scale!r}")
     groups = rewards.reshape(-1, group_size)
     centred = groups - groups.mean(dim=1, keepdim=True)
     # Equal rewards give exactly 0, not a rounding residue that std would blow up.
@@ -42,7 +46,17 @@ def group_advantages(
     centred = torch.where(equal, torch.zeros_like(centred), centred)
     if scale == "std":
         centred = centred / (groups.std(dim=1, keepdim=True) + eps)
+    if scale == "batch":
+        centred = centred / (_batch_std(rewards, reduce) + eps)
     return centred.reshape(-1)
+
+
+def _batch_std(rewards: Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+    """The unbiased deviation of every reward of the step (all ranks' with `reduce`); 0 for one."""
+    sums = whiten_sums(rewards, torch.ones_like(rewards, dtype=torch.bool))
+    count, total, squares = (sums if reduce is None else reduce(sums)).tolist()
+    variance = max(squares - total * total / count, 0.0) / (count - 1) if count > 1 else 0.0
+    return rewards.new_tensor(variance**0.5)
 
 
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
@@ -87,12 +101,13 @@ def estimate_advantages(
     name: Literal["grpo", "rloo"],
     rewards: Tensor,
     group_size: int,
-    scale: Literal["std", "none"] = "std",
+    scale: Literal["std", "batch", "none"] = "std",
     eps: float = 1e-6,
+    reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """The `advantage` group's estimator `name` on [N] rewards, G = `group_size` per prompt."""
     if name == "grpo":
-        return group_advantages(rewards, group_size, scale=scale, eps=eps)
+        return group_advantages(rewards, group_size, scale=scale, eps=eps, reduce=reduce)
     if name == "rloo":
         return rloo_advantages(rewards, group_size)
     raise ValueError(f"unknown advantage estimator {name!r}: expected grpo or rloo")

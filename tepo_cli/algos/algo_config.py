@@ -111,6 +111,7 @@ class AlgoConfig(BaseModel):
     overlong_penalty: bool = False
     overlong_max_len: int | None = Field(default=None, ge=1)
     overlong_cache_len: int | None = Field(default=None, ge=1)
+    overlong_filter: bool = False
 
     @field_validator("block_weights")
     @classmethod

@@ -113,7 +113,7 @@ class AdvantageConfig(Strict):
 
     name: Literal["grpo", "rloo", "reinforce_pp", "gae"]
     # grpo
-    scale: Literal["std", "none"] = "std"
+    scale: Literal["std", "batch", "none"] = "std"
     eps: float = Field(default=1e-6, gt=0.0)
     # reinforce_pp
     baseline: Literal["group", "none"] = "group"

@@ -50,6 +50,7 @@ def estimate(
                 cfg.rollout.n,
                 scale=estimator.scale,
                 eps=estimator.eps,
+                reduce=_all_ranks_sum,
             )
         )
     if critic is None:

@@ -59,7 +59,7 @@ def grade(
         rewards = rewards + overlong
     terms = {}
     for term in reward.terms:
-        values = torch.tensor(term.values(rollout.texts, owners), dtype=torch.float32)
-        terms[term.name] = values.to(device)
+        values = term.values(rollout.texts, owners)
+        terms[term.name] = torch.tensor(values, dtype=torch.float32, device=device)
         rewards = rewards + term.weight * terms[term.name]
     return Graded(rewards, correct, overlong, terms)

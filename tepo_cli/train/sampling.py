@@ -103,7 +103,7 @@ def rollout_and_grade(
         batch_problems = [next(refill) for _ in range(wanted)] if refilling else []  # type: ignore[arg-type]
     if not everyone_full:
         raise RunError(_refill_failure(cfg, wanted, kept.groups, kept.sampled, kept.rounds))
-    return kept.as_groups(tokenizer.pad_token_id)
+    return kept.as_groups(tokenizer.pad_token_id, cfg.algo.overlong_filter)
 
 
 @dataclass
@@ -142,13 +142,19 @@ class _Kept:
         self.records += [samples.records[row] for row in rows.tolist()]
         self.groups += len(part)
 
-    def as_groups(self, pad_token_id: int) -> Groups:
+    def as_groups(self, pad_token_id: int, overlong_filter: bool = False) -> Groups:
+        """The kept groups as one batch; with `overlong_filter` (DAPO's overlong filtering), a
+        truncated answer trains no token (it still counts in its group's advantage and metrics)."""
         rollout = Rollout.concat([r for r, _, _ in self.parts], pad_token_id)
         graded = [g for _, g, _ in self.parts]
+        batch = SequenceBatch.from_rollout(rollout)
+        if overlong_filter:
+            kept = batch.trained_mask & ~rollout.truncated[:, None].to(batch.trained_mask.device)
+            batch = dataclasses.replace(batch, model_mask=kept)
         return Groups(
             problems=[p for _, _, part in self.parts for p in part],
             rollout=rollout,
-            batch=SequenceBatch.from_rollout(rollout),
+            batch=batch,
             rewards=torch.cat([g.rewards for g in graded]),
             correct=torch.cat([g.correct for g in graded]),
             overlong_mean=float(torch.cat([g.overlong for g in graded]).mean()),
