@@ -146,14 +146,16 @@ def _cut(solution: str, answer_in: str, index: int) -> str:
         ) from None
 
 
-def _load(cfg: BenchmarkConfig, split: str, limit: int | None) -> list[Problem]:
+def _load(
+    cfg: BenchmarkConfig, options: CustomOptions, split: str, limit: int | None
+) -> list[Problem]:
     records = load_records(NAME, split, cfg.path, cfg.hub_id, None, (), limit)
-    return problems(cfg.own(CustomOptions), records, split)
+    return problems(options, records, split)
 
 
 def custom_task(cfg: BenchmarkConfig) -> DatasetTask:
-    cfg.own(CustomOptions)  # a wrong knob is refused before any record is read
-    return DatasetTask(cfg, partial(_load, cfg))
+    """Its knobs validated once, before any record is read (a wrong one is refused here)."""
+    return DatasetTask(cfg, partial(_load, cfg, cfg.own(CustomOptions)))
 
 
 def reference_completion(problem: Problem) -> str:
