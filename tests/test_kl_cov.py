@@ -354,7 +354,10 @@ def test_a_cov_selected_of_the_wrong_shape_is_refused():
             "kl_cov",
             ["trainer.minibatches=2", "algo.cov_fraction=0.1"],
         ),  # off-policy: the penalty acts
-        ("clip_cov", ["algo.cov_lb=-100", "algo.cov_fraction=0.1"]),  # on-policy: selection_logp
+        (
+            "clip_cov",
+            ["algo.cov_lb=-100", "algo.cov_fraction=0.1"],
+        ),  # on-policy: experience.selection
     ],
 )
 def test_two_training_steps_log_the_selection(compose_config, tmp_path, algo, extra):

@@ -178,6 +178,7 @@ PRESETS = [
     ["algo=cispo"],
     ["algo=sapo"],
     ["algo=gmpo"],
+    ["algo=dapo", "algo.top_entropy_quantile=0.3"],  # one pick per optimizer step, as KL-Cov's
 ]
 
 
@@ -260,7 +261,7 @@ def test_token_budget_update_equals_the_fixed_count_update_in_float64(
     critic = "advantage=gae" in preset
     assert len(passes) == 2 * (1 + critic)  # two minibatches, the policy's and the critic's
     assert fixed.keys() == tokens.keys()
-    cov = ("cov_selected", "cov_selected_mean", "cov_candidates")
+    cov = ("cov_selected", "cov_selected_mean", "cov_candidates", "entropy_kept_frac")
     losses = ("loss", "pg_loss", "kl_loss", "cov_loss", "value_loss", "mtp_aux_loss")
     for key in (*losses, "clip_frac", "entropy", *cov):
         if key in fixed:

@@ -27,8 +27,12 @@ from tepo_cli.config.validate import load_train_config
 from tepo_cli.models.policy import Policy
 from tepo_cli.models.reference import build_reference
 from tepo_cli.mtp.modules import attach
-from tepo_cli.train.cov_selection import step_selection
-from tepo_cli.train.micro_batch_objective import forward_scores, objective_batch
+from tepo_cli.train.micro_batch_objective import (
+    forward_scores,
+    micro_batch_objective,
+    objective_batch,
+)
+from tepo_cli.train.token_picks import step_picks
 
 F64 = torch.float64
 B, T = 3, 6
@@ -148,6 +152,9 @@ TRAINER = [
     ["algo=mpo"],
     ["algo=mpo", "trainer.minibatches=2"],
     ["algo=kl_cov"],
+    ["algo=grpo", "algo.top_entropy_quantile=0.3"],  # on-policy: experience.selection
+    ["algo=tepo", "algo.top_entropy_quantile=0.3", "trainer.minibatches=2"],
+    ["algo=kl_cov", "algo.top_entropy_quantile=0.5"],
 ]
 
 
@@ -172,18 +179,17 @@ def test_the_trainer_passes_every_declared_input(compose_config, tiny_model, ove
     rows = torch.arange(ROWS)
     part = experience.batch.select(rows)
     scores = policy(part, cfg.rollout.temperature, make=forward_scores(cfg, experience))
-    selected = None
-    if algo.covariance_selection:
-        selected, _ = step_selection(algo, experience, rows, seed=3)
+    picks = step_picks(algo, experience, rows, seed=3)
+    selected = picks.cov_selected
     tokens, seqs = float(part.trained_mask.sum()), float(ROWS)
-    batch = objective_batch(cfg, experience, rows, part, scores, tokens, seqs, None, selected)
+    batch = objective_batch(cfg, experience, rows, part, scores, tokens, seqs, None, picks)
     missing = {n for n in objective_reads(algo) if getattr(batch, n) is None}
     assert missing == (
         {"ref_logp"} if "ref_logp" in objective_reads(algo) and not algo.needs_ref else set()
     )
     assert {n for n in DECLARABLE - objective_reads(algo) if getattr(batch, n) is not None} == set()
 
-    loss, metrics = get_policy_loss(algo.name)(batch, algo)
+    loss, metrics = micro_batch_objective(cfg, batch, scores)
     old = experience.old or {"old_" + name: value.detach() for name, value in scores.items()}
     everything, named = policy_loss(
         algo,
@@ -198,6 +204,7 @@ def test_the_trainer_passes_every_declared_input(compose_config, tiny_model, ove
         old_mtp_logp=old.get("old_mtp_logp"),
         old_entropy_term=old.get("old_entropy_term"),
         cov_selected=selected,
+        entropy_kept=batch.entropy_kept,
         num_tokens=tokens,
         num_seqs=seqs,
         max_len=cfg.completion_tokens,

@@ -105,6 +105,9 @@ class AlgoConfig(BaseModel):
     # SAPO (docs/objectives.md §1.8), read by that objective only.
     tau_pos: float = Field(default=1.0, gt=0.0)
     tau_neg: float = Field(default=1.05, gt=0.0)
+    # High-entropy tokens (docs/objectives.md §0.11), for every objective: 1 keeps every token,
+    # 0 only the highest-entropy one (TRL's range).
+    top_entropy_quantile: float = Field(default=1.0, ge=0.0, le=1.0)
     # DAPO (docs/objectives.md §1.2), used by the training loop.
     dynamic_sampling: bool = False
     max_refill_rounds: int = Field(default=10, ge=1)
@@ -241,6 +244,12 @@ class AlgoConfig(BaseModel):
         """KL-Cov and Clip-Cov pick tokens by covariance, once per optimizer step in training
         (train/cov_selection.py), which needs π_old's log-probs before the step's forwards."""
         return self.name in COV_OBJECTIVES
+
+    @property
+    def entropy_selection(self) -> bool:
+        """Only the top `top_entropy_quantile` of tokens by π_old's entropy carry the policy
+        term (algos/high_entropy.py), picked once per optimizer step in training."""
+        return self.top_entropy_quantile < 1.0
 
     @property
     def auxiliary_loss(self) -> bool:

@@ -13,6 +13,7 @@ from tepo_cli.algos import gmpo as _gmpo  # noqa: F401  (gmpo)
 from tepo_cli.algos import objectives as _objectives  # noqa: F401  (registers the presets)
 from tepo_cli.algos import sapo as _sapo  # noqa: F401  (sapo)
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
+from tepo_cli.algos.high_entropy import keep_high_entropy
 from tepo_cli.algos.presets import AlgoSpec, resolve_algo
 from tepo_cli.algos.registry import get_policy_loss
 
@@ -41,7 +42,8 @@ def policy_loss(
     named:       keyword only, the other `PolicyBatch` fields (its docstring says what each
                  holds): mtp_logp, old_mtp_logp [B, T, K−1] (MPO, future=mtp), old_entropy_term
                  (TEPO first_order), token_weights (mismatch correction), turns (episodes),
-                 cov_selected and generator (KL-Cov / Clip-Cov), and the optimizer step's global
+                 cov_selected and generator (KL-Cov / Clip-Cov), entropy_kept (the tokens kept
+                 by `top_entropy_quantile`; else picked here by old_entropy), the optimizer step's global
                  normalisers num_tokens, num_seqs, max_len (§0.5: the micro-batch losses then
                  sum to the loss of one big batch); any other keyword is an AlgoConfig knob
                  (k=4, loss_agg="token-mean", ...). A ValueError names the argument missing or
@@ -49,7 +51,8 @@ def policy_loss(
 
     Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac;
     KL-Cov / Clip-Cov: cov_loss, cov_abs_kl, and (when they pick here) cov_selected,
-    cov_selected_frac, cov_selected_mean, cov_candidates (docs/objectives.md §1.6)."""
+    cov_selected_frac, cov_selected_mean, cov_candidates (docs/objectives.md §1.6);
+    top_entropy_quantile < 1, picking here: entropy_kept_frac, entropy_threshold (§0.11)."""
     fields = {field.name for field in dataclasses.fields(PolicyBatch)}
     inputs = {name: named.pop(name) for name in list(named) if name in fields}
     cfg = resolve_algo(algo, named)
@@ -65,4 +68,6 @@ def policy_loss(
     )
     batch = checked_batch(raw)
     require_inputs(batch, cfg)
-    return get_policy_loss(cfg.name)(batch, cfg)
+    batch, pick_metrics = keep_high_entropy(batch, cfg)
+    loss, metrics = get_policy_loss(cfg.name)(batch, cfg)
+    return loss, {**metrics, **pick_metrics}

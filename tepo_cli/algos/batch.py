@@ -41,6 +41,9 @@ class PolicyBatch:
     `cov_selected` [B, T] bool (KL-Cov, Clip-Cov, §1.6): the tokens picked by covariance over a
     larger set (training: the optimizer step's rows); None = pick among these rows, Clip-Cov's
     draw from `generator` (None = a generator seeded with 0).
+    `entropy_kept` [B, T] bool (`top_entropy_quantile` < 1, §0.11): the tokens whose policy term
+    counts, picked by entropy over a larger set (training: the optimizer step's rows); None =
+    pick among these rows by `old_entropy`.
     """
 
     logp: Tensor
@@ -65,6 +68,7 @@ class PolicyBatch:
     turns: Tensor | None = None  # [B, T] int64 turn of each token (multi-turn episodes), or None
     cov_selected: Tensor | None = None  # [B, T] bool, KL-Cov / Clip-Cov's pick, or None
     generator: torch.Generator | None = None  # Clip-Cov's draw when it picks among these rows
+    entropy_kept: Tensor | None = None  # [B, T] bool, the high-entropy pick (§0.11), or None
     num_tokens: Count | None = None
     num_seqs: Count | None = None
     max_len: Count | None = None
@@ -92,7 +96,7 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
         )
     if raw.old_logp is None:
         raise ValueError("old_logp is required (the rollout policy's token log-probs)")
-    for name in ("old_logp", *_FLAT, "turns", "cov_selected"):
+    for name in ("old_logp", *_FLAT, "turns", "cov_selected", "entropy_kept"):
         tensor = getattr(raw, name)
         if tensor is not None and (not isinstance(tensor, Tensor) or tuple(tensor.shape) != shape):
             raise ValueError(
@@ -101,7 +105,7 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
     _check_mtp(raw.mtp_logp, raw.old_mtp_logp, shape)
     for name, count in raw.normalisers.items():
         _check_count(name, count)
-    selected = raw.cov_selected
+    selected, kept = raw.cov_selected, raw.entropy_kept
     return dataclasses.replace(
         raw,
         logp=_zero_padding(logp, mask, detach=False),
@@ -117,6 +121,7 @@ def checked_batch(raw: PolicyBatch) -> PolicyBatch:
             for name, spec in PER_TOKEN.items()
         },
         cov_selected=None if selected is None else selected.bool() & mask,
+        entropy_kept=None if kept is None else kept.bool() & mask,
     )
 
 
@@ -151,6 +156,12 @@ def require_inputs(batch: PolicyBatch, cfg: AlgoConfig) -> None:
         raise ValueError(
             f"ref_logp is required: algo {cfg.name} has a KL term to the reference "
             f"(beta={cfg.beta}, kl_target=ref); pass ref_logp, or set beta=0 or kl_target=old"
+        )
+    if cfg.entropy_selection and batch.entropy_kept is None and batch.old_entropy is None:
+        raise ValueError(
+            f"old_entropy is required: top_entropy_quantile={cfg.top_entropy_quantile} keeps the "
+            "tokens of highest rollout-policy entropy; pass old_entropy (or the pick itself as "
+            "entropy_kept), or set top_entropy_quantile=1"
         )
     if cfg.needs_old_entropy and batch.old_entropy is None:
         raise ValueError(

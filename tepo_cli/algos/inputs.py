@@ -13,7 +13,8 @@ OLD = "old_"  # the rollout policy's score `name` is the input `old_<name>`
 SCORED = frozenset(name.removeprefix(OLD) for name, spec in PER_TOKEN.items() if spec["scored"])
 """A policy pass's scores besides logp: the `scored` inputs of `PolicyBatch`, `old_` removed."""
 GIVEN = {"logp", "old_logp", "advantages", "mask", "token_weights", "turns", "generator"}
-GIVEN |= {"num_tokens", "num_seqs", "max_len"}  # PolicyBatch fields every objective gets
+# PolicyBatch fields every objective gets
+GIVEN |= {"num_tokens", "num_seqs", "max_len", "entropy_kept"}
 DECLARABLE = frozenset(f.name for f in fields(PolicyBatch)) - GIVEN  # the others, if declared
 Reads = frozenset[str] | Callable[[AlgoConfig], frozenset[str]]  # fixed, or from the knobs
 

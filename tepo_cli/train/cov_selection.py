@@ -6,7 +6,7 @@ another budget. [our reading] The pick is made once per optimizer step over the 
 on this rank (all of the step's rows with one process and one minibatch), before its
 micro-batches run, so it does not depend on how they are cut:
 - cov uses π_old's log-probs (the score stage's: `experience.old_logp`, or, on-policy, the
-  `selection_logp` it scores for this pick alone), since the current ones of the whole step exist
+  `selection` it scores for the picks alone), since the current ones of the whole step exist
   only after every micro-batch's forward. On the first optimizer step of a rollout π = π_old, so
   the pick is verl's; later minibatches and epochs pick by π_old where verl uses the moved π.
 - Clip-Cov's "already clipped" exclusion reads the ratio at pick time, which is 1 (π = π_old):
@@ -48,11 +48,11 @@ def step_selection(
     """[N, T] bool over the step's experience rows: the tokens of `minibatch` (host row indices)
     that `algo` picks (False on every other row), and the pick's metrics (cov_selected,
     cov_selected_frac, cov_selected_mean, Clip-Cov's cov_candidates)."""
-    logp = experience.old_logp if experience.old_logp is not None else experience.selection_logp
+    logp = experience.before_update("old_logp")
     if logp is None:
         raise ValueError(
             f"algo {algo.name} picks its tokens before the step's forwards: the score stage must "
-            "provide pi_old's log-probs (experience.old_logp or selection_logp)"
+            "provide pi_old's log-probs (experience.old or experience.selection)"
         )
     mask = experience.batch.trained_mask
     rows = minibatch.to(mask.device)

@@ -39,7 +39,9 @@ class Experience:
     advantages: torch.Tensor  # [N], or [N, T] from a critic
     # π_old's scores by input name (old_logp, the declared old_* ones); empty when on-policy
     old: dict[str, torch.Tensor] = field(default_factory=dict)
-    selection_logp: torch.Tensor | None = None  # [N, T] on-policy KL-Cov / Clip-Cov's pick only
+    # On-policy, π_old's scores for the picks made before the update's forwards (old_logp for
+    # KL-Cov / Clip-Cov, old_entropy for top_entropy_quantile); off-policy they are in `old`
+    selection: dict[str, torch.Tensor] = field(default_factory=dict)
     ref_logp: torch.Tensor | None = None
     old_values: torch.Tensor | None = None  # [N, T] the critic's V at rollout (advantage=gae)
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets
@@ -56,6 +58,11 @@ class Experience:
     def old_logp(self) -> torch.Tensor | None:
         """[N, T] π_old's log-probs from the score stage; None when the update is on-policy."""
         return self.old.get("old_logp")
+
+    def before_update(self, name: str) -> torch.Tensor | None:
+        """[N, T] π_old's score `name` (old_logp, old_entropy) as the score stage made it, for a
+        pick made before the update's forwards: from `old` off-policy, `selection` on-policy."""
+        return self.old.get(name, self.selection.get(name))
 
 
 def on_policy(cfg: TrainConfig) -> bool:
@@ -91,10 +98,11 @@ def _add_scores(
     cfg: TrainConfig, policy: Policy, reference: Reference | None, experience: Experience
 ) -> None:
     need_old = not on_policy(cfg)
-    # On-policy KL-Cov / Clip-Cov pick by π_old's log-probs before the update's forwards
-    # (train/cov_selection.py): scored here, kept apart from old_logp, which stays None so that
-    # the objective's π_old is the current forward's, detached, as for every on-policy objective.
-    need_selection = not need_old and cfg.algo.covariance_selection
+    # On-policy KL-Cov / Clip-Cov and top_entropy_quantile pick by π_old's log-probs or entropies
+    # before the update's forwards (train/token_picks.py): scored here, kept apart from old_logp,
+    # which stays None so that the objective's π_old is the current forward's, detached, as for
+    # every on-policy objective.
+    need_selection = not need_old and (cfg.algo.covariance_selection or cfg.algo.entropy_selection)
     if not need_old and not need_selection and reference is None:
         return
     batch, width = experience.batch, experience.batch.completion_mask.shape[1]
@@ -124,4 +132,4 @@ def _add_scores(
     if need_old:
         experience.old = joined
     else:
-        experience.selection_logp = joined.get("old_logp")
+        experience.selection = joined

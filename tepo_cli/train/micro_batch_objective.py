@@ -11,12 +11,14 @@ import torch
 
 from tepo_cli.algos import get_policy_loss, objective_reads
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
+from tepo_cli.algos.high_entropy import keep_high_entropy
 from tepo_cli.algos.inputs import OLD, scored
 from tepo_cli.algos.mismatch import MismatchTally, correction_weights
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Scores
 from tepo_cli.train.experience import Experience
+from tepo_cli.train.token_picks import StepPicks
 
 
 def forward_scores(cfg: TrainConfig, experience: Experience) -> frozenset[str]:
@@ -30,8 +32,10 @@ def micro_batch_objective(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The micro-batch's loss and metrics: the registered objective on its `objective_batch`,
     with the run's already validated `cfg.algo`; then, when the forward scored the policy's
-    `attached` modules, their own terms (MPO's: metrics and an auxiliary loss)."""
-    loss, metrics = get_policy_loss(cfg.algo.name)(batch, cfg.algo)
+    `attached` modules, their own terms (MPO's: metrics and an auxiliary loss). The high-entropy
+    pick (`top_entropy_quantile` < 1) comes in `batch.entropy_kept` and weighs the policy term."""
+    weighted, _ = keep_high_entropy(batch, cfg.algo)
+    loss, metrics = get_policy_loss(cfg.algo.name)(weighted, cfg.algo)
     metrics = dict(metrics)
     if attached is None or scores.get(attached.scores) is None:
         return loss, metrics
@@ -47,11 +51,12 @@ def objective_batch(
     num_tokens: float,
     num_seqs: float,
     tally: MismatchTally | None,
-    selected: torch.Tensor | None = None,
+    picks: StepPicks | None = None,
 ) -> PolicyBatch:
     """The checked `PolicyBatch` of micro-batch `part` (these `rows` of the step) under the
     minibatch's global counts: the inputs the objective declared, by name, from the forward's
-    `scores`, π_old's, the reference's and `selected` (KL-Cov / Clip-Cov's pick, [N, T])."""
+    `scores`, π_old's, the reference's and the step's `picks` (train/token_picks.py)."""
+    picks = picks or StepPicks()
     width = part.completion_mask.shape[1]
     trained_mask = part.trained_mask  # the model's own tokens (multi-turn: not the observations)
     if experience.old_logp is None:  # on-policy: π_old is the current forward, detached
@@ -62,7 +67,7 @@ def objective_batch(
     advantages = _rows(advantages, rows, width) if advantages.dim() == 2 else advantages[rows]
     weights = _mismatch_weights(cfg, experience, rows, old["old_logp"], trained_mask, tally)
     available = {**scores, **old, "ref_logp": _rows(experience.ref_logp, rows, width)}
-    available["cov_selected"] = _rows(selected, rows, width)
+    available["cov_selected"] = _rows(picks.cov_selected, rows, width)
     batch = checked_batch(
         PolicyBatch(
             scores["logp"],
@@ -71,6 +76,7 @@ def objective_batch(
             trained_mask,  # PolicyBatch.mask: the loss plugins' name for it
             token_weights=weights,
             turns=part.turns,
+            entropy_kept=_rows(picks.entropy_kept, rows, width),
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_len=cfg.completion_tokens,

@@ -30,7 +30,7 @@ from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.prompt_pass import MinibatchPrompts, reads_prompt_pass, through_engine
 from tepo_cli.runtime.guards import skipped_optimizer_steps
 from tepo_cli.runtime.hooks import NO_HOOKS, RunHooks
-from tepo_cli.train.cov_selection import selection_seed, step_selection
+from tepo_cli.train.cov_selection import selection_seed
 from tepo_cli.train.experience import Experience, on_policy
 from tepo_cli.train.flops import ModelShape, policy_shape, update_work
 from tepo_cli.train.learner import Learner
@@ -42,6 +42,7 @@ from tepo_cli.train.micro_batch_objective import (
 )
 from tepo_cli.train.micro_batches import Plan, micro_batches_for
 from tepo_cli.train.recompute import checkpoint_plan, checkpointed, prompt_pass_checkpointed
+from tepo_cli.train.token_picks import StepPicks, step_picks
 from tepo_cli.train.zero_advantage import may_skip, rows_with_gradient
 
 
@@ -158,15 +159,16 @@ def _optimizer_step(
     hooks: RunHooks,
 ) -> None:
     """One minibatch: its micro-batches' forward and backward, then the optimizer step that
-    DeepSpeed takes at the accumulation boundary (the critic's engine alongside). KL-Cov and
-    Clip-Cov pick their tokens over the whole minibatch first (its draw seeded with `seed`)."""
+    DeepSpeed takes at the accumulation boundary (the critic's engine alongside). KL-Cov,
+    Clip-Cov (its draw seeded with `seed`) and `top_entropy_quantile` pick their tokens over the
+    whole minibatch first (train/token_picks.py)."""
     world = collective.world_size()
     num_tokens = _global_sum(experience.batch.trained_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
     counts = (num_tokens, num_seqs, world)
-    selected = pick_metrics = None
-    if cfg.algo.covariance_selection and num_tokens > 0:  # over all rows, before any is skipped
-        selected, pick_metrics = step_selection(cfg.algo, experience, minibatch, seed)
+    picks = StepPicks()
+    if num_tokens > 0:  # over all rows, before any is skipped
+        picks = step_picks(cfg.algo, experience, minibatch, seed)
     everything = minibatch
     minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
     left_sum, left_tokens = left_out_entropy(
@@ -177,7 +179,7 @@ def _optimizer_step(
             tally.sums["entropy"] += left_sum / left_tokens if left_tokens else 0.0
             tally.entropy_steps += 1
         return
-    for key, value in (pick_metrics or {}).items():  # per optimizer step taken, as the others
+    for key, value in picks.metrics.items():  # per optimizer step taken, as the others
         tally.sums[key] += value
     tally.count_work(experience.batch, minibatch)
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
@@ -187,7 +189,7 @@ def _optimizer_step(
         with checkpointed(engine.module, checkpoint[index]):  # a row over the token budget
             return _forward_backward(
                 cfg, engine, experience, prompts, index, *counts, tally.seconds, hooks,
-                mismatch, selected,
+                mismatch, picks,
             )  # fmt: skip
 
     def critic_micro_batch(prompts: MinibatchPrompts, index: int) -> dict[str, float]:
@@ -321,19 +323,17 @@ def _forward_backward(
     seconds: dict[str, float],
     hooks: RunHooks,
     tally: MismatchTally | None = None,
-    selected: torch.Tensor | None = None,
+    picks: StepPicks | None = None,
 ) -> dict[str, float]:
     """The objective on micro-batch `index` of the minibatch (plus the attached modules' terms) and
-    its backward; its answers read the minibatch's prompt pass where there is one. `selected`:
-    KL-Cov / Clip-Cov's pick over the step's rows ([N, T]), None for the other objectives."""
+    its backward; its answers read the minibatch's prompt pass where there is one. `picks`: the
+    tokens picked over the step's rows (train/token_picks.py)."""
     began = time.perf_counter()
     rows = prompts.micro_batch_rows[index]
     part = experience.batch.select(rows)
     make = forward_scores(cfg, experience)
     scores = engine(part, cfg.rollout.temperature, make=make, prompts=prompts.read(index))
-    batch = objective_batch(
-        cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, selected
-    )
+    batch = objective_batch(cfg, experience, rows, part, scores, num_tokens, num_seqs, tally, picks)
     loss, metrics = micro_batch_objective(cfg, batch, scores, engine.module.attached)
     loss = hooks.loss(loss)
     loss = prompts.carry_grads(index, loss)
