@@ -108,6 +108,8 @@ class AlgoConfig(BaseModel):
     # High-entropy tokens (docs/objectives.md §0.11), for every objective: 1 keeps every token,
     # 0 only the highest-entropy one (TRL's range).
     top_entropy_quantile: float = Field(default=1.0, ge=0.0, le=1.0)
+    # The entropy bonus (§0.12), for every objective: −entropy_coef · agg(H) joins the loss.
+    entropy_coef: float = Field(default=0.0, allow_inf_nan=False)
     # DAPO (docs/objectives.md §1.2), used by the training loop.
     dynamic_sampling: bool = False
     max_refill_rounds: int = Field(default=10, ge=1)
@@ -254,8 +256,8 @@ class AlgoConfig(BaseModel):
     @property
     def auxiliary_loss(self) -> bool:
         """A loss term beside the objective that trains on every row, whatever its advantage:
-        MPO's prediction loss (`mtp.aux_coef` > 0 with future=mtp)."""
-        return bool(self.mtp_depths and self.mtp.aux_coef > 0)
+        MPO's prediction loss (`mtp.aux_coef` > 0 with future=mtp), the entropy bonus."""
+        return bool(self.mtp_depths and self.mtp.aux_coef > 0) or self.entropy_coef != 0
 
     @property
     def mtp_depths(self) -> int:

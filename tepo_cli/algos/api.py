@@ -13,9 +13,8 @@ from tepo_cli.algos import gmpo as _gmpo  # noqa: F401  (gmpo)
 from tepo_cli.algos import objectives as _objectives  # noqa: F401  (registers the presets)
 from tepo_cli.algos import sapo as _sapo  # noqa: F401  (sapo)
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
-from tepo_cli.algos.high_entropy import keep_high_entropy
+from tepo_cli.algos.objective_loss import objective_loss
 from tepo_cli.algos.presets import AlgoSpec, resolve_algo
-from tepo_cli.algos.registry import get_policy_loss
 
 
 def policy_loss(
@@ -38,7 +37,8 @@ def policy_loss(
                  its anchor's or its own token's, or its tokens' mean (docs/objectives.md §0.1).
     mask:        [B, T] bool / 0-1 response tokens; padding may be on either side.
     ref_logp:    [B, T] reference log-probs, required when beta > 0 and kl_target=ref.
-    entropy, old_entropy: [B, T], for TEPO's KL mask (entropy too: mask_criterion=entropy_drop).
+    entropy, old_entropy: [B, T], for TEPO's KL mask (entropy too: mask_criterion=entropy_drop);
+                 entropy, with its gradient, for the entropy bonus (entropy_coef != 0).
     named:       keyword only, the other `PolicyBatch` fields (its docstring says what each
                  holds): mtp_logp, old_mtp_logp [B, T, K−1] (MPO, future=mtp), old_entropy_term
                  (TEPO first_order), token_weights (mismatch correction), turns (episodes),
@@ -52,7 +52,8 @@ def policy_loss(
     Metrics: pg_loss, kl_loss, kl, clip_frac(_low/_high), dual_clip_frac, ratio_mean, kl_mask_frac;
     KL-Cov / Clip-Cov: cov_loss, cov_abs_kl, and (when they pick here) cov_selected,
     cov_selected_frac, cov_selected_mean, cov_candidates (docs/objectives.md §1.6);
-    top_entropy_quantile < 1, picking here: entropy_kept_frac, entropy_threshold (§0.11)."""
+    top_entropy_quantile < 1, picking here: entropy_kept_frac, entropy_threshold (§0.11);
+    entropy_coef != 0: entropy_bonus_loss (§0.12)."""
     fields = {field.name for field in dataclasses.fields(PolicyBatch)}
     inputs = {name: named.pop(name) for name in list(named) if name in fields}
     cfg = resolve_algo(algo, named)
@@ -68,6 +69,4 @@ def policy_loss(
     )
     batch = checked_batch(raw)
     require_inputs(batch, cfg)
-    batch, pick_metrics = keep_high_entropy(batch, cfg)
-    loss, metrics = get_policy_loss(cfg.name)(batch, cfg)
-    return loss, {**metrics, **pick_metrics}
+    return objective_loss(batch, cfg)

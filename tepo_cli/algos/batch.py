@@ -188,6 +188,11 @@ def require_inputs(batch: PolicyBatch, cfg: AlgoConfig) -> None:
                     f"{name} has {tensor.shape[-1]} MTP depths in its last dimension, but k={cfg.k} "
                     f"needs k - 1 = {depths}"
                 )
+    if cfg.entropy_coef != 0 and batch.entropy is None:
+        raise ValueError(
+            f"entropy is required: entropy_coef={cfg.entropy_coef} adds the current policy's "
+            "token entropies (with their gradient) to the loss; pass entropy, or set entropy_coef=0"
+        )
     if cfg.needs_entropy and batch.entropy is None:
         raise ValueError(
             f"entropy is required: algo {cfg.name} uses mask_criterion=entropy_drop; pass the "

@@ -71,11 +71,13 @@ def advantage_proportional(name: str) -> bool:
 
 def objective_reads(cfg: AlgoConfig) -> frozenset[str]:
     """The inputs objective `cfg.name` declared it reads under `cfg` (an unknown name: the
-    ValueError of `get_policy_loss`), and π_old's entropies when `top_entropy_quantile` < 1
-    picks tokens by them for any objective (algos/high_entropy.py)."""
+    ValueError of `get_policy_loss`); for any objective, π_old's entropies when
+    `top_entropy_quantile` < 1 picks tokens by them (algos/high_entropy.py) and the current ones
+    when the entropy bonus reads them (algos/entropy_bonus.py)."""
     declared = _READS[cfg.name] if cfg.name in _READS else get_policy_loss(cfg.name)
     reads = frozenset(declared(cfg) if callable(declared) else declared)
     reads |= {"old_entropy"} if cfg.entropy_selection else set()
+    reads |= {"entropy"} if cfg.entropy_coef != 0 else set()
     if unknown := ", ".join(sorted(reads - DECLARABLE)):
         raise ValueError(
             f"objective {cfg.name!r} declares unknown inputs {unknown}; known: "

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from tepo_cli.algos import get_policy_loss, objective_reads
+from tepo_cli.algos import objective_reads
 from tepo_cli.algos.batch import PolicyBatch, checked_batch, require_inputs
-from tepo_cli.algos.high_entropy import keep_high_entropy
 from tepo_cli.algos.inputs import OLD, scored
 from tepo_cli.algos.mismatch import MismatchTally, correction_weights
+from tepo_cli.algos.objective_loss import objective_loss
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.policy import Scores
@@ -33,9 +33,8 @@ def micro_batch_objective(
     """The micro-batch's loss and metrics: the registered objective on its `objective_batch`,
     with the run's already validated `cfg.algo`; then, when the forward scored the policy's
     `attached` modules, their own terms (MPO's: metrics and an auxiliary loss). The high-entropy
-    pick (`top_entropy_quantile` < 1) comes in `batch.entropy_kept` and weighs the policy term."""
-    weighted, _ = keep_high_entropy(batch, cfg.algo)
-    loss, metrics = get_policy_loss(cfg.algo.name)(weighted, cfg.algo)
+    pick (`top_entropy_quantile` < 1) comes in `batch.entropy_kept` (algos/objective_loss.py)."""
+    loss, metrics = objective_loss(batch, cfg.algo)
     metrics = dict(metrics)
     if attached is None or scores.get(attached.scores) is None:
         return loss, metrics

@@ -4,8 +4,8 @@
 
 An objective registered as advantage-proportional (algos/registry.py; every shipped one) adds
 (clipped ratio) × Â per token, so such a row's gradient is exactly 0 — unless another term reads
-it: a KL term (algo.beta > 0), an auxiliary loss (MPO's, `AlgoConfig.auxiliary_loss`) or a critic
-(advantage=gae: its value loss trains on every row). The minibatch's normalisers are counted
+it: a KL term (algo.beta > 0), an auxiliary loss (MPO's, the entropy bonus:
+`AlgoConfig.auxiliary_loss`) or a critic (advantage=gae: its value loss trains on every row). The minibatch's normalisers are counted
 before the rows are left out, so token-mean stays a mean over all of them and the gradient is
 the same as without the skip. When no rank keeps a row, the optimizer step is left out as an
 all-empty minibatch's is (train/update.py): weights, AdamW moments and the schedule's count stay
