@@ -110,6 +110,8 @@ class AlgoConfig(BaseModel):
     top_entropy_quantile: float = Field(default=1.0, ge=0.0, le=1.0)
     # The entropy bonus (§0.12), for every objective: −entropy_coef · agg(H) joins the loss.
     entropy_coef: float = Field(default=0.0, allow_inf_nan=False)
+    # Off-policy sequence masking (§0.13), for every objective: null is off.
+    off_policy_mask: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     # DAPO (docs/objectives.md §1.2), used by the training loop.
     dynamic_sampling: bool = False
     max_refill_rounds: int = Field(default=10, ge=1)

@@ -41,7 +41,8 @@ def policy_loss(
                  entropy, with its gradient, for the entropy bonus (entropy_coef != 0).
     named:       keyword only, the other `PolicyBatch` fields (its docstring says what each
                  holds): mtp_logp, old_mtp_logp [B, T, K−1] (MPO, future=mtp), old_entropy_term
-                 (TEPO first_order), token_weights (mismatch correction), turns (episodes),
+                 (TEPO first_order), token_weights (mismatch correction), sampling_logp (the
+                 engine's own log-probs, off_policy_mask), turns (episodes),
                  cov_selected and generator (KL-Cov / Clip-Cov), entropy_kept (the tokens kept
                  by `top_entropy_quantile`; else picked here by old_entropy), the optimizer step's global
                  normalisers num_tokens, num_seqs, max_len (§0.5: the micro-batch losses then
@@ -53,7 +54,8 @@ def policy_loss(
     KL-Cov / Clip-Cov: cov_loss, cov_abs_kl, and (when they pick here) cov_selected,
     cov_selected_frac, cov_selected_mean, cov_candidates (docs/objectives.md §1.6);
     top_entropy_quantile < 1, picking here: entropy_kept_frac, entropy_threshold (§0.11);
-    entropy_coef != 0: entropy_bonus_loss (§0.12)."""
+    entropy_coef != 0: entropy_bonus_loss (§0.12); off_policy_mask set: off_policy_masked_frac
+    (§0.13)."""
     fields = {field.name for field in dataclasses.fields(PolicyBatch)}
     inputs = {name: named.pop(name) for name in list(named) if name in fields}
     cfg = resolve_algo(algo, named)

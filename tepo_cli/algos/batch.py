@@ -36,6 +36,8 @@ class PolicyBatch:
     that token does not exist). TEPO's `first_order` mask reads `old_entropy_term` [B, T].
     `token_weights` [B, T] (None = 1) multiply each token's policy term: the rollout–training
     mismatch correction (algos/mismatch.py); a plugin that builds its own surrogate applies them.
+    `sampling_logp` [B, T] (None = old_logp): the rollout engine's own log-probs of the sampled
+    tokens, which off-policy sequence masking measures the drift from (§0.13).
     `turns` [B, T] (multi-turn episodes, None otherwise): the turn of each of the model's tokens,
     so that K-blocks and sliding windows stay inside one turn (docs/objectives.md §0.2).
     `cov_selected` [B, T] bool (KL-Cov, Clip-Cov, §1.6): the tokens picked by covariance over a
@@ -65,6 +67,7 @@ class PolicyBatch:
         default=None, metadata=_per_token(detached=True, scored=True)
     )
     token_weights: Tensor | None = field(default=None, metadata=_per_token(detached=True))
+    sampling_logp: Tensor | None = field(default=None, metadata=_per_token(detached=True))
     turns: Tensor | None = None  # [B, T] int64 turn of each token (multi-turn episodes), or None
     cov_selected: Tensor | None = None  # [B, T] bool, KL-Cov / Clip-Cov's pick, or None
     generator: torch.Generator | None = None  # Clip-Cov's draw when it picks among these rows

@@ -6,12 +6,10 @@ carry the useful gradient of RLVR: keeping the policy gradient of the top 20 % o
 entropy matches or beats training on all of them. TRL ships it as `top_entropy_quantile`. Here a
 token outside the pick keeps its place in the aggregation's normaliser and its KL term; only its
 policy term is dropped, through `token_weights`, which every objective multiplies its per-token
-term by.
+term by (algos/objective_loss.py).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 from torch import Tensor
@@ -50,17 +48,13 @@ def high_entropy_tokens(
     return kept, {"entropy_kept_frac": frac, "entropy_threshold": threshold}
 
 
-def keep_high_entropy(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[PolicyBatch, dict[str, float]]:
-    """`batch` with its high-entropy pick folded into `token_weights` (unchanged when
-    `top_entropy_quantile` = 1), and the pick's metrics when it was made here, among these rows,
-    by `old_entropy` (none when the pick came in as `entropy_kept`)."""
+def entropy_kept(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor | None, dict[str, float]]:
+    """[B, T] bool, the tokens whose policy term counts (None when `top_entropy_quantile` = 1),
+    and the pick's metrics when it was made here, among these rows, by `old_entropy` (none when
+    the pick came in as `entropy_kept`)."""
     if not cfg.entropy_selection:
-        return batch, {}
-    kept, metrics = batch.entropy_kept, {}
-    if kept is None:
-        assert batch.old_entropy is not None  # require_inputs
-        kept, metrics = high_entropy_tokens(batch.old_entropy, batch.mask, cfg.top_entropy_quantile)
-    weights = kept.to(batch.logp.dtype)
-    if batch.token_weights is not None:
-        weights = batch.token_weights * weights
-    return dataclasses.replace(batch, token_weights=weights, entropy_kept=kept), metrics
+        return None, {}
+    if batch.entropy_kept is not None:
+        return batch.entropy_kept, {}
+    assert batch.old_entropy is not None  # require_inputs
+    return high_entropy_tokens(batch.old_entropy, batch.mask, cfg.top_entropy_quantile)

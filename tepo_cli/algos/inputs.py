@@ -14,7 +14,7 @@ SCORED = frozenset(name.removeprefix(OLD) for name, spec in PER_TOKEN.items() if
 """A policy pass's scores besides logp: the `scored` inputs of `PolicyBatch`, `old_` removed."""
 GIVEN = {"logp", "old_logp", "advantages", "mask", "token_weights", "turns", "generator"}
 # PolicyBatch fields every objective gets
-GIVEN |= {"num_tokens", "num_seqs", "max_len", "entropy_kept"}
+GIVEN |= {"num_tokens", "num_seqs", "max_len", "entropy_kept", "sampling_logp"}
 DECLARABLE = frozenset(f.name for f in fields(PolicyBatch)) - GIVEN  # the others, if declared
 Reads = frozenset[str] | Callable[[AlgoConfig], frozenset[str]]  # fixed, or from the knobs
 

@@ -67,6 +67,7 @@ def objective_batch(
     weights = _mismatch_weights(cfg, experience, rows, old["old_logp"], trained_mask, tally)
     available = {**scores, **old, "ref_logp": _rows(experience.ref_logp, rows, width)}
     available["cov_selected"] = _rows(picks.cov_selected, rows, width)
+    sampling = experience.rollout.logprobs if cfg.algo.off_policy_mask is not None else None
     batch = checked_batch(
         PolicyBatch(
             scores["logp"],
@@ -76,6 +77,7 @@ def objective_batch(
             token_weights=weights,
             turns=part.turns,
             entropy_kept=_rows(picks.entropy_kept, rows, width),
+            sampling_logp=_rows(sampling, rows, width),  # the engine's own (§0.13), or None
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_len=cfg.completion_tokens,
