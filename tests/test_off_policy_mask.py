@@ -147,3 +147,40 @@ def test_two_off_policy_training_steps_log_the_mask(compose_config, tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     assert all(0.0 <= r["off_policy_masked_frac"] <= 1.0 for r in records)
     assert any(r["off_policy_masked_frac"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("delta", [None, 0.1])
+def test_the_trainer_measures_the_drift_from_the_engines_own_log_probs(
+    compose_config, tiny_model, delta
+):
+    """With an engine's log-probs in the rollout (vLLM's), the micro-batch's PolicyBatch carries
+    them as `sampling_logp` when the mask is on, and nothing when it is off."""
+    import dataclasses
+
+    from small_experience import ROWS, small_experience
+
+    import tepo_cli.train.experience as exp
+    from tepo_cli.config.validate import load_train_config
+    from tepo_cli.models.policy import Policy
+    from tepo_cli.train.micro_batch_objective import forward_scores, objective_batch
+
+    overrides = ["model=tiny", "rollout.n=4", "trainer.prompts_per_step=2", "algo=dapo"]
+    overrides += [f"algo.off_policy_mask={'null' if delta is None else delta}"]
+    cfg = load_train_config(compose_config("train", overrides))
+    torch.manual_seed(0)
+    policy = Policy(tiny_model, cfg.kernel)
+    experience = small_experience(torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0]))
+    engine_logp = -torch.rand(experience.rollout.completion_mask.shape)
+    experience.rollout = dataclasses.replace(experience.rollout, logprobs=engine_logp)
+    exp._add_scores(cfg, policy, None, experience)
+    rows = torch.arange(ROWS)
+    part = experience.batch.select(rows)
+    scores = policy(part, cfg.rollout.temperature, make=forward_scores(cfg, experience))
+    tokens = float(part.trained_mask.sum())
+    batch = objective_batch(cfg, experience, rows, part, scores, tokens, float(ROWS), None)
+    if delta is None:
+        assert batch.sampling_logp is None
+    else:
+        mask = batch.mask
+        assert torch.equal(batch.sampling_logp[mask], engine_logp[:, : mask.shape[1]][mask])
+        assert bool((batch.sampling_logp[~mask] == 0).all())
