@@ -156,6 +156,7 @@ TRAINER = [
     ["algo=tepo", "algo.top_entropy_quantile=0.3", "trainer.minibatches=2"],
     ["algo=kl_cov", "algo.top_entropy_quantile=0.5"],
     ["algo=grpo", "algo.off_policy_mask=0.0", "algo.entropy_coef=0.01", "trainer.minibatches=2"],
+    ["algo=grpo", "algo.kl_bias_correction=true", "trainer.minibatches=2"],
 ]
 
 

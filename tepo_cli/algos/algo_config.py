@@ -92,6 +92,7 @@ class AlgoConfig(BaseModel):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_target: Literal["ref", "old"] = "ref"
     kl_mask: Literal["none", "tepo"] = "none"
+    kl_bias_correction: bool = False
     mask_criterion: MaskCriterion = "covariance"
     block_weights: str = "uniform"
     tail: Literal["drop", "renormalise"] = "drop"

@@ -29,3 +29,12 @@ def kl_estimate(
         x = x.clamp(-_EXP_CLAMP, _EXP_CLAMP)
         return (torch.exp(x) - x - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
     raise ValueError(f"unknown kl_estimator {estimator!r}: expected k1, k2 or k3")
+
+
+def importance_weighted(divergence: Tensor, logp: Tensor, old_logp: Tensor) -> Tensor:
+    """ρ_t · D_t with ρ_t = π(y_t) / π_old(y_t), gradient through both: the tokens were sampled
+    from π_old, so E_{π_old}[ρ·D] is the KL of π itself and its gradient is the KL's gradient
+    (DeepSeek-V3.2's unbiased estimate, §0.6). log ρ is clamped to ±20 (e^20 ≈ 5·10^8) only to
+    keep the exponential finite."""
+    log_ratio = (logp - old_logp.detach()).clamp(-_EXP_CLAMP, _EXP_CLAMP)
+    return torch.exp(log_ratio) * divergence

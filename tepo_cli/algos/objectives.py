@@ -16,7 +16,7 @@ from tepo_cli.algos.aggregate import aggregate
 from tepo_cli.algos.algo_config import AlgoConfig
 from tepo_cli.algos.batch import PolicyBatch
 from tepo_cli.algos.clip import ClipFlags, clipped_surrogate
-from tepo_cli.algos.kl import kl_estimate
+from tepo_cli.algos.kl import importance_weighted, kl_estimate
 from tepo_cli.algos.ratio import RATIO_KNOBS, route_ratio, unit_log_ratio, unit_ratio
 from tepo_cli.algos.registry import register_policy_loss
 from tepo_cli.algos.tepo_mask import tepo_kl_mask
@@ -108,6 +108,8 @@ def kl_term(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[str, floa
         return zero, metrics
     divergence = kl_estimate(batch.logp, target, cfg.kl_estimator)
     metrics["kl"] = _masked_mean(divergence.detach(), mask)
+    if cfg.kl_bias_correction:  # the loss's estimate only; the `kl` metric stays the plain D
+        divergence = importance_weighted(divergence, batch.logp, batch.old_logp)
     masked = torch.where(kl_mask, divergence, 0.0)
     loss = cfg.beta * aggregate(masked, mask, cfg.loss_agg, **batch.normalisers)
     metrics["kl_loss"] = float(loss.detach())
