@@ -188,6 +188,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("mpo_exact", {"tail": "renormalise"}),
     ("mpo_disjoint", {}),
     ("gspo", {"route": "token"}),
+    ("gspo", {"loss_agg": "seq-mean-token-sum"}),  # LUSPO: each answer's term times its length
     ("mpo_disjoint", {"k": 3, "ratio_norm": "mean"}),
     ("mpo_exact", {"k": 2, "block_weights": "uniform"}),
     ("mpo_exact", {"k": 3, "block_weights": "future:0.3"}),
