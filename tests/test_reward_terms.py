@@ -75,8 +75,10 @@ def test_the_reward_is_the_grader_s_plus_each_weighted_term(compose_config, term
         for right, work, text in zip([True, False, False, False], [0, 1, 1, 0], texts, strict=True)
     ]  # float64 reference
     assert graded.rewards.tolist() == pytest.approx(expected, abs=1e-6)
+    assert graded.base.tolist() == [1.0, -1.0, -1.0, -1.0]  # the grader's, before the terms
     kept = graded.take(torch.tensor([2, 3]))
     assert kept.terms["work"].tolist() == [1.0, 0.0] and kept.rewards.shape == (2,)
+    assert kept.base.tolist() == [-1.0, -1.0]
 
 
 def test_a_term_that_returns_no_number_stops_the_run_naming_it(compose_config, terms_file):
@@ -119,6 +121,7 @@ def test_a_run_logs_each_term_and_its_samples_and_keeps_the_accuracy(tmp_path, t
         f"+reward.terms.work.path={terms_file}", "+reward.terms.work.function=shows_work",
         "+reward.terms.work.weight=0", f"+reward.terms.len.path={terms_file}",
         "+reward.terms.len.function=length", "+reward.terms.len.weight=-0.01",
+        "advantage.aggregation=normalize_then_sum",  # each component apart (GDPO): runs through
     ]  # fmt: skip
     command = [sys.executable, "-m", "tepo_cli", "train", *args]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -49,6 +49,32 @@ def group_advantages(
     if scale == "batch":
         centred = centred / (_batch_std(rewards, reduce) + eps)
     return centred.reshape(-1)
+
+
+def decoupled_group_advantages(
+    components: Sequence[Tensor],
+    weights: Sequence[float],
+    group_size: int,
+    eps: float = 1e-6,
+    reduce: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """GDPO (arXiv 2601.05242; TRL's `multi_objective_aggregation="normalize_then_sum"`): each
+    reward component normalised within its group on its own, Â^k_i = (r^k_i − mean_g r^k) /
+    (std_g r^k + eps), then S_i = Σ_k w_k·Â^k_i divided by the deviation of S over the step's
+    rows (every rank's with `reduce`) + eps. Summing first lets a component with a large spread
+    drown the others; normalising each first keeps every component's ranking within a group.
+
+    TRL also subtracts the step's mean of S: each group's Â^k sum to 0, so that mean is 0 up to
+    rounding [our reading: it is left out, so a group whose every component is equal keeps an
+    advantage of exactly 0, which the zero-advantage skip relies on]."""
+    if len(components) != len(weights) or not components:
+        raise ValueError("decoupled advantages need one weight per reward component, and one")
+    total = sum(
+        float(w) * group_advantages(r, group_size, "std", eps)
+        for r, w in zip(components, weights, strict=True)
+    )
+    assert isinstance(total, Tensor)
+    return total / (_batch_std(total, reduce) + eps)
 
 
 def _batch_std(rewards: Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:

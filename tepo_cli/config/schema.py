@@ -115,6 +115,7 @@ class AdvantageConfig(Strict):
     # grpo
     scale: Literal["std", "batch", "none"] = "std"
     eps: float = Field(default=1e-6, gt=0.0)
+    aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     # reinforce_pp
     baseline: Literal["group", "none"] = "group"
     # gae
@@ -134,6 +135,12 @@ class AdvantageConfig(Strict):
                 f"{', '.join('advantage.' + k for k in misplaced)} do not apply to "
                 f"advantage={self.name} (grpo: {', '.join(sorted(_GRPO_KNOBS))}; reinforce_pp: "
                 f"baseline; gae: {', '.join(sorted(_GAE_KNOBS))})"
+            )
+        if self.aggregation == "normalize_then_sum" and self.scale != "std":
+            raise ValueError(
+                f"advantage.scale={self.scale} scales the summed reward; "
+                "advantage.aggregation=normalize_then_sum normalises each reward component by its "
+                "group's std and their weighted sum by the step's: leave advantage.scale=std"
             )
         return self
 
@@ -155,7 +162,7 @@ class AdvantageConfig(Strict):
         return self.name == "gae"
 
 
-_GRPO_KNOBS = {"scale", "eps"}
+_GRPO_KNOBS = {"scale", "eps", "aggregation"}
 _GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path", "save_critic"}
 _OWN = {"grpo": _GRPO_KNOBS, "rloo": set(), "reinforce_pp": {"baseline"}, "gae": _GAE_KNOBS}
 _ESTIMATOR_KNOBS = _GRPO_KNOBS | {"baseline"} | _GAE_KNOBS

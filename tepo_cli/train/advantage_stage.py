@@ -1,4 +1,5 @@
-"""The advantage stage of a step: the group estimators (GRPO, RLOO) on the sequence rewards,
+"""The advantage stage of a step: the group estimators (GRPO, RLOO) on the sequence rewards (GRPO
+with `aggregation=normalize_then_sum`: on each reward component apart, GDPO's way),
 REINFORCE++ (whitened over the step's tokens on every rank), or, with advantage=gae, the critic's
 values, GAE and the critic's regression targets (docs §0.1)."""
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tepo_cli.algos import estimate_advantages
-from tepo_cli.algos.advantage import reinforce_pp_advantages
+from tepo_cli.algos.advantage import decoupled_group_advantages, reinforce_pp_advantages
 from tepo_cli.algos.gae import gae, token_rewards, whiten, whiten_sums
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.core import collective
@@ -40,6 +41,15 @@ def estimate(
         return Advantages(
             reinforce_pp_advantages(
                 groups.rewards, mask, cfg.rollout.n, estimator.baseline, reduce=_all_ranks_sum
+            )
+        )
+    if estimator.name == "grpo" and estimator.aggregation == "normalize_then_sum":
+        names = sorted(groups.reward_terms)  # the grader's reward first, then each term
+        components = [groups.base_rewards, *(groups.reward_terms[name] for name in names)]
+        weights = [1.0, *(cfg.reward.terms[name].weight for name in names)]
+        return Advantages(
+            decoupled_group_advantages(
+                components, weights, cfg.rollout.n, estimator.eps, reduce=_all_ranks_sum
             )
         )
     if not estimator.needs_critic:

@@ -50,6 +50,7 @@ class Experience:
     refill_rounds: int = 0
     overlong_mean: float = 0.0
     reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # [N] values by name
+    base_rewards: torch.Tensor | None = None  # [N] the rewards before reward.terms
     env_sums: dict[str, float] = field(default_factory=dict)  # episodes' metric sums
     episode_records: list[dict[str, Any]] = field(default_factory=list)  # per row, the sampler's
     env_errors: list[str] | None = None  # the step's environment errors (None: no environment)

@@ -24,12 +24,14 @@ class Graded:
     rewards: torch.Tensor  # [N] float32, shaped
     correct: torch.Tensor  # [N] bool
     overlong: torch.Tensor  # [N] float32, the overlong term included in rewards (0 when off)
+    base: torch.Tensor  # [N] float32, the grader's reward with the overlong term, before the terms
     # reward.terms by name: [N] float32 unweighted values; weight x value is in rewards
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def take(self, rows: torch.Tensor) -> Graded:
         terms = {name: values[rows] for name, values in self.terms.items()}
-        return Graded(self.rewards[rows], self.correct[rows], self.overlong[rows], terms)
+        picked = (self.rewards, self.correct, self.overlong, self.base)
+        return Graded(*(values[rows] for values in picked), terms)
 
 
 def grade(
@@ -57,9 +59,9 @@ def grade(
         lengths = rollout.trained_mask.sum(dim=1)
         overlong = overlong_penalty(lengths, max_len, cache_len).float()
         rewards = rewards + overlong
-    terms = {}
+    base, terms = rewards, {}
     for term in reward.terms:
         values = term.values(rollout.texts, owners)
         terms[term.name] = torch.tensor(values, dtype=torch.float32, device=device)
         rewards = rewards + term.weight * terms[term.name]
-    return Graded(rewards, correct, overlong, terms)
+    return Graded(rewards, correct, overlong, base, terms)

@@ -46,6 +46,7 @@ class Groups:
     correct: torch.Tensor  # [N] bool
     overlong_mean: float  # mean overlong term included in the rewards (0 when off)
     reward_terms: dict[str, torch.Tensor]  # reward.terms by name: [N] unweighted values
+    base_rewards: torch.Tensor  # [N] the grader's reward with the overlong term, before the terms
     sampled_groups: int  # groups generated (more than kept under dynamic sampling)
     refill_rounds: int
     env_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # episodes' metrics
@@ -161,6 +162,7 @@ class _Kept:
             reward_terms={
                 name: torch.cat([g.terms[name] for g in graded]) for name in graded[0].terms
             },
+            base_rewards=torch.cat([g.base for g in graded]),
             sampled_groups=self.sampled,
             refill_rounds=self.rounds,
             env_sums=self.env_sums,
