@@ -7,11 +7,10 @@ positive coefficient raises the entropy and a negative one lowers it.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from pydantic import ValidationError
+from tiny_run import tiny_run
 
 from tepo_cli.algos import policy_loss, resolve_algo
 from tepo_cli.kernels import token_logprobs
@@ -128,40 +127,7 @@ def test_the_bonus_keeps_every_row_in_the_update(compose_config):
 def test_two_training_steps_log_the_bonus(compose_config, tmp_path):
     """algo=dapo (token-mean, one optimizer step a rollout): the logged bonus is −c times the
     logged entropy, the token mean over the same rows."""
-    from tepo_cli.config.validate import load_train_config
-    from tepo_cli.runtime.distributed import setup_topology, teardown
-    from tepo_cli.train.recipe import train
-
-    (tmp_path / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
-    )
-    config = load_train_config(
-        compose_config(
-            "train",
-            [
-                "model=tiny",
-                "algo=dapo",
-                "algo.dynamic_sampling=false",
-                "algo.entropy_coef=0.02",
-                "reward=custom",
-                f"reward.path={tmp_path / 'parity.py'}",
-                "trainer.max_steps=2",
-                "trainer.eval_before=false",
-                "trainer.eval_after=false",
-                "trainer.save_final=false",
-                "trainer.progress=false",
-                "rollout.max_new_tokens=8",
-            ],
-        )
-    )
-    topo = setup_topology(num_threads=None)
-    try:
-        train(config, tmp_path, topo)
-    finally:
-        teardown()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    records = [r for r in map(json.loads, lines) if "step" in r]
-    assert [r["step"] for r in records] == [1, 2]
-    for record in records:
+    overrides = ["algo=dapo", "algo.dynamic_sampling=false", "algo.entropy_coef=0.02"]
+    for record in tiny_run(compose_config, tmp_path, overrides).records:
         assert record["grad_norm"] > 0
         assert record["entropy_bonus_loss"] == pytest.approx(-0.02 * record["entropy"], rel=1e-5)

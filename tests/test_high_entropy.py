@@ -7,12 +7,12 @@ token (token-mean); its gradient is written by hand. It shares no code with tepo
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 from pydantic import ValidationError
+from tiny_run import tiny_run
 
 from tepo_cli.algos import policy_loss, resolve_algo
 from tepo_cli.algos.high_entropy import high_entropy_tokens, kept_count
@@ -192,39 +192,8 @@ def test_without_entropies_the_call_names_what_to_pass():
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["algo=tepo", "trainer.minibatches=2"]], ids=["on", "off"])
 def test_two_training_steps_log_the_pick(compose_config, tmp_path, extra):
-    from tepo_cli.config.validate import load_train_config
-    from tepo_cli.runtime.distributed import setup_topology, teardown
-    from tepo_cli.train.recipe import train
-
-    (tmp_path / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
-    )
-    config = load_train_config(
-        compose_config(
-            "train",
-            [
-                "model=tiny",
-                *extra,
-                "algo.top_entropy_quantile=0.2",
-                "reward=custom",
-                f"reward.path={tmp_path / 'parity.py'}",
-                "trainer.max_steps=2",
-                "trainer.eval_before=false",
-                "trainer.eval_after=false",
-                "trainer.save_final=false",
-                "trainer.progress=false",
-                "rollout.max_new_tokens=8",
-            ],
-        )
-    )
-    topo = setup_topology(num_threads=None)
-    try:
-        summary = train(config, tmp_path, topo)
-    finally:
-        teardown()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    records = [r for r in map(json.loads, lines) if "step" in r]
-    assert summary["steps"] == 2 and [r["step"] for r in records] == [1, 2]
+    run = tiny_run(compose_config, tmp_path, [*extra, "algo.top_entropy_quantile=0.2"])
+    config, records = run.config, run.records
     rows = config.trainer.prompts_per_step * config.rollout.n // config.trainer.minibatches
     for record in records:
         assert record["grad_norm"] > 0 and record["entropy_threshold"] > 0

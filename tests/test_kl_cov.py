@@ -8,12 +8,12 @@ tepo_cli.algos.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 from pydantic import ValidationError
+from tiny_run import tiny_run
 
 from tepo_cli.algos import policy_loss, resolve_algo
 from tepo_cli.algos.covariance import (
@@ -361,41 +361,8 @@ def test_a_cov_selected_of_the_wrong_shape_is_refused():
     ],
 )
 def test_two_training_steps_log_the_selection(compose_config, tmp_path, algo, extra):
-    from tepo_cli.algos.plugins import load_objectives
-    from tepo_cli.config.validate import load_train_config
-    from tepo_cli.runtime.distributed import setup_topology, teardown
-    from tepo_cli.train.recipe import train
-
-    (tmp_path / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
-    )
-    config = load_train_config(
-        compose_config(
-            "train",
-            [
-                "model=tiny",
-                f"algo={algo}",
-                "reward=custom",
-                f"reward.path={tmp_path / 'parity.py'}",
-                "trainer.max_steps=2",
-                "trainer.eval_before=false",
-                "trainer.eval_after=false",
-                "trainer.save_final=false",
-                "trainer.progress=false",
-                "rollout.max_new_tokens=8",
-                *extra,
-            ],
-        )
-    )
-    load_objectives(config.plugins, config.algo.name)
-    topo = setup_topology(num_threads=None)
-    try:
-        summary = train(config, tmp_path, topo)
-    finally:
-        teardown()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    records = [r for r in map(json.loads, lines) if "step" in r]
-    assert summary["steps"] == 2 and [r["step"] for r in records] == [1, 2]
+    run = tiny_run(compose_config, tmp_path, [f"algo={algo}", *extra])
+    config, records = run.config, run.records
     trainer = config.trainer
     rows = trainer.prompts_per_step * config.rollout.n // trainer.minibatches
     for record in records:

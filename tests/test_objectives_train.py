@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from tiny_run import tiny_run
 
-from tepo_cli.algos.plugins import load_objectives
-from tepo_cli.config.validate import load_train_config
 from tepo_cli.mtp.warmup_size import warmup_size
-from tepo_cli.runtime.distributed import setup_topology, teardown
-from tepo_cli.train.recipe import train
 
 pytestmark = pytest.mark.slow
 
@@ -76,36 +71,9 @@ pytestmark = pytest.mark.slow
     ids=lambda o: " ".join(o),
 )
 def test_objective_trains_three_steps(compose_config, tmp_path, overrides):
-    (tmp_path / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
-    )
-    config = load_train_config(
-        compose_config(
-            "train",
-            [
-                "model=tiny",
-                "reward=custom",
-                f"reward.path={tmp_path / 'parity.py'}",
-                "trainer.max_steps=3",
-                "trainer.eval_before=false",
-                "trainer.eval_after=false",
-                "trainer.save_final=false",
-                "trainer.progress=false",
-                "rollout.max_new_tokens=8",
-                *overrides,
-            ],
-        )
-    )
-    load_objectives(config.plugins, config.algo.name)
-    topo = setup_topology(num_threads=None)
-    try:
-        summary = train(config, tmp_path, topo)
-    finally:
-        teardown()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    records = [r for r in map(json.loads, lines) if "step" in r]
-    warmup = [r for r in map(json.loads, lines) if "mtp_warmup_step" in r]
-    assert summary["steps"] == 3 and [r["step"] for r in records] == [1, 2, 3]
+    run = tiny_run(compose_config, tmp_path, overrides, steps=3)
+    config, summary, records = run.config, run.summary, run.records
+    warmup = [r for r in run.lines if "mtp_warmup_step" in r]
     depths = config.algo.mtp_depths
     settings = config.algo.mtp.warmup
     steps = warmup_size(config).steps  # zero steps draw no batch: no record

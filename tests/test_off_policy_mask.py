@@ -4,12 +4,12 @@ drift above δ out of the policy term, every valid token still in the token-mean
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 from pydantic import ValidationError
+from tiny_run import tiny_run
 
 from tepo_cli.algos import policy_loss, resolve_algo
 
@@ -110,41 +110,8 @@ def test_a_negative_delta_is_refused():
 @pytest.mark.slow
 def test_two_off_policy_training_steps_log_the_mask(compose_config, tmp_path):
     """Four minibatches a rollout: the later ones train a policy that has moved from π_old."""
-    from tepo_cli.config.validate import load_train_config
-    from tepo_cli.runtime.distributed import setup_topology, teardown
-    from tepo_cli.train.recipe import train
-
-    (tmp_path / "parity.py").write_text(
-        "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
-    )
-    config = load_train_config(
-        compose_config(
-            "train",
-            [
-                "model=tiny",
-                "algo=grpo",
-                "algo.off_policy_mask=0.0",
-                "trainer.minibatches=4",
-                "trainer.lr=1e-2",
-                "reward=custom",
-                f"reward.path={tmp_path / 'parity.py'}",
-                "trainer.max_steps=2",
-                "trainer.eval_before=false",
-                "trainer.eval_after=false",
-                "trainer.save_final=false",
-                "trainer.progress=false",
-                "rollout.max_new_tokens=8",
-            ],
-        )
-    )
-    topo = setup_topology(num_threads=None)
-    try:
-        train(config, tmp_path, topo)
-    finally:
-        teardown()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    records = [r for r in map(json.loads, lines) if "step" in r]
-    assert [r["step"] for r in records] == [1, 2]
+    overrides = ["algo=grpo", "algo.off_policy_mask=0.0", "trainer.minibatches=4"]
+    records = tiny_run(compose_config, tmp_path, [*overrides, "trainer.lr=1e-2"]).records
     assert all(0.0 <= r["off_policy_masked_frac"] <= 1.0 for r in records)
     assert any(r["off_policy_masked_frac"] > 0 for r in records)
 
