@@ -28,7 +28,8 @@ def objective_loss(batch: PolicyBatch, cfg: AlgoConfig) -> tuple[Tensor, dict[st
         metrics.update(kept_metrics)
         if kept is not None:  # a token outside the mask keeps its place in the normalisers
             weights = kept.to(batch.logp.dtype) if weights is None else weights * kept
-    weighted = dataclasses.replace(batch, token_weights=weights)
+    unchanged = weights is batch.token_weights  # the defaults: no copy of the batch
+    weighted = batch if unchanged else dataclasses.replace(batch, token_weights=weights)
     loss, plugin_metrics = get_policy_loss(cfg.name)(weighted, cfg)
     bonus, bonus_metrics = entropy_bonus(batch, cfg)
     if bonus is not None:
