@@ -19,7 +19,7 @@ from tepo_cli.models.policy import Policy
 from tepo_cli.rewards import Reward, one_by_one
 from tepo_cli.rollout.hf import HfBackend
 from tepo_cli.train.advantage_stage import estimate
-from tepo_cli.train.experience import score
+from tepo_cli.train.experience import Experience, score
 from tepo_cli.train.grading import grade
 from tepo_cli.train.sampling import rollout_and_grade
 
@@ -110,8 +110,8 @@ def test_without_dynamic_sampling_every_group_is_kept(compose_config, tiny_model
     problems = ArithTask(cfg.benchmark).eval_problems()[:3]
     backend = HfBackend(tiny_model, tiny_tokenizer, True)
     groups = rollout_and_grade(cfg, sampler(cfg), backend, tiny_tokenizer, problems, never)
-    advantages = estimate(cfg, groups, None)
-    result = score(cfg, Policy(tiny_model, cfg.kernel), None, groups, advantages)
+    scores = score(cfg, Policy(tiny_model, cfg.kernel), None, groups)
+    result = Experience.of(groups, scores, estimate(cfg, groups, None))
     assert result.problems == problems and result.refill_rounds == 0
     assert torch.equal(result.advantages, torch.zeros(6))
     assert result.old_logp is None and result.ref_logp is None  # on-policy, no reference

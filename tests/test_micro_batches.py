@@ -215,7 +215,7 @@ def _one_update(cfg, lm, rewards):
             targets = critic_targets(cfg, critic, batch, rewards)
             experience.advantages, experience.old_values = targets.advantages, targets.old_values
             experience.returns = targets.returns
-        exp._add_scores(cfg, engine.module, None, experience)
+        exp._add_scores(cfg, engine.module, None, experience.batch, experience)
         modules = [engine.module] + ([critic_engine.module] if critic_engine else [])
         before = torch.cat([p.detach().flatten() for m in modules for p in m.parameters()])
         metrics = update(cfg, engine, experience, torch.Generator().manual_seed(0), critic_engine)

@@ -176,7 +176,7 @@ def test_the_trainer_passes_every_declared_input(compose_config, tiny_model, ove
     )
     reference = build_reference(cfg, policy)
     experience = _experience()
-    exp._add_scores(cfg, policy, reference, experience)
+    exp._add_scores(cfg, policy, reference, experience.batch, experience)
     assert (experience.old_logp is None) == exp.on_policy(cfg)
     rows = torch.arange(ROWS)
     part = experience.batch.select(rows)

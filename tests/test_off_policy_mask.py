@@ -139,7 +139,7 @@ def test_the_trainer_measures_the_drift_from_the_engines_own_log_probs(
     experience = small_experience(torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0]))
     engine_logp = -torch.rand(experience.rollout.completion_mask.shape)
     experience.rollout = dataclasses.replace(experience.rollout, logprobs=engine_logp)
-    exp._add_scores(cfg, policy, None, experience)
+    exp._add_scores(cfg, policy, None, experience.batch, experience)
     rows = torch.arange(ROWS)
     part = experience.batch.select(rows)
     scores = policy(part, cfg.rollout.temperature, make=forward_scores(cfg, experience))

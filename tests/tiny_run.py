@@ -10,6 +10,7 @@ from typing import Any
 
 from tepo_cli.config.schema import TrainConfig
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.runtime.hooks import RunHooks
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,20 @@ class TinyRun:
         return [r for r in self.lines if "step" in r]
 
 
-def tiny_run(compose_config: Any, tmp_path: Path, overrides: list[str], steps: int = 2) -> TinyRun:
-    """Train `steps` steps with `overrides` in `tmp_path` (checked to log each step once)."""
+def tiny_run(
+    compose_config: Any,
+    tmp_path: Path,
+    overrides: list[str],
+    steps: int = 2,
+    hooks: RunHooks | None = None,
+) -> TinyRun:
+    """Train `steps` steps with `overrides` in `tmp_path` (checked to log each step once);
+    `hooks`: the run's, to stop it at a point."""
     from tepo_cli.algos.plugins import load_objectives
     from tepo_cli.runtime.distributed import setup_topology, teardown
     from tepo_cli.train.recipe import train
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "parity.py").write_text(
         "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
     )
@@ -53,7 +62,7 @@ def tiny_run(compose_config: Any, tmp_path: Path, overrides: list[str], steps: i
     load_objectives(config.plugins, config.algo.name)
     topo = setup_topology(num_threads=None)
     try:
-        summary = train(config, tmp_path, topo)
+        summary = train(config, tmp_path, topo, hooks)
     finally:
         teardown()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()

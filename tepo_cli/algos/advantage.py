@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tepo_cli.algos.gae import whiten, whiten_sums
+from tepo_cli.algos.gae import token_rewards, whiten, whiten_sums
 
 
 def group_advantages(
@@ -121,6 +121,32 @@ def reinforce_pp_advantages(
     sums = sums if reduce is None else reduce(sums)
     every_row = torch.ones_like(column, dtype=torch.bool)
     return whiten(column, every_row, sums)[:, 0].to(rewards.dtype)
+
+
+def reinforce_pp_token_advantages(
+    rewards: Tensor,
+    penalties: Tensor,
+    mask: Tensor,
+    group_size: int,
+    baseline: Literal["group", "none"] = "group",
+    reduce: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """REINFORCE++ with a charge on each token (the KL in the reward, §0.14): token t's return is
+    the response's reward (less its group's mean with `baseline="group"`) minus the charges from
+    t on, Σ_{s≥t} c_s (γ = 1, OpenRLHF's cumulative returns), whitened over every valid token of
+    the step as `reinforce_pp_advantages`. [N, T], 0 on padding; with no charge every token
+    carries `reinforce_pp_advantages`' value."""
+    if penalties.shape != mask.shape or mask.shape[:1] != rewards.shape:
+        raise ValueError(
+            f"rewards must be [N] and penalties and mask [N, T], got {tuple(rewards.shape)}, "
+            f"{tuple(penalties.shape)}, {tuple(mask.shape)}"
+        )
+    centred = group_advantages(rewards, group_size, "none") if baseline == "group" else rewards
+    valid = mask.bool()
+    steps = torch.where(valid, token_rewards(centred.double(), valid) - penalties.double(), 0.0)
+    returns = torch.where(valid, steps.flip(1).cumsum(1).flip(1), 0.0)
+    sums = whiten_sums(returns, valid)
+    return whiten(returns, valid, sums if reduce is None else reduce(sums)).to(rewards.dtype)
 
 
 def estimate_advantages(

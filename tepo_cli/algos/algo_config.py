@@ -93,6 +93,12 @@ class AlgoConfig(BaseModel):
     kl_target: Literal["ref", "old"] = "ref"
     kl_mask: Literal["none", "tepo"] = "none"
     kl_bias_correction: bool = False
+    # The KL in the reward (docs/objectives.md §0.14), for every estimator: 0 is off; with
+    # kl_reward_target set, the coefficient adapts (the first step's is kl_reward_coef).
+    kl_reward_coef: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    kl_reward_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_reward_target: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    kl_reward_horizon: int = Field(default=10000, ge=1)
     mask_criterion: MaskCriterion = "covariance"
     block_weights: str = "uniform"
     tail: Literal["drop", "renormalise"] = "drop"
@@ -206,6 +212,16 @@ class AlgoConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_kl_reward(self) -> AlgoConfig:
+        if self.kl_reward_target is not None and self.kl_reward_coef == 0:
+            raise ValueError(
+                f"kl_reward_target={self.kl_reward_target} adapts the KL-in-reward coefficient, "
+                "which starts from kl_reward_coef: set kl_reward_coef > 0 (OpenRLHF's "
+                "init_kl_coef; 0.01 is its default)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_dapo(self) -> AlgoConfig:
         max_len, cache_len = self.overlong_max_len, self.overlong_cache_len
         if max_len is not None and cache_len is not None and cache_len >= max_len:
@@ -226,8 +242,9 @@ class AlgoConfig(BaseModel):
 
     @property
     def needs_ref(self) -> bool:
-        """A frozen reference model is loaded only when a KL term targets it."""
-        return self.beta > 0 and self.kl_target == "ref"
+        """A frozen reference model is loaded only when a KL term targets it: the loss's or the
+        reward's."""
+        return (self.beta > 0 and self.kl_target == "ref") or self.kl_reward_coef > 0
 
     @property
     def needs_old_entropy(self) -> bool:

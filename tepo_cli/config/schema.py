@@ -364,6 +364,17 @@ class TrainConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_kl_reward(self) -> TrainConfig:
+        if self.algo.kl_reward_coef > 0 and self.advantage.aggregation == "normalize_then_sum":
+            raise ValueError(
+                f"algo.kl_reward_coef={self.algo.kl_reward_coef} charges the KL to the reward "
+                "before the advantage; advantage.aggregation=normalize_then_sum normalises each "
+                "reward component on its own, and the KL is none of them: use "
+                "advantage.aggregation=sum_then_normalize with it, or the loss's KL (algo.beta)"
+            )
+        return self
+
 
 def check_stop_with_episodes(rollout: RolloutConfig, env: EnvConfig) -> None:
     """`rollout.stop` ends single answers; an episode's turns end at the model's end of message."""

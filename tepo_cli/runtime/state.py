@@ -20,6 +20,8 @@ class TrainerState:
     step_seconds: list[float] = field(default_factory=list)
     bad_steps_in_row: int = 0  # optimizer steps skipped in a row for a non-finite loss/gradient
     logs: dict[str, int] = field(default_factory=dict)  # byte length of each log at the step
+    # The adaptive KL-in-reward coefficient for the next step (None: algo.kl_reward_coef's)
+    kl_reward_coef: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

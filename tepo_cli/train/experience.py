@@ -1,7 +1,8 @@
-"""The score stage and the record it completes: one step's `Experience`, which the update reads.
+"""The score stage (`Scores`) and the record a step's stages make together: its `Experience`,
+which the update reads.
 
-Every record moves forward only: sampling (`Groups`) and advantages (`Advantages`) go in, the
-no-grad scores the objective needs are added, and the update never reaches back.
+Every record moves forward only: sampling's `Groups`, the no-grad `Scores` (which the KL in the
+reward reads, before the advantage) and the `Advantages` go in, and the update never reaches back.
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ from tepo_cli.train.sampling import Groups
 
 
 @dataclass
+class Scores:
+    """The score stage's no-grad passes over the step's rows (every field is Experience's)."""
+
+    # π_old's scores by input name (old_logp, the declared old_* ones); empty when on-policy
+    old: dict[str, torch.Tensor] = field(default_factory=dict)
+    # On-policy, π_old's scores for what is read before the update's forwards (old_logp for
+    # KL-Cov / Clip-Cov and the KL in the reward, old_entropy for top_entropy_quantile);
+    # off-policy they are in `old`
+    selection: dict[str, torch.Tensor] = field(default_factory=dict)
+    ref_logp: torch.Tensor | None = None
+
+    def before_update(self, name: str) -> torch.Tensor | None:
+        """[N, T] π_old's score `name` (old_logp, old_entropy) as the score stage made it, for
+        what is read before the update's forwards: from `old` off-policy, `selection` on-policy."""
+        return self.old.get(name, self.selection.get(name))
+
+
+@dataclass
 class Experience:
     """One step's rows on this rank, everything the update's objective reads."""
 
@@ -39,13 +58,12 @@ class Experience:
     advantages: torch.Tensor  # [N], or [N, T] from a critic
     # π_old's scores by input name (old_logp, the declared old_* ones); empty when on-policy
     old: dict[str, torch.Tensor] = field(default_factory=dict)
-    # On-policy, π_old's scores for the picks made before the update's forwards (old_logp for
-    # KL-Cov / Clip-Cov, old_entropy for top_entropy_quantile); off-policy they are in `old`
+    # On-policy, π_old's scores for what is read before the update's forwards (Scores)
     selection: dict[str, torch.Tensor] = field(default_factory=dict)
     ref_logp: torch.Tensor | None = None
     old_values: torch.Tensor | None = None  # [N, T] the critic's V at rollout (advantage=gae)
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets
-    critic_metrics: dict[str, float] = field(default_factory=dict)
+    advantage_metrics: dict[str, float] = field(default_factory=dict)  # the critic's, KL's
     sampled_groups: int = 0  # groups generated this step (more than kept under dynamic sampling)
     refill_rounds: int = 0
     overlong_mean: float = 0.0
@@ -61,9 +79,13 @@ class Experience:
         return self.old.get("old_logp")
 
     def before_update(self, name: str) -> torch.Tensor | None:
-        """[N, T] π_old's score `name` (old_logp, old_entropy) as the score stage made it, for a
-        pick made before the update's forwards: from `old` off-policy, `selection` on-policy."""
+        """π_old's score `name` as the score stage made it (`Scores.before_update`)."""
         return self.old.get(name, self.selection.get(name))
+
+    @classmethod
+    def of(cls, groups: Groups, scores: Scores, advantages: Advantages) -> Experience:
+        """The step's record from its stages' records, their tensors not copied."""
+        return cls(**_fields_of(groups), **_fields_of(scores), **_fields_of(advantages))
 
 
 def on_policy(cfg: TrainConfig) -> bool:
@@ -77,36 +99,41 @@ def score(
     policy: Policy,
     reference: Reference | None,
     groups: Groups,
-    advantages: Advantages,
     clock: StepClock | None = None,
-) -> Experience:
-    """The step's `Experience`: old-policy scores (when off-policy: log-probs and what the
-    objective reads besides — entropies, TEPO's first-order term, MPO's prediction depths) and reference
+) -> Scores:
+    """The step's `Scores`: old-policy scores (when off-policy: log-probs and what the objective
+    reads besides — entropies, TEPO's first-order term, MPO's prediction depths) and reference
     log-probs, in micro-batches, without gradient."""
-    clock = clock or StepClock()
-    experience = Experience(**_fields_of(groups), **_fields_of(advantages))
-    with clock("score"):
-        _add_scores(cfg, policy, reference, experience)
-    return experience
+    scores = Scores()
+    with (clock or StepClock())("score"):
+        _add_scores(cfg, policy, reference, groups.batch, scores)
+    return scores
 
 
-def _fields_of(record: Groups | Advantages) -> dict[str, object]:
+def _fields_of(record: Groups | Scores | Advantages) -> dict[str, object]:
     """A record's fields by name, not copied (every one of them is also a field of Experience)."""
     return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 def _add_scores(
-    cfg: TrainConfig, policy: Policy, reference: Reference | None, experience: Experience
+    cfg: TrainConfig,
+    policy: Policy,
+    reference: Reference | None,
+    batch: SequenceBatch,
+    scores: Scores | Experience,
 ) -> None:
-    need_old = not on_policy(cfg)
-    # On-policy KL-Cov / Clip-Cov and top_entropy_quantile pick by π_old's log-probs or entropies
-    # before the update's forwards (train/token_picks.py): scored here, kept apart from old_logp,
-    # which stays None so that the objective's π_old is the current forward's, detached, as for
-    # every on-policy objective.
-    need_selection = not need_old and (cfg.algo.covariance_selection or cfg.algo.entropy_selection)
+    """`batch`'s scores into `scores` (its old, selection and ref_logp fields)."""
+    algo, need_old = cfg.algo, not on_policy(cfg)
+    # On-policy, KL-Cov / Clip-Cov and top_entropy_quantile pick by π_old's log-probs or
+    # entropies before the update's forwards (train/token_picks.py), and the KL in the reward
+    # reads π_old's log-probs before the advantage: scored here, kept apart from old_logp, which
+    # stays None so that the objective's π_old is the current forward's, detached, as for every
+    # on-policy objective.
+    read_early = algo.covariance_selection or algo.entropy_selection or algo.kl_reward_coef > 0
+    need_selection = not need_old and read_early
     if not need_old and not need_selection and reference is None:
         return
-    batch, width = experience.batch, experience.batch.completion_mask.shape[1]
+    width = batch.completion_mask.shape[1]
     make = scored(objective_reads(cfg.algo), rollout=True)
     parts: dict[str, list[torch.Tensor]] = defaultdict(list)
     all_rows = torch.arange(len(batch), device="cpu")
@@ -120,17 +147,15 @@ def _add_scores(
     for index, rows in enumerate(plan.rows):
         part = batch.select(rows)
         if need_old or need_selection:
-            scores = policy(
-                part, cfg.rollout.temperature, make=make, prompts=old_prompts.read(index)
-            )
-            for name, value in scores.items():
+            made = policy(part, cfg.rollout.temperature, make=make, prompts=old_prompts.read(index))
+            for name, value in made.items():
                 parts[OLD + name].append(widen(value, width))
         if reference is not None:
-            scores = reference(part, cfg.rollout.temperature, prompts=ref_prompts.read(index))
-            parts["ref_logp"].append(widen(scores.logp, width))
+            made = reference(part, cfg.rollout.temperature, prompts=ref_prompts.read(index))
+            parts["ref_logp"].append(widen(made.logp, width))
     joined = {name: plan.in_row_order(values) for name, values in parts.items()}
-    experience.ref_logp = joined.pop("ref_logp", None)
+    scores.ref_logp = joined.pop("ref_logp", None)
     if need_old:
-        experience.old = joined
+        scores.old = joined
     else:
-        experience.selection = joined
+        scores.selection = joined

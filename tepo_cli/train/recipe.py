@@ -1,9 +1,9 @@
 """The training recipe: a run, and one step of it, top-down.
 
 A step is docs/design.md's flow, each line a call into the module named after its stage: draw prompts
-(train/prompt_streams.py) → rollout and reward (train/sampling.py) → advantage (train/advantage_stage.py) →
-score (train/experience.py) → update (train/update.py) → sync (the rollout back-end) → log
-(train/step_records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's plumbing
+(train/prompt_streams.py) → rollout and reward (train/sampling.py) → score (train/experience.py) →
+the KL in the reward, when on (train/kl_in_reward.py) → advantage (train/advantage_stage.py) →
+update (train/update.py) → sync (the rollout back-end) → log (train/step_records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's plumbing
 (logs, stop signals, evaluations, the bad-step guard, checkpoints, the final save) behind
 `Run`'s methods in train/run.py.
 """
@@ -20,7 +20,8 @@ from tepo_cli.runtime.distributed import Topology
 from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.train.advantage_stage import estimate
 from tepo_cli.train.env_errors import report_env_errors
-from tepo_cli.train.experience import score
+from tepo_cli.train.experience import Experience, score
+from tepo_cli.train.kl_in_reward import charge
 from tepo_cli.train.run import Run
 from tepo_cli.train.sampling import rollout_and_grade, rollout_seed
 from tepo_cli.train.setup import setup_run
@@ -68,8 +69,10 @@ def take_step(run: Run, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     with clock("sync"):  # the engine's device memory to the update until the sync (vllm's sleep)
         run.backend.sleep()
         release_free_memory()  # what generation freed leaves the allocator: no drift across phases
-    advantages = estimate(cfg, groups, models.critic, clock)
-    experience = score(cfg, models.policy, models.reference, groups, advantages, clock)
+    scores = score(cfg, models.policy, models.reference, groups, clock)
+    kl = charge(cfg, groups.batch, scores, run.state)  # None unless algo.kl_reward_coef > 0
+    advantages = estimate(cfg, groups, models.critic, clock, kl)
+    experience = Experience.of(groups, scores, advantages)
     with clock("update"):
         metrics = update(
             cfg, models.engine, experience, run.generator, models.critic_engine, step, run.hooks

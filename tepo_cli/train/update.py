@@ -108,7 +108,7 @@ class _Tally:
             result["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
         if self.critic_norms:
             result["critic_grad_norm"] = sum(self.critic_norms) / len(self.critic_norms)
-        result.update(experience.critic_metrics)
+        result.update(experience.advantage_metrics)
         if self.mismatch is not None:
             result.update(_mismatch_metrics(self.mismatch))
         return result
