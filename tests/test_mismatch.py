@@ -88,7 +88,55 @@ def test_token_tis_tally_counts_the_truncated_tokens():
     assert metrics["mismatch_masked_frac"] == 0.0
 
 
-@pytest.mark.parametrize("mode", ["none", "token_tis", "seq_mask"])
+def test_token_mis_keeps_each_weight_up_to_the_cap_and_zeroes_the_rest():
+    old, rollout, mask = _logps()
+    weights = correction_weights(old, rollout, mask, "token_mis", CAP)
+    for b in range(old.shape[0]):
+        for t in range(old.shape[1]):
+            w = math.exp(old[b, t] - rollout[b, t])
+            expected = (w if w <= CAP else 0.0) if mask[b, t] else 0.0
+            assert math.isclose(float(weights[b, t]), expected, rel_tol=1e-15, abs_tol=0)
+    assert (weights[mask] == 0).any() and (weights[mask] > 1).any()  # both sides exercised
+    tally = MismatchTally()
+    tally.add(old, rollout, mask, weights, "token_mis", CAP)
+    metrics = MismatchTally.metrics(tally.as_tensor(), tally.abs_max)
+    zeroed = int(((weights == 0) & mask).sum())
+    assert metrics["mismatch_truncated_frac"] == zeroed / int(mask.sum()) > 0
+
+
+@pytest.mark.parametrize("mode", ["seq_tis", "seq_mis"])
+def test_sequence_modes_weigh_every_token_by_the_responses_product(mode):
+    """W = exp(Σ_t log w_t) over the valid tokens: truncated at C (seq_tis) or, above C, 0
+    (seq_mis); a product past float64's range is C or 0, never inf or NaN."""
+    mask = torch.ones(5, 3, dtype=torch.bool)
+    mask[2, 2] = False
+    mask[4, :] = False  # nothing generated
+    old = torch.zeros(5, 3, dtype=torch.float64)
+    gaps = torch.tensor(  # old - rollout, per token
+        [[0.5, -0.5, 0.3], [0.6, 0.6, 0.6], [-1.0, 0.5, 9.0], [400.0, 400.0, 0.0], [5.0, 5.0, 5.0]],
+        dtype=torch.float64,
+    )
+    weights = correction_weights(old, old - gaps, mask, mode, CAP)
+    products = []
+    for b in range(5):
+        total = sum(float(gaps[b, t]) for t in range(3) if mask[b, t])
+        products.append(math.exp(total) if total < 700 else math.inf)
+    # row 0: e^0.3 kept; row 1: e^1.8 > 3; row 2: the padded 9.0 is ignored, e^-0.5; row 3: inf
+    assert [p <= CAP for p in products[:4]] == [True, False, True, False]
+    for b, product in enumerate(products[:4]):
+        expected = min(product, CAP) if mode == "seq_tis" else (product if product <= CAP else 0.0)
+        assert torch.allclose(weights[b], mask[b].double() * expected, rtol=1e-15, atol=0)
+    assert torch.equal(weights[4], torch.zeros(3, dtype=torch.float64))
+    tally = MismatchTally()
+    tally.add(old, old - gaps, mask, weights, mode, CAP)
+    metrics = MismatchTally.metrics(tally.as_tensor(), tally.abs_max)
+    assert metrics["mismatch_masked_frac"] == 0.5  # rows 1 and 3 of the four with tokens
+    assert metrics["mismatch_truncated_frac"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "mode", ["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "seq_mask"]
+)
 def test_equal_log_probs_give_weights_of_exactly_one(mode):
     old, _, mask = _logps()
     weights = correction_weights(old, old.clone(), mask, mode, CAP)

@@ -2,16 +2,22 @@
 
 An engine that is not the trainer (vLLM) samples with its own kernels: its log-probs ℓ^roll of
 the sampled tokens differ from the trainer's ℓ^old for the same weights. The trainer keeps its own
-ℓ^old as the ratio's denominator and reweights each token by w = exp(ℓ^old − ℓ^roll):
+ℓ^old as the ratio's denominator and reweights each token by w = exp(ℓ^old − ℓ^roll), or each
+response by its product W = exp(Σ_t log w_t):
 
-- `token_tis`: each token's policy-gradient term times sg[min(w_t, C)] (truncated IS);
+- `token_tis`: each token's policy-gradient term times sg[min(w_t, C)] (truncated IS; TRL's
+  `token_truncate`);
+- `token_mis`: times w_t, or 0 where w_t > C (masked IS; TRL's `token_mask`);
+- `seq_tis`: every token of a response times min(W, C) (TRL's `sequence_truncate`);
+- `seq_mis`: every token times W, or 0 for a response with W > C (TRL's `sequence_mask`);
 - `seq_mask`: a response whose geometric-mean weight exp(mean_t log w_t) lies outside [1/C, C]
-  is left out of the loss (weight 0), and still counted in the normalisers;
+  is left out of the loss (weight 0), the others keep weight 1 (verl's geometric rejection);
 - `none`: weight 1.
 
-The weights go to `policy_loss(..., token_weights=...)`, which multiplies each token's policy
-term by its weight (for a sequence or block unit: the unit's surrogate, carried by each of its
-tokens, times that token's weight); the KL penalty is not reweighted [our reading].
+A response left out still counts in the normalisers. The weights go to `policy_loss(...,
+token_weights=...)`, which multiplies each token's policy term by its weight (for a sequence or
+block unit: the unit's surrogate, carried by each of its tokens, times that token's weight); the
+KL penalty is not reweighted [our reading].
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-MODES = ("none", "token_tis", "seq_mask")
+MODES = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "seq_mask")
+TOKEN_MODES = ("token_tis", "token_mis")  # a weight per token
+PRODUCT_MODES = ("seq_tis", "seq_mis")  # one weight per response, the product of its tokens'
 
 
 def correction_weights(
@@ -39,11 +47,16 @@ def correction_weights(
     log_weight = (old_logp.detach() - rollout_logp.to(old_logp.dtype)) * valid
     if mode == "none":
         return valid
-    if mode == "token_tis":
-        return torch.exp(log_weight).clamp(max=cap) * valid
-    mean_log = log_weight.sum(dim=1) / valid.sum(dim=1).clamp(min=1)
-    keep = (mean_log.abs() <= math.log(cap)).to(valid.dtype)
-    return keep.unsqueeze(1) * valid
+    if mode == "seq_mask":
+        mean_log = log_weight.sum(dim=1) / valid.sum(dim=1).clamp(min=1)
+        keep = (mean_log.abs() <= math.log(cap)).to(valid.dtype)
+        return keep.unsqueeze(1) * valid
+    if mode in PRODUCT_MODES:  # W may overflow to inf: truncated to C, or masked, either way
+        log_weight = log_weight.sum(dim=1, keepdim=True)
+    weight = torch.exp(log_weight)
+    if mode in ("token_tis", "seq_tis"):
+        return weight.clamp(max=cap) * valid
+    return torch.where(weight > cap, torch.zeros_like(weight), weight) * valid
 
 
 @dataclass
@@ -53,9 +66,9 @@ class MismatchTally:
     abs_sum: float = 0.0
     abs_max: float = 0.0
     tokens: float = 0.0
-    truncated_tokens: float = 0.0  # token_tis: w_t > C
+    truncated_tokens: float = 0.0  # token_tis, token_mis: w_t > C
     sequences: float = 0.0
-    masked_sequences: float = 0.0  # seq_mask: left out
+    masked_sequences: float = 0.0  # seq_mask: left out; seq_tis, seq_mis: W > C
 
     def add(
         self,
@@ -71,12 +84,15 @@ class MismatchTally:
         self.abs_sum += float(gap.abs().sum())
         self.abs_max = max(self.abs_max, float(gap.abs().max()) if gap.numel() else 0.0)
         self.tokens += float(valid.sum())
-        if mode == "token_tis":
+        if mode in TOKEN_MODES:
             self.truncated_tokens += float((gap > math.log(cap)).sum())
         has_tokens = valid.any(dim=1)
         self.sequences += float(has_tokens.sum())
         if mode == "seq_mask":
             self.masked_sequences += float((has_tokens & ~(weights > 0).any(dim=1)).sum())
+        if mode in PRODUCT_MODES:
+            sums = torch.where(valid, old_logp.detach() - rollout_logp.to(old_logp.dtype), 0.0)
+            self.masked_sequences += float((has_tokens & (sums.sum(dim=1) > math.log(cap))).sum())
 
     def as_tensor(self) -> Tensor:
         return torch.tensor(

@@ -81,7 +81,9 @@ class RolloutConfig(Strict):
     # None: the benchmark's max_new_tokens (TrainConfig resolves it, so the trainer reads an int)
     max_new_tokens: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=64, ge=1)
-    correction: Literal["auto", "none", "token_tis", "seq_mask"] = "auto"
+    correction: Literal[
+        "auto", "none", "token_tis", "token_mis", "seq_tis", "seq_mis", "seq_mask"
+    ] = "auto"
     correction_cap: float = Field(default=3.0, gt=1.0)
     # docs/objectives.md §0.9: score under the sampler's top-k/top-p, refuse them, or ignore them
     truncated_sampling: Literal["renormalise", "refuse", "biased"] = "renormalise"
@@ -123,8 +125,8 @@ class RolloutConfig(Strict):
 
     @property
     def correction_mode(self) -> str:
-        """auto = TRL's default (sequence mask, C = 3) for an engine that is not the trainer,
-        none for hf (docs/objectives.md §0.8)."""
+        """auto = seq_mask (the geometric-mean band, C = 3) for an engine that is not the
+        trainer, none for hf (docs/objectives.md §0.8)."""
         if self.correction != "auto":
             return self.correction
         return "none" if self.backend == "hf" else "seq_mask"
