@@ -136,6 +136,10 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
         *two_zero3_ranks(run_dir),
         "algo=dapo",
         "algo.beta=0.04",  # a KL reference: a ZeRO-3 inference engine, loaded partitioned
+        # ... and the KL in the reward: π_old's no-grad scoring before the advantage, and the
+        # step's KL summed over both ranks (rank 1 refilled, rank 0 did not)
+        "algo.kl_reward_coef=0.01",
+        "algo.kl_reward_target=0.001",
         "rollout.n=2",
         "rollout.batch_size=1",
         "benchmark.eval_size=3",
@@ -167,7 +171,8 @@ def test_zero3_two_ranks_uneven_eval_shards_and_dapo_refill_on_one_rank_finish(t
     assert steps[0]["refill_rounds"] == 0  # rank 0's own count: it drew no refill
     # Step 1 scores the reference before any update: the same weights through the same float32
     # ops as the policy, so the KL is zero (up to the order of the all-gathered shards: none).
-    assert abs(steps[0]["kl"]) < 1e-7
+    assert abs(steps[0]["kl"]) < 1e-7 and abs(steps[0]["kl_reward"]) < 1e-7
+    assert steps[0]["kl_reward_coef"] == 0.01 != steps[1]["kl_reward_coef"]
     assert all(step["prompt_pass_tokens"] > 0 for step in steps)
     summary = json.loads((run_dir / "summary.json").read_text())
     full, held = summary["policy_parameters"], summary["policy_parameters_on_rank"]
