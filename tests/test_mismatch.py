@@ -86,6 +86,13 @@ def test_token_tis_tally_counts_the_truncated_tokens():
     )
     assert metrics["mismatch_truncated_frac"] == truncated / int(mask.sum()) > 0
     assert metrics["mismatch_masked_frac"] == 0.0
+    # KL(π_roll ‖ π_old) by k3 on the sampled tokens, x = ℓ^old − ℓ^roll, clamped as §0.6's
+    k3 = [
+        min(math.exp(x) - x - 1, 10.0)
+        for x in (float(old[b, t] - rollout[b, t]) for b, t in mask.nonzero().tolist())
+    ]
+    assert math.isclose(metrics["mismatch_kl"], sum(k3) / len(k3), rel_tol=1e-12)
+    assert any(value == 10.0 for value in k3)  # the clamp exercised
 
 
 def test_token_mis_keeps_each_weight_up_to_the_cap_and_zeroes_the_rest():

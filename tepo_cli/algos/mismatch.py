@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tepo_cli.algos.kl import kl_estimate
+
 MODES = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "seq_mask")
 TOKEN_MODES = ("token_tis", "token_mis")  # a weight per token
 PRODUCT_MODES = ("seq_tis", "seq_mis")  # one weight per response, the product of its tokens'
@@ -69,6 +71,7 @@ class MismatchTally:
     truncated_tokens: float = 0.0  # token_tis, token_mis: w_t > C
     sequences: float = 0.0
     masked_sequences: float = 0.0  # seq_mask: left out; seq_tis, seq_mis: W > C
+    kl_sum: float = 0.0  # Σ of k3(ℓ^roll → ℓ^old) over the tokens: KL(π_roll ‖ π_old)
 
     def add(
         self,
@@ -84,6 +87,8 @@ class MismatchTally:
         self.abs_sum += float(gap.abs().sum())
         self.abs_max = max(self.abs_max, float(gap.abs().max()) if gap.numel() else 0.0)
         self.tokens += float(valid.sum())
+        sampled = rollout_logp.to(old_logp.dtype)[valid].double()
+        self.kl_sum += float(kl_estimate(sampled, old_logp.detach()[valid].double(), "k3").sum())
         if mode in TOKEN_MODES:
             self.truncated_tokens += float((gap > math.log(cap)).sum())
         has_tokens = valid.any(dim=1)
@@ -102,6 +107,7 @@ class MismatchTally:
                 self.truncated_tokens,
                 self.sequences,
                 self.masked_sequences,
+                self.kl_sum,
             ],
             dtype=torch.float64,
             device="cpu",
@@ -110,9 +116,10 @@ class MismatchTally:
     @staticmethod
     def metrics(sums: Tensor, abs_max: float) -> dict[str, float]:
         """The logged metrics from (possibly all-reduced) `as_tensor` sums and the max."""
-        abs_sum, tokens, truncated, sequences, masked = sums.tolist()
+        abs_sum, tokens, truncated, sequences, masked, kl_sum = sums.tolist()
         return {
             "mismatch_abs_mean": abs_sum / tokens if tokens else 0.0,
+            "mismatch_kl": kl_sum / tokens if tokens else 0.0,
             "mismatch_abs_max": abs_max,
             "mismatch_truncated_frac": truncated / tokens if tokens else 0.0,
             "mismatch_masked_frac": masked / sequences if sequences else 0.0,
