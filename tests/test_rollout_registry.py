@@ -5,6 +5,7 @@ rollout–training mismatch path runs end to end)."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -109,4 +110,6 @@ def test_a_new_back_end_is_one_module_and_one_yaml(compose_config, offset_backen
     (record,) = [json.loads(line) for line in (offset_backend / "metrics.jsonl").open()]
     assert record["mismatch_abs_mean"] == pytest.approx(0.25, abs=1e-5)
     assert record["mismatch_abs_max"] == pytest.approx(0.25, abs=1e-5)
+    # ℓ^old − ℓ^roll = −0.25 on every token: k3 = e^−0.25 + 0.25 − 1
+    assert record["mismatch_kl"] == pytest.approx(math.exp(-0.25) + 0.25 - 1, abs=1e-5)
     assert record["mismatch_truncated_frac"] == 0.0
