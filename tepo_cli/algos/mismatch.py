@@ -83,7 +83,8 @@ class MismatchTally:
         cap: float,
     ) -> None:
         valid = mask.bool()
-        gap = (old_logp.detach() - rollout_logp.to(old_logp.dtype))[valid]
+        gaps = torch.where(valid, old_logp.detach() - rollout_logp.to(old_logp.dtype), 0.0)
+        gap = gaps[valid]
         self.abs_sum += float(gap.abs().sum())
         self.abs_max = max(self.abs_max, float(gap.abs().max()) if gap.numel() else 0.0)
         self.tokens += float(valid.sum())
@@ -96,8 +97,7 @@ class MismatchTally:
         if mode == "seq_mask":
             self.masked_sequences += float((has_tokens & ~(weights > 0).any(dim=1)).sum())
         if mode in PRODUCT_MODES:
-            sums = torch.where(valid, old_logp.detach() - rollout_logp.to(old_logp.dtype), 0.0)
-            self.masked_sequences += float((has_tokens & (sums.sum(dim=1) > math.log(cap))).sum())
+            self.masked_sequences += float((has_tokens & (gaps.sum(dim=1) > math.log(cap))).sum())
 
     def as_tensor(self) -> Tensor:
         return torch.tensor(

@@ -1,10 +1,11 @@
 """The training recipe: a run, and one step of it, top-down.
 
-A step is docs/design.md's flow, each line a call into the module named after its stage: draw prompts
-(train/prompt_streams.py) → rollout and reward (train/sampling.py) → score (train/experience.py) →
-the KL in the reward, when on (train/kl_in_reward.py) → advantage (train/advantage_stage.py) →
-update (train/update.py) → sync (the rollout back-end) → log (train/step_records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's plumbing
-(logs, stop signals, evaluations, the bad-step guard, checkpoints, the final save) behind
+A step is docs/design.md's flow, each line a call into the module named after its stage: draw
+prompts (train/prompt_streams.py) → rollout and reward (train/sampling.py) → score
+(train/experience.py) → the KL in the reward, when on (train/kl_in_reward.py) → advantage
+(train/advantage_stage.py) → update (train/update.py) → sync (the rollout back-end) → log
+(train/step_records.py) → checkpoint. Set-up and resume live in train/setup.py; the run's
+plumbing (logs, stop signals, evaluations, the bad-step guard, checkpoints, the final save) behind
 `Run`'s methods in train/run.py.
 """
 
