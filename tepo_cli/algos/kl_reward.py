@@ -62,7 +62,8 @@ def mean_divergence(sums: Tensor) -> float:
 
 def next_coef(coef: float, kl: float, target: float, horizon: int, responses: float) -> float:
     """The adaptive controller's next β after a step whose KL was `kl` over `responses` responses
-    (Ziegler et al., §2.2): proportional to the relative error, clipped to ±0.2, scaled by the
-    share of the horizon the step covers."""
+    (Ziegler et al.'s log-space controller, its gain written as their code and verl's
+    `AdaptiveKLController` write it, n/horizon): proportional to the relative error, clipped to
+    ±0.2, scaled by the share of the horizon the step covers."""
     error = min(max(kl / target - 1.0, -ERROR_CLIP), ERROR_CLIP)
     return coef * (1.0 + error * responses / horizon)
