@@ -1,9 +1,13 @@
 """The critic of advantage=gae (tepo_cli/models/critic.py): values where the policy scores,
-zero on padding, the same with prompt sharing, and a save that loads back bit for bit."""
+zero on padding, the same with prompt sharing, a save that loads back bit for bit, and its
+warm-up (`advantage.critic_warmup`), in which the policy waits."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from tiny_run import tiny_run
 
 from tepo_cli.core.sequences import SequenceBatch
 from tepo_cli.models.critic import Critic
@@ -56,3 +60,27 @@ def test_saved_critic_loads_back_identical(tiny_model, tiny_tokenizer, tmp_path)
     assert torch.equal(loaded(batch), critic(batch))
     fresh = Critic.from_path(str(tmp_path / "critic"), torch.float32, torch.device("cpu"))
     assert float(fresh.value_head.bias) == 0.25  # the head came from value_head.safetensors
+
+
+def _weights(checkpoint: Path, tag: str) -> dict[str, torch.Tensor]:
+    saved = torch.load(checkpoint / tag / "mp_rank_00_model_states.pt", weights_only=False)
+    return saved["module"]
+
+
+def test_in_the_critic_s_warm_up_only_the_critic_learns(compose_config, tmp_path):
+    """advantage.critic_warmup=2: steps 1 and 2 leave the policy's weights as they were and step
+    the critic; step 3 moves the policy. The warm-up steps log the critic's metrics only."""
+    knobs = ["advantage=gae", "rollout.n=1", "trainer.prompts_per_step=4", "algo.beta=0"]
+    warm = ["advantage.critic_warmup=2", "trainer.save_every=1", "trainer.keep_checkpoints=3"]
+    records = tiny_run(compose_config, tmp_path, [*knobs, *warm], steps=3).records
+    steps = [tmp_path / f"checkpoints/step_{step:08d}" for step in (1, 2, 3)]
+    policies = [_weights(step, "engine") for step in steps]
+    critics = [_weights(step, "critic") for step in steps]
+    assert all(torch.equal(policies[0][k], policies[1][k]) for k in policies[0])
+    assert not all(torch.equal(policies[1][k], policies[2][k]) for k in policies[1])
+    assert not all(torch.equal(critics[0][k], critics[1][k]) for k in critics[0])
+    for record in records[:2]:
+        assert "value_loss" in record and "critic_grad_norm" in record
+        assert "pg_loss" not in record and "grad_norm" not in record
+        assert record["trained_tokens"] == 0
+    assert "pg_loss" in records[2] and records[2]["trained_tokens"] > 0

@@ -126,6 +126,7 @@ class AdvantageConfig(Strict):
     critic_lr: float = Field(default=1e-5, gt=0.0)
     critic_path: str | None = None
     save_critic: bool = False
+    critic_warmup: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _check_knobs(self) -> AdvantageConfig:
@@ -163,7 +164,16 @@ class AdvantageConfig(Strict):
 
 
 _GRPO_KNOBS = {"scale", "eps", "aggregation"}
-_GAE_KNOBS = {"gamma", "lam", "value_clip", "whiten", "critic_lr", "critic_path", "save_critic"}
+_GAE_KNOBS = {
+    "gamma",
+    "lam",
+    "value_clip",
+    "whiten",
+    "critic_lr",
+    "critic_path",
+    "save_critic",
+    "critic_warmup",
+}
 _OWN = {"grpo": _GRPO_KNOBS, "rloo": set(), "reinforce_pp": {"baseline"}, "gae": _GAE_KNOBS}
 _ESTIMATOR_KNOBS = _GRPO_KNOBS | {"baseline"} | _GAE_KNOBS
 

@@ -126,8 +126,10 @@ def update(
     """μ epochs × minibatches of the objective (and, with advantage=gae, of the critic's loss:
     its own engine, stepped at the same accumulation boundaries). Returns the step's metrics,
     with the optimizer steps the guard skipped (a non-finite loss or gradient). `step` (the
-    training step) seeds Clip-Cov's draw (train/cov_selection.py)."""
+    training step) seeds Clip-Cov's draw (train/cov_selection.py). In the first
+    `advantage.critic_warmup` steps only the critic learns."""
     skipped_before = skipped_optimizer_steps(engine)
+    policy_learns = not (critic_engine is not None and 0 < step <= cfg.advantage.critic_warmup)
     rows = len(experience.batch)
     mismatch = MismatchTally() if experience.rollout.logprobs is not None else None
     tally = _Tally(policy_shape(engine.module), mismatch=mismatch)
@@ -140,8 +142,9 @@ def update(
         for index, minibatch in enumerate(order.chunk(cfg.trainer.minibatches)):
             seed = selection_seed(cfg.seed, step, epoch, index)
             _optimizer_step(
-                cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0, seed, hooks
-            )
+                cfg, engine, critic_engine, experience, minibatch, tally, epoch == 0, seed, hooks,
+                policy_learns,
+            )  # fmt: skip
     result = tally.metrics(experience)
     result["skipped_optimizer_steps"] = skipped_optimizer_steps(engine) - skipped_before
     return result
@@ -157,18 +160,16 @@ def _optimizer_step(
     first_epoch: bool,
     seed: int,
     hooks: RunHooks,
+    policy_learns: bool = True,
 ) -> None:
-    """One minibatch: its micro-batches' forward and backward, then the optimizer step that
-    DeepSpeed takes at the accumulation boundary (the critic's engine alongside). KL-Cov,
-    Clip-Cov (its draw seeded with `seed`) and `top_entropy_quantile` pick their tokens over the
-    whole minibatch first (train/token_picks.py)."""
-    world = collective.world_size()
+    """One minibatch: its micro-batches' forward and backward, then the optimizer step DeepSpeed
+    takes at the accumulation boundary, the critic's alongside (alone in its warm-up). KL-Cov,
+    Clip-Cov (seeded with `seed`) and `top_entropy_quantile` pick first (train/token_picks.py)."""
     num_tokens = _global_sum(experience.batch.trained_mask[minibatch].sum().item(), engine.device)
     num_seqs = _global_sum(float(len(minibatch)), engine.device)
-    counts = (num_tokens, num_seqs, world)
-    picks = StepPicks()
-    if num_tokens > 0:  # over all rows, before any is skipped
-        picks = step_picks(cfg.algo, experience, minibatch, seed)
+    counts = (num_tokens, num_seqs, collective.world_size())
+    # The picks are over all the minibatch's rows, before any is skipped
+    picks = step_picks(cfg.algo, experience, minibatch, seed) if num_tokens > 0 else StepPicks()
     everything = minibatch
     minibatch = _rows_to_train(cfg, critic_engine, experience, minibatch, num_tokens, tally)
     left_sum, left_tokens = left_out_entropy(
@@ -181,7 +182,6 @@ def _optimizer_step(
         return
     for key, value in picks.metrics.items():  # per optimizer step taken, as the others
         tally.sums[key] += value
-    tally.count_work(experience.batch, minibatch)
     plan, checkpoint = _plan(cfg, engine, experience, minibatch)
     mismatch = tally.mismatch if first_epoch else None  # each row counted once
 
@@ -196,7 +196,10 @@ def _optimizer_step(
         return _critic_backward(cfg, critic_engine, experience, prompts, index, *counts)
 
     rounding = cfg.seed if cfg.model.weight_rounding == "stochastic" else None
-    learners = [Learner(engine, policy_micro_batch, tally.grad_norms, rounding)]
+    learners: list[Learner] = []
+    if policy_learns:  # not in the critic's warm-up
+        tally.count_work(experience.batch, minibatch)
+        learners.append(Learner(engine, policy_micro_batch, tally.grad_norms, rounding))
     if critic_engine is not None:
         learners.append(Learner(critic_engine, critic_micro_batch, tally.critic_norms, rounding))
     for learner in learners:
