@@ -141,13 +141,83 @@ def test_sequence_modes_weigh_every_token_by_the_responses_product(mode):
     assert metrics["mismatch_truncated_frac"] == 0.0
 
 
+@pytest.mark.parametrize("floor", [None, 0.5])
 @pytest.mark.parametrize(
     "mode", ["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "seq_mask"]
 )
-def test_equal_log_probs_give_weights_of_exactly_one(mode):
+def test_equal_log_probs_give_weights_of_exactly_one(mode, floor):
     old, _, mask = _logps()
-    weights = correction_weights(old, old.clone(), mask, mode, CAP)
+    weights = correction_weights(old, old.clone(), mask, mode, CAP, floor)
     assert torch.equal(weights, mask.double())
+
+
+FLOOR = 0.5
+
+
+def _bounded(weight: float, mode: str) -> float:
+    """A weight w (token) or W (response) under the cap and the floor, as TRL bounds them."""
+    if mode in ("token_tis", "seq_tis"):
+        return min(max(weight, FLOOR), CAP)
+    return weight if FLOOR <= weight <= CAP else 0.0
+
+
+@pytest.mark.parametrize("mode", ["token_tis", "token_mis", "seq_tis", "seq_mis", "seq_mask"])
+def test_a_floor_bounds_each_weight_from_below_as_a_float64_reference_does(mode):
+    """rollout.correction_floor F (TRL's clip_min): *_tis raise a weight below F to F, *_mis zero
+    it, seq_mask keeps responses whose geometric-mean weight lies in [F, C] (not [1/C, C])."""
+    old, rollout, mask = _logps(rows=6, width=5, seed=4)
+    weights = correction_weights(old, rollout, mask, mode, CAP, FLOOR)
+    for b in range(old.shape[0]):
+        gaps = [float(old[b, t] - rollout[b, t]) for t in range(old.shape[1]) if mask[b, t]]
+        for t in range(old.shape[1]):
+            if not mask[b, t]:
+                expected = 0.0
+            elif mode.startswith("token"):
+                expected = _bounded(math.exp(float(old[b, t] - rollout[b, t])), mode)
+            elif mode == "seq_mask":
+                expected = float(FLOOR <= math.exp(sum(gaps) / len(gaps)) <= CAP)
+            else:
+                expected = _bounded(math.exp(sum(gaps)), mode)
+            assert math.isclose(float(weights[b, t]), expected, rel_tol=1e-14, abs_tol=0)
+    unfloored = correction_weights(old, rollout, mask, mode, CAP)
+    assert (weights != unfloored).any()  # the floor acted on these log-probs
+    tally = MismatchTally()
+    tally.add(old, rollout, mask, weights, mode, CAP, FLOOR)
+    metrics = MismatchTally.metrics(tally.as_tensor(), tally.abs_max)
+    if mode.startswith("token"):
+        outside = [
+            not FLOOR <= math.exp(float(old[b, t] - rollout[b, t])) <= CAP
+            for b, t in mask.nonzero().tolist()
+        ]
+        assert metrics["mismatch_truncated_frac"] == sum(outside) / len(outside) > 0
+    else:
+        rows = [b for b in range(old.shape[0]) if mask[b].any()]
+        left_out = [
+            not FLOOR <= math.exp(float((old[b] - rollout[b])[mask[b]].sum())) <= CAP
+            if mode != "seq_mask"
+            else not (weights[b] > 0).any()
+            for b in rows
+        ]
+        assert metrics["mismatch_masked_frac"] == sum(left_out) / len(rows) > 0
+
+
+def test_without_a_floor_the_sequence_mask_band_is_one_over_c_to_c():
+    """F unset keeps each peer's default: no lower bound for TRL's modes, 1/C for seq_mask."""
+    old = torch.zeros(3, 2, dtype=torch.float64)
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    means = torch.tensor([0.4, 0.3, 2.0], dtype=torch.float64)  # geometric-mean weights
+    rollout = old - means.log()[:, None]
+    assert correction_weights(old, rollout, mask, "seq_mask", CAP).tolist() == [
+        [1.0, 1.0],  # 0.4 >= 1/3
+        [0.0, 0.0],  # 0.3 < 1/3
+        [1.0, 1.0],
+    ]
+    floored = correction_weights(old, rollout, mask, "seq_mask", CAP, 0.25)
+    assert floored[:, 0].tolist() == [1.0, 1.0, 1.0]
+    tiny = correction_weights(old, old + 30.0, mask, "token_tis", CAP)  # w = e^-30, unbounded
+    assert math.isclose(float(tiny[0, 0]), math.exp(-30.0), rel_tol=1e-14)
+    with pytest.raises(ValueError, match=r"floor F must lie in \(0, 1\)"):
+        correction_weights(old, rollout, mask, "token_tis", CAP, 1.0)
 
 
 def _off_policy_batch(seed: int = 1):
@@ -230,6 +300,14 @@ def test_correction_settings_are_checked(compose_config):
         load_train_config(compose_config("train", ["model=tiny", "rollout.correction_cap=1.0"]))
     with pytest.raises(ValueError, match="mode must be one of"):
         correction_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), "tis", CAP)
+    with pytest.raises(ConfigError, match=r"rollout\.correction_floor=0\.5 .* resolves to none"):
+        load_train_config(compose_config("train", ["model=tiny", "rollout.correction_floor=0.5"]))
+    vllm = ["model=tiny", "rollout=vllm", "rollout.correction_floor=0.5"]
+    with pytest.raises(ConfigError, match=r"rollout=vllm, rollout\.correction=none"):
+        load_train_config(compose_config("train", [*vllm, "rollout.correction=none"]))
+    assert load_train_config(compose_config("train", vllm)).rollout.correction_floor == 0.5
+    with pytest.raises(ConfigError, match="correction_floor"):
+        load_train_config(compose_config("train", [*vllm, "rollout.correction_floor=1.0"]))
 
 
 @pytest.fixture()
@@ -317,3 +395,14 @@ def test_update_leaves_out_a_response_the_engine_sampled_too_differently(two_eng
     update(cfg, second, silenced, torch.Generator().manual_seed(0))
     for a, b in zip(first.module.parameters(), second.module.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_a_floor_leaves_out_a_response_the_engine_found_likelier(two_engines):
+    """Row 5's engine log-probs are 1 nat above the trainer's: its geometric-mean weight e^-1 ≈
+    0.37 lies inside the default band [1/3, 3], below a floor of 0.5."""
+    first, second, cfg = two_engines
+    kept = update(cfg, first, _experience(cfg, first, 1.0), torch.Generator().manual_seed(0))
+    assert kept["mismatch_masked_frac"] == 0.0
+    cfg.rollout.correction_floor = 0.5
+    left_out = update(cfg, second, _experience(cfg, second, 1.0), torch.Generator().manual_seed(0))
+    assert left_out["mismatch_masked_frac"] == 1 / 8

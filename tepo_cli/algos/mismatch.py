@@ -14,6 +14,10 @@ response by its product W = exp(Σ_t log w_t):
   is left out of the loss (weight 0), the others keep weight 1 (verl's geometric rejection);
 - `none`: weight 1.
 
+A floor F (`rollout.correction_floor`, TRL's `clip_min`, verl's lower threshold) bounds the
+weight from below too: `*_tis` raise it to F, `*_mis` zero it below F, `seq_mask`'s band becomes
+[F, C]. Unset, the TRL modes have no lower bound and `seq_mask`'s is 1/C, as each peer's default.
+
 A response left out still counts in the normalisers. The weights go to `policy_loss(...,
 token_weights=...)`, which multiplies each token's policy term by its weight (for a sequence or
 block unit: the unit's surrogate, carried by each of its tokens, times that token's weight); the
@@ -36,7 +40,12 @@ PRODUCT_MODES = ("seq_tis", "seq_mis")  # one weight per response, the product o
 
 
 def correction_weights(
-    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str, cap: float
+    old_logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    mode: str,
+    cap: float,
+    floor: float | None = None,
 ) -> Tensor:
     """[B, T] detached weights: 1 where nothing is corrected, 0 on padding."""
     if mode not in MODES:
@@ -45,20 +54,26 @@ def correction_weights(
         )
     if not cap > 1.0:
         raise ValueError(f"the mismatch cap C must be > 1, got {cap}")
+    if floor is not None and not 0.0 < floor < 1.0:
+        raise ValueError(f"the mismatch floor F must lie in (0, 1), got {floor}")
     valid = mask.to(old_logp.dtype)
     log_weight = (old_logp.detach() - rollout_logp.to(old_logp.dtype)) * valid
     if mode == "none":
         return valid
     if mode == "seq_mask":
         mean_log = log_weight.sum(dim=1) / valid.sum(dim=1).clamp(min=1)
-        keep = (mean_log.abs() <= math.log(cap)).to(valid.dtype)
-        return keep.unsqueeze(1) * valid
+        if floor is None:
+            keep = mean_log.abs() <= math.log(cap)
+        else:
+            keep = (mean_log >= math.log(floor)) & (mean_log <= math.log(cap))
+        return keep.to(valid.dtype).unsqueeze(1) * valid
     if mode in PRODUCT_MODES:  # W may overflow to inf: truncated to C, or masked, either way
         log_weight = log_weight.sum(dim=1, keepdim=True)
     weight = torch.exp(log_weight)
     if mode in ("token_tis", "seq_tis"):
-        return weight.clamp(max=cap) * valid
-    return torch.where(weight > cap, torch.zeros_like(weight), weight) * valid
+        return weight.clamp(min=floor, max=cap) * valid
+    outside = weight > cap if floor is None else (weight > cap) | (weight < floor)
+    return torch.where(outside, torch.zeros_like(weight), weight) * valid
 
 
 @dataclass
@@ -68,9 +83,9 @@ class MismatchTally:
     abs_sum: float = 0.0
     abs_max: float = 0.0
     tokens: float = 0.0
-    truncated_tokens: float = 0.0  # token_tis, token_mis: w_t > C
+    truncated_tokens: float = 0.0  # token_tis, token_mis: w_t outside [F, C]
     sequences: float = 0.0
-    masked_sequences: float = 0.0  # seq_mask: left out; seq_tis, seq_mis: W > C
+    masked_sequences: float = 0.0  # seq_mask: left out; seq_tis, seq_mis: W outside [F, C]
     kl_sum: float = 0.0  # Σ of k3(ℓ^roll → ℓ^old) over the tokens: KL(π_roll ‖ π_old)
 
     def add(
@@ -81,6 +96,7 @@ class MismatchTally:
         weights: Tensor,
         mode: str,
         cap: float,
+        floor: float | None = None,
     ) -> None:
         valid = mask.bool()
         gaps = torch.where(valid, old_logp.detach() - rollout_logp.to(old_logp.dtype), 0.0)
@@ -91,13 +107,15 @@ class MismatchTally:
         sampled = rollout_logp.to(old_logp.dtype)[valid].double()
         self.kl_sum += float(kl_estimate(sampled, old_logp.detach()[valid].double(), "k3").sum())
         if mode in TOKEN_MODES:
-            self.truncated_tokens += float((gap > math.log(cap)).sum())
+            self.truncated_tokens += float(_outside(gap, cap, floor).sum())
         has_tokens = valid.any(dim=1)
         self.sequences += float(has_tokens.sum())
         if mode == "seq_mask":
             self.masked_sequences += float((has_tokens & ~(weights > 0).any(dim=1)).sum())
         if mode in PRODUCT_MODES:
-            self.masked_sequences += float((has_tokens & (gaps.sum(dim=1) > math.log(cap))).sum())
+            self.masked_sequences += float(
+                (has_tokens & _outside(gaps.sum(dim=1), cap, floor)).sum()
+            )
 
     def as_tensor(self) -> Tensor:
         return torch.tensor(
@@ -124,3 +142,9 @@ class MismatchTally:
             "mismatch_truncated_frac": truncated / tokens if tokens else 0.0,
             "mismatch_masked_frac": masked / sequences if sequences else 0.0,
         }
+
+
+def _outside(log_weight: Tensor, cap: float, floor: float | None) -> Tensor:
+    """Where a weight exp(log_weight) lies above C or, with a floor, below F."""
+    above = log_weight > math.log(cap)
+    return above if floor is None else above | (log_weight < math.log(floor))

@@ -85,6 +85,8 @@ class RolloutConfig(Strict):
         "auto", "none", "token_tis", "token_mis", "seq_tis", "seq_mis", "seq_mask"
     ] = "auto"
     correction_cap: float = Field(default=3.0, gt=1.0)
+    # F: a lower bound on the weight (TRL's clip_min); None: none for the TRL modes, 1/C for seq_mask
+    correction_floor: float | None = Field(default=None, gt=0.0, lt=1.0)
     # docs/objectives.md §0.9: score under the sampler's top-k/top-p, refuse them, or ignore them
     truncated_sampling: Literal["renormalise", "refuse", "biased"] = "renormalise"
     # rollout=hf's multi-turn episodes: each conversation's keys and values kept from one turn to
@@ -105,6 +107,14 @@ class RolloutConfig(Strict):
                 f"rollout.correction={self.correction} corrects the gap between a rollout engine's "
                 "log-probs and the trainer's, but with rollout=hf the trainer's own model "
                 "generates: there is no gap. Use rollout.correction=auto or none with hf."
+            )
+        if self.correction_floor is not None and self.correction_mode == "none":
+            raise ValueError(
+                f"rollout.correction_floor={self.correction_floor:g} bounds the mismatch weight "
+                f"from below, but rollout.correction resolves to none here (rollout={self.backend}, "
+                f"rollout.correction={self.correction}): nothing would use it. Set "
+                "rollout.correction_floor=null, or a correction mode with rollout=vllm "
+                "(docs/objectives.md §0.8)."
             )
         if not self.stop:  # acts on nothing: kept at its default (resume compares)
             self.stop_at, self.stop_pattern = "string", None

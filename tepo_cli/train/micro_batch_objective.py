@@ -101,10 +101,14 @@ def _mismatch_weights(
     rollout_logp = _rows(experience.rollout.logprobs, rows, mask.shape[1])
     if rollout_logp is None:
         return None
-    mode, cap = cfg.rollout.correction_mode, cfg.rollout.correction_cap
-    weights = correction_weights(old_logp, rollout_logp, mask, mode, cap)
+    mode, cap, floor = (
+        cfg.rollout.correction_mode,
+        cfg.rollout.correction_cap,
+        cfg.rollout.correction_floor,
+    )
+    weights = correction_weights(old_logp, rollout_logp, mask, mode, cap, floor)
     if tally is not None:
-        tally.add(old_logp, rollout_logp, mask, weights, mode, cap)
+        tally.add(old_logp, rollout_logp, mask, weights, mode, cap, floor)
     return None if mode == "none" else weights
 
 
