@@ -71,6 +71,9 @@ def test_seq_mask_keeps_responses_whose_geometric_mean_weight_lies_in_the_band()
     metrics = MismatchTally.metrics(tally.as_tensor(), tally.abs_max)
     valid_gaps = gaps[mask].abs()
     assert metrics["mismatch_masked_frac"] == 0.25
+    # 0-or-1 weights: the effective sample size is the share of tokens kept (8 of the 11)
+    assert math.isclose(metrics["mismatch_ess"], 8 / 11, rel_tol=1e-12)
+    assert math.isclose(metrics["mismatch_weight_mean"], 8 / 11, rel_tol=1e-12)
     assert math.isclose(metrics["mismatch_abs_mean"], float(valid_gaps.mean()), rel_tol=1e-15)
     assert metrics["mismatch_abs_max"] == 1.2  # the padded 9.0 is not a token
 
@@ -93,6 +96,11 @@ def test_token_tis_tally_counts_the_truncated_tokens():
     ]
     assert math.isclose(metrics["mismatch_kl"], sum(k3) / len(k3), rel_tol=1e-12)
     assert any(value == 10.0 for value in k3)  # the clamp exercised
+    applied = [float(weights[b, t]) for b, t in mask.nonzero().tolist()]
+    mean = sum(applied) / len(applied)
+    ess = sum(applied) ** 2 / (len(applied) * sum(w * w for w in applied))
+    assert math.isclose(metrics["mismatch_weight_mean"], mean, rel_tol=1e-12)
+    assert math.isclose(metrics["mismatch_ess"], ess, rel_tol=1e-12) and 0 < ess < 1
 
 
 def test_token_mis_keeps_each_weight_up_to_the_cap_and_zeroes_the_rest():

@@ -113,3 +113,6 @@ def test_a_new_back_end_is_one_module_and_one_yaml(compose_config, offset_backen
     # ℓ^old − ℓ^roll = −0.25 on every token: k3 = e^−0.25 + 0.25 − 1
     assert record["mismatch_kl"] == pytest.approx(math.exp(-0.25) + 0.25 - 1, abs=1e-5)
     assert record["mismatch_truncated_frac"] == 0.0
+    # every token's weight is e^−0.25: their mean, and an effective sample size of 1 (all equal)
+    assert record["mismatch_weight_mean"] == pytest.approx(math.exp(-0.25), abs=1e-5)
+    assert record["mismatch_ess"] == pytest.approx(1.0, abs=1e-6)

@@ -87,6 +87,8 @@ class MismatchTally:
     sequences: float = 0.0
     masked_sequences: float = 0.0  # seq_mask: left out; seq_tis, seq_mis: W outside [F, C]
     kl_sum: float = 0.0  # Σ of k3(ℓ^roll → ℓ^old) over the tokens: KL(π_roll ‖ π_old)
+    weight_sum: float = 0.0  # Σ and Σ² of the weights as applied, over the tokens
+    weight_square_sum: float = 0.0
 
     def add(
         self,
@@ -106,6 +108,9 @@ class MismatchTally:
         self.tokens += float(valid.sum())
         sampled = rollout_logp.to(old_logp.dtype)[valid].double()
         self.kl_sum += float(kl_estimate(sampled, old_logp.detach()[valid].double(), "k3").sum())
+        applied = weights.detach()[valid].double()
+        self.weight_sum += float(applied.sum())
+        self.weight_square_sum += float(applied.square().sum())
         if mode in TOKEN_MODES:
             self.truncated_tokens += float(_outside(gap, cap, floor).sum())
         has_tokens = valid.any(dim=1)
@@ -126,6 +131,8 @@ class MismatchTally:
                 self.sequences,
                 self.masked_sequences,
                 self.kl_sum,
+                self.weight_sum,
+                self.weight_square_sum,
             ],
             dtype=torch.float64,
             device="cpu",
@@ -133,14 +140,19 @@ class MismatchTally:
 
     @staticmethod
     def metrics(sums: Tensor, abs_max: float) -> dict[str, float]:
-        """The logged metrics from (possibly all-reduced) `as_tensor` sums and the max."""
-        abs_sum, tokens, truncated, sequences, masked, kl_sum = sums.tolist()
+        """The logged metrics from (possibly all-reduced) `as_tensor` sums and the max. The
+        effective sample size (Σw)²/(N·Σw²) is verl's `rollout_is_eff_sample_size`, over the
+        tokens' weights as they multiply the policy terms: 1 when every weight is equal, the
+        kept share when they are 0 or 1, lower as a few weights dominate."""
+        abs_sum, tokens, truncated, sequences, masked, kl_sum, w_sum, w_square_sum = sums.tolist()
         return {
             "mismatch_abs_mean": abs_sum / tokens if tokens else 0.0,
             "mismatch_kl": kl_sum / tokens if tokens else 0.0,
             "mismatch_abs_max": abs_max,
             "mismatch_truncated_frac": truncated / tokens if tokens else 0.0,
             "mismatch_masked_frac": masked / sequences if sequences else 0.0,
+            "mismatch_weight_mean": w_sum / tokens if tokens else 0.0,
+            "mismatch_ess": w_sum**2 / (tokens * w_square_sum) if w_square_sum else 0.0,
         }
 
 
