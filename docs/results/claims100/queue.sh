@@ -3,9 +3,10 @@
 # from the one worktree pinned at their shared commit (../claims100-code): claims100's runs, then
 # the 100-step DAPO runs in float32 and bf16 (precision/dapo100: issue #52's long-horizon check of
 # the precision claims100 uses), KL-Cov's five (claims100_klcov: the published entropy method the
-# decisive test reads TEPO against), then GSPO's five (claims100_gspo) and MPO's ten
-# (claims100_mpo). Runs an earlier protocol published are not trained again (--only). Records
-# are committed as they come. Safe to run again after any interruption.
+# decisive test reads TEPO against), then GSPO's five (claims100_gspo), MPO's ten
+# (claims100_mpo) and GRPO without its KL term (claims100_beta0, added 2026-12-02). Runs an
+# earlier protocol published are not trained again (--only). Records are committed as they come.
+# Safe to run again after any interruption.
 #
 # Order changed 2026-11-29 (session 11): dapo100 went from second to after KL-Cov, so that the
 # decisive test and its anchor finish first; no run's settings changed (claims100/log.md).
@@ -21,7 +22,7 @@ results=$(cd "$(dirname "$0")/.." && pwd)
 main=$(cd "$results/../.." && pwd)
 export COMMIT=${COMMIT-1} WORKTREE=${WORKTREE:-$main/../claims100-code}
 for entry in claims100: precision/dapo100: claims100_klcov:^kl_cov_ claims100_gspo:^gspo_ \
-    claims100_mpo:; do
+    claims100_mpo: claims100_beta0:^grpo_beta0_; do
     name=${entry%%:*} only=${entry#*:}
     echo "== queue: $name $(date -u +%FT%TZ)"
     bash "$main/scripts/protocol_run.sh" "$results/$name/protocol.yaml" ${only:+--only "$only"} "$@"
