@@ -25,7 +25,8 @@ commands:
   protocol  `tepo protocol run PROTOCOL.yaml [--status] [--list] [--dry-run] [--only REGEX]`:
             train a pre-registered experiment's runs in order, resumable (--time-limit MIN:
             stop in time, with a checkpoint); --status: how far they are, no outcome read
-            (`tepo protocol run --help`)
+            (`tepo protocol run --help`); `tepo protocol power PROTOCOL.yaml --from DIR`:
+            what its runs per arm can detect, at the spread of runs made earlier
 
 examples:
   tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tepo {__version__}")
         return
     command, overrides = args[0], args[1:]
+    if command == "protocol" and overrides[:1] == ["power"]:
+        from tepo_cli.eval.report.design_power import main as power_main
+
+        sys.exit(power_main(overrides[1:]))
     if command == "protocol":  # its own flags (--dry-run included): before _take_flags
         from tepo_cli.protocol.protocol_runner import main as protocol_main
 

@@ -27,14 +27,18 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
 @pytest.mark.parametrize(
     ("command", "options", "must_name"),
     [
-        ("report", report_parser, {"--protocol"}),  # a protocol's verdicts
-        ("protocol", lambda: _subcommand(protocol_parser(), "run"), {"--status"}),
+        ("report", lambda: [report_parser()], {"--protocol"}),  # a protocol's verdicts
+        (
+            "protocol",
+            lambda: [_subcommand(protocol_parser(), name) for name in ("run", "power")],
+            {"--status", "--from"},
+        ),
     ],
 )
 def test_every_flag_the_top_help_names_is_one_the_command_takes(
     command, options, must_name
 ) -> None:
     named = set(re.findall(r"--[a-z][a-z-]*", _usage_block(command)))
-    taken = set(options()._option_string_actions)
+    taken = {flag for parser in options() for flag in parser._option_string_actions}
     assert named <= taken, named - taken
     assert must_name <= named

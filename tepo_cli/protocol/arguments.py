@@ -1,4 +1,5 @@
-"""`tepo protocol run`'s arguments: what it trains, where, and the modes beside training."""
+"""`tepo protocol`'s arguments: `run` (what it trains, where, and the modes beside training) and
+`power` (what the protocol's seeds can detect, from runs made earlier: eval/report/design_power.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ USAGE = (
     "tepo protocol run PROTOCOL.yaml [--runs-dir DIR] [--results-dir DIR] [--only REGEX] "
     "[--time-limit MINUTES] [--list] [--status] [--dry-run] [--pilot STEPS] "
     "[--rerun RUN [--rerun-steps N]]"
+)
+POWER_USAGE = (
+    "tepo protocol power PROTOCOL.yaml --from DIR [--from DIR ...] [--effect CLAIM=VALUE ...] "
+    "[--markdown]"
 )
 
 
@@ -31,12 +36,12 @@ class Options:
 
 
 def parser() -> argparse.ArgumentParser:
-    """`tepo protocol`'s arguments (its one command, `run`)."""
+    """`tepo protocol`'s arguments (its commands, `run` and `power`)."""
     parser = argparse.ArgumentParser(
         prog="tepo protocol",
         description="Pre-registered experiments (docs/guides/protocols.md).",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="run")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,power}")
     run = commands.add_parser(
         "run",
         usage=USAGE,
@@ -70,7 +75,49 @@ def parser() -> argparse.ArgumentParser:
         "checkpoint; no run starts once it is spent; exit 143, the same command resumes",
     )
     _add_modes(run)
+    _add_power(commands.add_parser(
+        "power",
+        usage=POWER_USAGE,
+        help="what the protocol's runs can detect, at the spread of runs made earlier",
+        description=(
+            "Before the first run: for each claim of PROTOCOL.yaml, the smallest true difference "
+            "its runs per arm find with 80 % power at the claim's level, at the seed-to-seed "
+            "spread of the finished runs under --from (pooled within their groups); with "
+            "--effect, the power at that difference and the runs per arm for 80 %. For "
+            "protocol.md's \"what the design can see\" (docs/guides/protocols.md)."
+        ),
+    ))  # fmt: skip
     return parser
+
+
+def _add_power(power: argparse.ArgumentParser) -> None:
+    power.add_argument("protocol", type=Path, metavar="PROTOCOL.yaml")
+    power.add_argument(
+        "--from",
+        dest="prior",
+        type=Path,
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="runs made earlier, as `tepo report` reads them (a sweep, a pilot, another "
+        "experiment's published runs); repeat to pool several",
+    )
+    power.add_argument(
+        "--effect",
+        action="append",
+        default=[],
+        metavar="CLAIM=VALUE",
+        help="a difference treatment − control on the claim's metric (in its direction): the "
+        "power at it and the runs per arm that reach 80 %%; repeat for several claims",
+    )
+    power.add_argument(
+        "--markdown", action="store_true", help="print a Markdown table (for protocol.md)"
+    )
+
+
+def parse_power(argv: list[str]) -> argparse.Namespace:
+    """`tepo protocol power`'s command line (the words after `power`)."""
+    return parser().parse_args(["power", *argv])
 
 
 def parse(argv: list[str]) -> Options:

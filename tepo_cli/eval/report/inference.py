@@ -63,15 +63,30 @@ def t_result(
 def detectable(result: Inference, alpha: float, direction: str, power: float = 0.8) -> float | None:
     """The smallest true difference (its size, in the claim's direction) the design detects with
     probability `power` at level `alpha` (split over the two sides of a two-sided claim), at the
-    spread the runs showed: (t_{1−α, df} + t_{power, df}) · se, the usual shift approximation of
-    the non-central t (its true power there is 77–80 % at 3–10 seeds, simulated in
-    tests/test_report_statistics.py). What a "not supported" can rule out: a true effect this
-    large would have been found about four times in five. None for a test without a t statistic
-    (log-rank, McNemar)."""
+    spread the runs showed (`detectable_at` at the test's se and df). What a "not supported" can
+    rule out: a true effect this large would have been found about four times in five. None for a
+    test without a t statistic (log-rank, McNemar)."""
     if result.se is None or result.df is None:
         return None
-    side = alpha / 2.0 if direction == "two-sided" else alpha
-    return (t_ppf(1.0 - side, result.df) + t_ppf(power, result.df)) * result.se
+    return detectable_at(result.se, result.df, alpha, direction, power)
+
+
+def detectable_at(se: float, df: float, alpha: float, direction: str, power: float = 0.8) -> float:
+    """(t_{1−α, df} + t_{power, df}) · se, the usual shift approximation of the non-central t (its
+    true power there is 77–80 % at 3–10 seeds, simulated in tests/test_report_statistics.py)."""
+    return (t_ppf(1.0 - _side(alpha, direction), df) + t_ppf(power, df)) * se
+
+
+def power_at(effect: float, se: float, df: float, alpha: float, direction: str) -> float:
+    """The probability of finding `effect` (treatment − control, in the claim's direction) in
+    that direction, by the same approximation: 1 − T_df(t_{1−α, df} − |effect| / se), so at
+    `detectable_at`'s difference it is `power` exactly."""
+    critical = t_ppf(1.0 - _side(alpha, direction), df)
+    return 1.0 - t_cdf(critical - abs(effect) / se, df)
+
+
+def _side(alpha: float, direction: str) -> float:
+    return alpha / 2.0 if direction == "two-sided" else alpha
 
 
 def welch(
