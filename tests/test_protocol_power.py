@@ -5,8 +5,9 @@ sweep (two arms × seeds 10, 11, 12), t quantiles from mpmath.
 - eval_auc: tepo .45 .47 .49 (variance .0004), grpo .30 .31 .32 (.0001): pooled over the two
   groups √((2·.0004 + 2·.0001) / 4) = √.00025; at 3 runs an arm se = √.00025 · √(2/3), df 4,
   level .05 / 2 primaries (Holm's first step, one-sided).
-- train_accuracy_mean (paired): tepo .5 .6 .7 (variance .01), grpo .4 .4 .4 (0): pooled √.005;
-  se = √.005 · √(2/3), df 2 (seed pairs − 1), level .05 (a secondary, uncorrected).
+- train_accuracy_mean (paired): tepo .5 .6 .7, grpo .4 .4 .4 at seeds 10, 11, 12: seed
+  differences .1 .2 .3, their SD .1; se = .1 / √3, df 2 (seed pairs − 1), level .05 (a
+  secondary, uncorrected).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from test_report_protocol import SEEDS, _mp_t_ppf, protocol, write_run
 
 from tepo_cli.cli import main as tepo
 from tepo_cli.eval.report.design_power import (
+    Spread,
     columns,
     design_power,
     design_se,
+    paired_sd,
     pooled_sd,
     prior_runs,
     seeds_for,
@@ -56,25 +59,39 @@ def test_the_pooled_spread_is_within_groups_and_skips_a_group_of_one():
     assert pooled_sd([[1.0], [2.0]]).sd is None
 
 
+def test_the_paired_spread_is_of_the_differences_at_the_seeds_two_groups_share():
+    """differences −.5 −.4 −.7 (seed 4 only in the second group): around their mean −.5333,
+    squares .0011 + .0178 + .0278 = .046667 over 2 df."""
+    first, second = {1: 1.0, 2: 2.0, 3: 3.0}, {1: 1.5, 2: 2.4, 3: 3.7, 4: 9.0}
+    spread = paired_sd([first, second, {5: 0.0}])
+    assert spread.sd == pytest.approx(math.sqrt(0.046667 / 2), rel=1e-4)
+    assert (spread.groups, spread.runs, spread.of) == (1, 8, "seed differences")
+    assert paired_sd([first, {4: 1.0, 5: 2.0}]).sd is None  # no seed shared
+    se, df = design_se("paired", spread, 5)
+    assert (se, df) == (pytest.approx(spread.sd / math.sqrt(5)), 4)
+
+
 def test_at_the_detectable_difference_the_power_is_eighty_percent_and_so_are_the_seeds():
-    se, df = design_se("welch", 1.0, 5)
+    se, df = design_se("welch", Spread(1.0, 10, 2), 5)
     assert (se, df) == (pytest.approx(math.sqrt(0.4)), 8)
-    assert design_se("paired", 1.0, 5) == (pytest.approx(math.sqrt(0.4)), 4)
+    assert design_se("paired", Spread(1.0, 10, 2), 5) == (pytest.approx(math.sqrt(0.4)), 4)  # ρ 0
     smallest = detectable_at(se, df, 0.025, "greater")
+    unit = Spread(1.0, 10, 2)
     assert smallest == pytest.approx((_mp_t_ppf(0.975, 8) + _mp_t_ppf(0.8, 8)) * se, rel=1e-6)
     assert power_at(smallest, se, df, 0.025, "less") == pytest.approx(0.8, abs=1e-9)
     assert power_at(2 * smallest, se, df, 0.025, "greater") > 0.99
     assert power_at(0.0, se, df, 0.025, "greater") == pytest.approx(0.025, abs=1e-9)  # α
-    assert seeds_for(smallest * 1.001, 1.0, "welch", 0.025, "greater") == 5
-    assert seeds_for(smallest * 0.999, 1.0, "welch", 0.025, "greater") == 6
-    assert seeds_for(1e-4, 1.0, "welch", 0.025, "greater") is None  # beyond 1,000 runs an arm
+    assert seeds_for(smallest * 1.001, unit, "welch", 0.025, "greater") == 5
+    assert seeds_for(smallest * 0.999, unit, "welch", 0.025, "greater") == 6
+    assert seeds_for(1e-4, unit, "welch", 0.025, "greater") is None  # beyond 1,000 runs an arm
 
 
 @pytest.mark.parametrize("delta", [0.3, 0.5, 1.0, 1.7])
 def test_the_seeds_agree_with_the_tables_two_sided_sample_size(delta):
     """stats.seeds_for_power (tabled quantiles, n ≥ 2 (t₀.₉₇₅ + t₀.₈)² s² / δ²) against the
     search over power_at (computed quantiles) for the same two-sided 5 % two-sample test."""
-    assert seeds_for(delta, 1.0, "welch", 0.05, "two-sided") == seeds_for_power(delta, 1.0)
+    unit = Spread(1.0, 10, 2)
+    assert seeds_for(delta, unit, "welch", 0.05, "two-sided") == seeds_for_power(delta, 1.0)
 
 
 def test_each_claim_of_a_protocol_at_the_spread_of_a_prior_sweep(prior, tmp_path):
@@ -88,7 +105,8 @@ def test_each_claim_of_a_protocol_at_the_spread_of_a_prior_sweep(prior, tmp_path
     assert auc.detectable == pytest.approx((_mp_t_ppf(0.975, 4) + _mp_t_ppf(0.8, 4)) * se, 1e-6)
     accuracy = rows["train_accuracy"]
     assert (accuracy.kind, accuracy.alpha, accuracy.test) == ("secondary", 0.05, "paired")
-    se = math.sqrt(0.005) * math.sqrt(2 / 3)
+    assert accuracy.spread.of == "seed differences" and accuracy.spread.sd == pytest.approx(0.1)
+    se = 0.1 / math.sqrt(3)
     expected = (_mp_t_ppf(0.95, 2) + _mp_t_ppf(0.8, 2)) * se
     assert accuracy.detectable == pytest.approx(expected, rel=1e-6)
     for name in ("steps_to_045", "per_problem"):  # log-rank, McNemar: no run-level spread

@@ -11,10 +11,12 @@ The spread is the metric's standard deviation pooled within the prior runs' grou
 by their overrides, seeds being the repeats, as `tepo report` groups them; only finished runs),
 so a prior sweep of other objectives still measures the seed-to-seed spread and not the
 differences between its arms. A Welch claim's standard error at n runs an arm is s √(2 / n) with
-2n − 2 degrees of freedom; a paired claim's is that of the seed differences, s √(2 / n) with
-n − 1 [our reading: runs of one seed taken as uncorrelated across arms, ρ = 0; a pairing that
-correlates them makes the design more sensitive than this says]. Log-rank and McNemar claims
-have no run-level spread to scale: listed, not computed.
+2n − 2 degrees of freedom. A paired claim's is s_d / √n with n − 1, s_d the standard deviation of
+the differences between runs of one seed in two prior groups (around their mean difference,
+pooled over every two groups that share 2 or more seeds): what pairing removes is measured,
+not assumed. Where no two prior groups share seeds it is s √(2 / n) [our reading: runs of one
+seed taken as uncorrelated across arms, ρ = 0, which a pairing that correlates them beats].
+Log-rank and McNemar claims have no run-level spread to scale: listed, not computed.
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ NONE = "—"
 
 @dataclass(frozen=True)
 class Spread:
-    """A metric's seed-to-seed standard deviation, pooled within the prior groups."""
+    """A metric's seed-to-seed standard deviation, pooled within the prior groups, or (of="seed
+    differences") that of the differences between two groups' runs of one seed."""
 
-    sd: float | None  # None: no group had two finished runs with the metric
+    sd: float | None  # None: no group had two finished runs with the metric (no two seeds shared)
     runs: int  # prior finished runs with a value
-    groups: int  # groups of 2 or more such runs (the ones the SD pools)
+    groups: int  # groups of 2 or more such runs (or pairs of groups sharing 2 or more seeds)
+    of: str = "runs"  # runs | seed differences
 
 
 @dataclass(frozen=True)
@@ -82,17 +86,34 @@ def pooled_sd(groups: list[list[float]]) -> Spread:
     return Spread(math.sqrt(squares / df), runs, len(used))
 
 
-def design_se(test: str, sd: float, n: int) -> tuple[float, int]:
+def paired_sd(groups: list[dict[int, float]]) -> Spread:
+    """The spread of seed differences: for every two groups, the differences of their runs at
+    the seeds both have (2 or more), pooled around each pair's mean difference as pooled_sd
+    pools groups. None where no two groups share two seeds."""
+    differences = [
+        [first[seed] - second[seed] for seed in sorted(first.keys() & second.keys())]
+        for i, first in enumerate(groups)
+        for second in groups[i + 1 :]
+    ]
+    pooled = pooled_sd(differences)
+    runs = sum(len(values) for values in groups)
+    return Spread(pooled.sd, runs, pooled.groups, "seed differences")
+
+
+def design_se(test: str, spread: Spread, n: int) -> tuple[float, int]:
     """(standard error, degrees of freedom) of the claim's t statistic at n runs an arm."""
-    if test == "paired":
-        return sd * math.sqrt(2.0 / n), n - 1
-    return sd * math.sqrt(2.0 / n), 2 * n - 2
+    sd = spread.sd or 0.0
+    if test != "paired":
+        return sd * math.sqrt(2.0 / n), 2 * n - 2
+    if spread.of == "seed differences":
+        return sd / math.sqrt(n), n - 1
+    return sd * math.sqrt(2.0 / n), n - 1  # ρ = 0
 
 
-def seeds_for(effect: float, sd: float, test: str, alpha: float, direction: str) -> int | None:
+def seeds_for(effect: float, spread: Spread, test: str, alpha: float, direction: str) -> int | None:
     """The fewest runs per arm (2 or more) with 80 % power at `effect`; None beyond MOST_SEEDS."""
     for n in range(2, MOST_SEEDS + 1):
-        se, df = design_se(test, sd, n)
+        se, df = design_se(test, spread, n)
         if power_at(effect, se, df, alpha, direction) >= POWER:
             return n
     return None
@@ -108,19 +129,25 @@ def claim_power(
         return base
     of_run, params = RUN_METRICS[claim.metric].of_run, claim_params(claim)
     groups = [
-        [v for run in group.runs if (v := of_run(run, params)) is not None and math.isfinite(v)]
+        {int(run.seed): v for run in group.runs if _finite(v := of_run(run, params))}
         for group in group_runs(runs)[1]
     ]
-    spread = pooled_sd(groups)
+    spread = pooled_sd([list(values.values()) for values in groups])
+    if test == "paired" and (differences := paired_sd(groups)).sd:
+        spread = differences
     if not spread.sd:  # no group of two, or every run the same: nothing to scale
         return replace(base, spread=spread)
-    se, df = design_se(test, spread.sd, n)
+    se, df = design_se(test, spread, n)
     detectable = detectable_at(se, df, alpha, direction)
     if effect is None:
         return replace(base, spread=spread, detectable=detectable)
     power = power_at(effect, se, df, alpha, direction)
-    seeds = seeds_for(effect, spread.sd, test, alpha, direction)
+    seeds = seeds_for(effect, spread, test, alpha, direction)
     return replace(base, spread=spread, detectable=detectable, power=power, seeds=seeds)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def design_power(protocol: Any, runs: list[Run], effects: dict[str, float]) -> list[ClaimPower]:
@@ -196,6 +223,9 @@ def _spread(row: ClaimPower) -> str:
         return f"not computed ({row.test})"
     if row.spread.sd is None:
         return f"none ({row.spread.runs} runs, no group of 2)"
+    if row.spread.of == "seed differences":
+        pairs = row.spread.groups
+        return f"{row.spread.sd:.3f} (seed differences, {pairs} pair{'s' * (pairs != 1)} of groups)"
     return f"{row.spread.sd:.3f} ({row.spread.runs} runs, {row.spread.groups} groups)"
 
 
@@ -234,8 +264,9 @@ LEGEND = (
     "(uncorrected). prior spread: the metric's standard deviation between seeds, pooled within "
     "the groups of finished runs under --from. detectable at 80 %: the smallest true difference "
     "the protocol's runs would find four times in five at that spread (the report's "
-    "'detectable'); a smaller one may well be missed. A paired claim is sized as if the arms' "
-    "runs of one seed were uncorrelated. The spread is itself an estimate from the runs it "
+    "'detectable'); a smaller one may well be missed. A paired claim is sized at the spread of "
+    "the differences between prior groups' runs of one seed where they share seeds, else as if "
+    "the arms' runs of one seed were uncorrelated. The spread is itself an estimate from the runs it "
     "names: with few, these figures are rough."
 )
 
