@@ -129,11 +129,11 @@ def claim_power(
         return base
     of_run, params = RUN_METRICS[claim.metric].of_run, claim_params(claim)
     groups = [
-        {int(run.seed): v for run in group.runs if _finite(v := of_run(run, params))}
+        [(int(run.seed), v) for run in group.runs if _finite(v := of_run(run, params))]
         for group in group_runs(runs)[1]
     ]
-    spread = pooled_sd([list(values.values()) for values in groups])
-    if test == "paired" and (differences := paired_sd(groups)).sd:
+    spread = pooled_sd([[value for _, value in group] for group in groups])
+    if test == "paired" and (differences := paired_sd([dict(group) for group in groups])).sd:
         spread = differences
     if not spread.sd:  # no group of two, or every run the same: nothing to scale
         return replace(base, spread=spread)
