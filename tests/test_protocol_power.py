@@ -13,6 +13,8 @@ sweep (two arms × seeds 10, 11, 12), t quantiles from mpmath.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,27 @@ def test_the_guides_example_is_what_the_command_says_at_the_published_runs():
     lines = markdown_table(shown, rows).splitlines()
     quoted = [line for line in lines[2:] if line in guide]
     assert len(quoted) == 3, "\n".join(lines)  # the two primaries and the first secondary
+
+
+@pytest.mark.parametrize("command", ["power", "report", "status"])
+def test_the_protocol_commands_load_neither_torch_nor_transformers(tmp_path, command):
+    """Reading runs and protocols needs no model: `tepo protocol power`, `tepo report --protocol`
+    and `tepo protocol run --status` answer in well under a second without torch (about 2.5 s
+    of imports otherwise, core/machine.py)."""
+    runs = tmp_path / "runs"
+    for seed in SEEDS:
+        for arm in ("grpo", "tepo"):
+            write_run(runs, arm, seed)
+    path = protocol(tmp_path / "p.yaml")
+    args = {
+        "power": ["protocol", "power", str(path), "--from", str(runs)],
+        "report": ["report", str(runs), "--protocol", str(path), "--out", str(tmp_path / "out")],
+        "status": ["protocol", "run", str(path), "--status", "--results-dir", str(runs)],
+    }[command]
+    line = [sys.executable, "-X", "importtime", "-m", "tepo_cli", *args]
+    result = subprocess.run(line, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lines}
+    assert "tepo_cli.protocol.spec" in imported  # the record is the command's own
+    assert not imported & {"torch", "transformers", "deepspeed"}

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def cpu_model() -> str:
@@ -32,6 +33,8 @@ def cpu_model() -> str:
 
 def bf16_instructions() -> list[str]:
     """The processor's bf16 matrix instructions torch can use (empty: none)."""
+    import torch  # here, not above: `tepo report` and the protocol's journal ask only cpu_model
+
     found = []
     if torch.cpu._is_amx_tile_supported():
         found.append("AMX")
@@ -43,6 +46,8 @@ def bf16_instructions() -> list[str]:
 def describe(device: torch.device) -> dict[str, Any]:
     """The machine one rank computes on: processor, its cores, bf16 instructions, the accelerator
     (None on CPU ranks) and torch's version."""
+    import torch
+
     accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {
         "cpu": cpu_model(),
