@@ -82,7 +82,7 @@ def pooled_sd(groups: list[list[float]]) -> Spread:
     runs = sum(len(values) for values in groups)
     if df == 0:
         return Spread(None, runs, 0)
-    squares = sum(sum((x - statistics.fmean(values)) ** 2 for x in values) for values in used)
+    squares = sum(statistics.variance(values) * (len(values) - 1) for values in used)
     return Spread(math.sqrt(squares / df), runs, len(used))
 
 
