@@ -88,3 +88,40 @@ def test_the_policy_carries_the_modules_under_their_keys(tiny_model, tiny_tokeni
     mtp_logp = policy(batch, make=("mtp_logp",))["mtp_logp"]
     assert mtp_logp.shape == (*batch.completion_mask.shape, 3)
     assert torch.isfinite(mtp_logp).all() and (mtp_logp <= 0).all()
+
+
+def test_modules_worse_than_a_uniform_guess_are_found_by_depth() -> None:
+    from tepo_cli.mtp.prediction_loss import worse_than_uniform
+
+    vocab = 49_152  # ln V = 10.80
+    record = {"step": 1, "mtp_nll_d2": 17.5, "mtp_nll_d3": 10.8, "mtp_nll_d4": 10.81,
+              "mtp_nll_d5": float("nan"), "mtp_exact_nll_d2": 30.0}  # fmt: skip
+    assert worse_than_uniform(record, vocab) == {2: 17.5, 4: 10.81}
+    assert worse_than_uniform({"step": 1, "mtp_nll_d2": 2.6}, vocab) == {}
+    assert worse_than_uniform({"step": 1, "mtp_nll_d2": 2.6}, 2) == {2: 2.6}  # ln 2 = 0.69
+
+
+def test_the_run_says_once_when_the_modules_predict_worse_than_a_uniform_guess(
+    compose_config,
+) -> None:
+    """Measured on word_math (docs/results/mtp_warmup/): modules warmed up on its reference
+    solutions gave the policy's own tokens 17.5 nats at RL step 1, where ln V is 10.8."""
+    hook = MtpHook.of(load_train_config(compose_config("train", ["recipe=word_math", "algo=mpo"])))
+    assert hook is not None
+    hook.settle()
+    fine = {"step": 1, "mtp_nll_d2": 2.6, "mtp_exact_nll_d2": 0.4}
+    assert hook.step_note(fine, 49_152) is None
+    bad = {"step": 2, "mtp_nll_d2": 17.5, "mtp_nll_d3": 9.0, "mtp_exact_nll_d2": 0.3}
+    line = hook.step_note(bad, 49_152)
+    assert line is not None
+    assert line.startswith("tepo train: step 2: MPO's MTP modules predicted the policy's own")
+    assert "uniform guess over its 49,152 tokens" in line and "ln V = 10.8: d2 17.5;" in line
+    assert "the backbone's own: 0.3)" in line and "d3" not in line
+    assert "for 30 steps on the benchmark's reference solutions" in line  # auto: min(30, 640 // 16)
+    assert "algo.mtp.warmup.data=samples" in line and "algo.future=exact" in line
+    assert hook.step_note(bad, 49_152) is None  # once
+    tiny = MtpHook.of(load_train_config(compose_config("train", ["algo=mpo", "model=tiny"])))
+    assert tiny is not None
+    tiny.settle()
+    said = tiny.step_note(bad, 49_152)
+    assert said is not None and "were not warmed up (algo.mtp.warmup.steps=0)" in said

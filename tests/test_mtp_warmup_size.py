@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tepo_cli.config.validate import load_train_config
+from tepo_cli.mtp.prediction_loss import worse_than_uniform
 from tepo_cli.mtp.warmup_size import (
     AUTO_MOST,
     random_backbone,
@@ -74,7 +75,13 @@ def test_the_choice_is_settled_into_the_config_and_said(compose_config):
 
 @pytest.mark.slow
 def test_a_two_step_tiny_mpo_run_skips_the_warmup_and_says_so(tmp_path: Path):
+    """... and says so once when its modules predict worse than a uniform guess: at lr 0.1 the
+    first update throws the random modules far off the policy's tokens (a parity reward gives
+    the groups mixed rewards, so the update runs)."""
     run_dir = tmp_path / "run"
+    (tmp_path / "parity.py").write_text(
+        "def score(completion, problem):\n    return len(completion) % 2 == 0\n"
+    )
     result = subprocess.run(
         [
             sys.executable,
@@ -88,6 +95,11 @@ def test_a_two_step_tiny_mpo_run_skips_the_warmup_and_says_so(tmp_path: Path):
             "trainer.eval_after=false",
             "trainer.progress=false",
             "trainer.save_final=false",
+            "reward=custom",
+            f"reward.path={tmp_path / 'parity.py'}",
+            "rollout.temperature=0.1",
+            "trainer.lr=0.1",
+            "trainer.warmup_steps=0",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=tmp_path,
@@ -106,3 +118,8 @@ def test_a_two_step_tiny_mpo_run_skips_the_warmup_and_says_so(tmp_path: Path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["mtp_warmup_steps"] == 0
     assert summary["mtp_parameters"] > 0  # the modules are there all the same
+    steps = [r for r in records if "step" in r]
+    assert not worse_than_uniform(steps[0], 49_152) and worse_than_uniform(steps[1], 49_152)
+    said = [line for line in result.stderr.splitlines() if "MTP modules predicted" in line]
+    assert len(said) == 1 and said[0].startswith("tepo train: step 2: MPO's MTP modules")
+    assert "were not warmed up (algo.mtp.warmup.steps=0)" in said[0]

@@ -8,6 +8,7 @@ modules (torch, the stack) only when called."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from tepo_cli.config.schema import TrainConfig
@@ -28,6 +29,7 @@ class MtpHook:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
+        self.noted = False  # step_note has said its line in this process
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> MtpHook | None:
@@ -81,3 +83,46 @@ class MtpHook:
                 log.before_training(record, console_line(record))
 
         return warm_up(self.cfg, policy, tokenizer, stream, emit, hooks, sampling)
+
+    def step_note(self, record: dict[str, Any], vocab: int) -> str | None:
+        """The line, once a process, for the first step whose modules predicted the policy's own
+        tokens worse than a uniform guess over its `vocab` tokens at some depth (their log-ratios,
+        MPO's future terms, are then noise); None otherwise."""
+        from tepo_cli.mtp.prediction_loss import worse_than_uniform
+
+        over = {} if self.noted else worse_than_uniform(record, vocab)
+        if not over:
+            return None
+        self.noted = True
+        return _worse_than_uniform_line(self.cfg, record, over, vocab)
+
+
+def _worse_than_uniform_line(
+    cfg: TrainConfig, record: dict[str, Any], over: dict[int, float], vocab: int
+) -> str:
+    """What step_note says: the numbers, what they mean for the objective, where the modules'
+    warm-up came from and the knobs that change it."""
+    from tepo_cli.mtp.warmup import warmup_source
+
+    depths = ", ".join(f"d{depth} {nll:.1f}" for depth, nll in sorted(over.items()))
+    exact = record.get("mtp_exact_nll_d2")
+    backbone = f"; the backbone's own: {exact:.1f}" if isinstance(exact, float) else ""
+    steps = cfg.algo.mtp.warmup.steps
+    if steps == 0:
+        warmed = "were not warmed up (algo.mtp.warmup.steps=0)"
+    elif warmup_source(cfg) == "solutions":
+        warmed = (
+            f"were warmed up for {steps} steps on the benchmark's reference solutions, which "
+            "need not be how the policy writes: algo.mtp.warmup.data=samples warms them up on its "
+            "own answers (generated with hf, slower)"
+        )
+    else:
+        warmed = f"were warmed up for {steps} steps on the policy's own answers"
+    return (
+        f"tepo train: step {record['step']}: MPO's MTP modules predicted the policy's own tokens "
+        f"worse than a uniform guess over its {vocab:,} tokens (negative log-likelihood in nats, "
+        f"ln V = {math.log(vocab):.1f}: {depths}{backbone}), so the windows' future terms are "
+        f"noise rather than the tokens' log-ratios (docs/objectives.md §1.5). The modules "
+        f"{warmed}; algo.future=exact reads the backbone's own conditionals instead. Said once; "
+        "metrics.jsonl has mtp_nll_dN each step."
+    )

@@ -10,6 +10,10 @@ contiguous run from column 0, as the rollout makes them).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -71,3 +75,16 @@ def mtp_metrics(mtp_logp: Tensor, logp: Tensor, mask: Tensor) -> dict[str, float
         metrics[f"mtp_nll_d{offset + 1}"] = float(-mtp_logp[..., offset - 1][here].sum() / count)
         metrics[f"mtp_exact_nll_d{offset + 1}"] = float(-exact[here].sum() / count)
     return metrics
+
+
+def worse_than_uniform(record: Mapping[str, Any], vocab: int) -> dict[int, float]:
+    """{depth n: `mtp_nll_d{n}`} for the depths of a step's record whose modules gave the
+    policy's own tokens a mean negative log-likelihood above ln V, a uniform guess's over the V
+    tokens: confidently wrong, their log-ratios are noise rather than the tokens'."""
+    bound = math.log(vocab)
+    prefix = "mtp_nll_d"
+    return {
+        int(key[len(prefix) :]): float(value)
+        for key, value in record.items()
+        if key.startswith(prefix) and isinstance(value, int | float) and value > bound
+    }

@@ -38,6 +38,7 @@ from tepo_cli.runtime.state import RankState, TrainerState
 from tepo_cli.runtime.stop import TIME_UP, StopSignals
 from tepo_cli.runtime.time_limit import TimeLimit
 from tepo_cli.trackers import Trackers
+from tepo_cli.train.feature import Feature
 from tepo_cli.train.held_out import held_out_accuracy
 from tepo_cli.train.prompt_streams import Prompts
 
@@ -81,6 +82,7 @@ class Run:
     trackers: Trackers = field(default_factory=Trackers)  # logger=[...]; empty off rank 0
     signals: StopSignals = field(default_factory=StopSignals)
     hooks: RunHooks = field(default_factory=RunHooks)  # faults (TEPO_FAULT) in the kill tests
+    feature: Feature | None = None  # the objective's own machinery (train/feature.py), or none
     time_limit: TimeLimit = field(init=False)  # trainer.time_limit_minutes
 
     def __post_init__(self) -> None:
@@ -154,12 +156,22 @@ class Run:
         self.time_limit.step_took(record["step_seconds"], record.get("rollout_seconds", 0.0))
         if self.log is not None:
             self.log.step(record, samples)
+            note = self._feature_note(record)
+            if note is not None:
+                self.log.info(note)
         self.trackers.log_step(record)
         state.summary.update(steps=record["step"], final_reward_mean=record["reward_mean"])
         skipped = record["skipped_optimizer_steps"]
         state.bad_steps_in_row = state.bad_steps_in_row + 1 if skipped else 0
         if state.bad_steps_in_row >= self.cfg.trainer.max_bad_steps:
             raise RunError(finish.too_many_bad_steps(self.cfg, record["step"], self.run_dir))
+
+    def _feature_note(self, record: dict[str, Any]) -> str | None:
+        """What the run's feature says of a step's record (MPO's modules predicting worse than
+        a uniform guess), or None."""
+        if self.feature is None:
+            return None
+        return self.feature.step_note(record, int(self.models.policy.lm.config.vocab_size))
 
     def checkpoint(self, step: int) -> None:
         """A checkpoint every `trainer.save_every` steps, and after a stop signal or before the

@@ -110,7 +110,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
         state,
         log,
     )
-    run.hooks = hooks  # built by train/train_job.py: the kill tests' TEPO_FAULT points, or none
+    run.hooks, run.feature = hooks, feature  # hooks: the kill tests' TEPO_FAULT points, or none
     run.trackers = start_trackers(cfg, run_dir, topo, state)
     return run
 
