@@ -10,7 +10,10 @@ word_math problems with their worked solutions, for a few steps at lr 1e-5, thre
 
 Each step prints the loss the model computes and its KL from the starting model on other
 problems (float32 arithmetic over the weights it computes with), and the share of weights whose
-bf16 value changed. Results: docs/results/precision/index.md.
+bf16 value changed. Then the seconds of one stochastic rounding of the model's parameter count,
+tepo's (numpy's PCG64DXSM bits, the high half kept) against the former one (torch.randint's
+32-bit draw per element, masked, converted to bf16), alternated, best of `--repeats` each: read
+the ratio. Results: docs/results/precision/index.md.
 
     python scripts/bench_weight_rounding.py --steps 6 --out docs/results/precision/weight_rounding
     python scripts/bench_weight_rounding.py --model tiny --steps 1 --out /tmp/wr   # smoke
@@ -73,7 +76,6 @@ def run(mode: str, base: torch.nn.Module, train: dict, held: dict, steps: int) -
     advantages = torch.tensor([1.0, -1.0] * 8)  # group-centred: large terms cancel
     with torch.no_grad():
         start, mask = token_logps(base, held)
-    generator = torch.Generator().manual_seed(0)
     rows = []
     for step in range(steps + 1):
         with torch.no_grad():
@@ -95,9 +97,9 @@ def run(mode: str, base: torch.nn.Module, train: dict, held: dict, steps: int) -
         before = [p.detach().clone() for p in model.parameters()]
         optimizer.step()
         with torch.no_grad():
-            for master, param in zip(masters, model.parameters(), strict=True):
+            for index, (master, param) in enumerate(zip(masters, model.parameters(), strict=True)):
                 if mode == "stochastic":
-                    round_stochastically(master.detach(), param.data, generator)
+                    round_stochastically(master.detach(), param.data, step * 1000 + index)
                 elif mode == "nearest":
                     param.copy_(master)
         changed = sum(int((b != p).sum()) for b, p in zip(before, model.parameters(), strict=True))
@@ -107,12 +109,42 @@ def run(mode: str, base: torch.nn.Module, train: dict, held: dict, steps: int) -
     return rows
 
 
+def torch_randint_rounding(master: torch.Tensor, out: torch.Tensor, seed: int) -> None:
+    """The former path (tepo before 2026-12-02), the reference for the timing: the same rounding
+    from torch.randint's draws, masked, the float32 result converted to bf16."""
+    generator = torch.Generator().manual_seed(seed)
+    flat_master, flat_out, chunk = master.reshape(-1), out.view(-1), 1 << 22
+    for start in range(0, flat_master.numel(), chunk):
+        bits = flat_master[start : start + chunk].view(torch.int32)
+        noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, generator=generator)
+        flat_out[start : start + chunk].copy_(
+            (bits + noise).bitwise_and_(-(1 << 16)).view(torch.float32)
+        )
+
+
+def rounding_seconds(count: int, repeats: int) -> dict[str, float]:
+    """Best seconds of one rounding of `count` float32 masters, each way, alternated."""
+    import time
+
+    master = torch.randn(count, generator=torch.Generator().manual_seed(0)) * 0.03
+    out = torch.empty(count, dtype=torch.bfloat16)
+    ways = {"tepo": round_stochastically, "torch_randint": torch_randint_rounding}
+    best = dict.fromkeys(ways, float("inf"))
+    for repeat in range(repeats):
+        for name, way in ways.items():
+            began = time.perf_counter()
+            way(master, out, repeat)
+            best[name] = min(best[name], time.perf_counter() - began)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["smollm2_135m", "tiny"], default="smollm2_135m")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="timing: roundings each way")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base, tokenizer = load(args.model)
@@ -131,6 +163,15 @@ def main() -> None:
         row = last[mode]
         share = row["kl_from_start"] / reference if reference else float("nan")
         lines.append(f"| {mode} | {row['loss']:+.4f} | {row['kl_from_start']:.5f} | {share:.2f} |")
+    count = sum(p.numel() for p in base.parameters())
+    seconds = rounding_seconds(count, args.repeats)
+    lines += [
+        "",
+        f"| one rounding of {count:,} weights | seconds (best of {args.repeats}) |",
+        "|---|---|",
+        *(f"| {name} | {value:.3f} |" for name, value in seconds.items()),
+        f"| tepo / torch_randint | {seconds['tepo'] / seconds['torch_randint']:.2f} |",
+    ]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -239,7 +239,8 @@ def test_bench_weight_rounding_smoke(tmp_path):
     ]
     assert all(finite(row["loss"]) and row["kl_from_start"] >= 0 for row in rows)
     assert rows[0]["kl_from_start"] == 0.0  # float32 at step 0 is the starting model
-    assert "| stochastic |" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "| stochastic |" in table and "| tepo / torch_randint |" in table
 
 
 def test_bench_lora_smoke(tmp_path):

@@ -36,7 +36,7 @@ def test_each_draw_is_a_neighbour_and_the_mean_is_the_master():
     master[:4] = torch.tensor([1.0, -0.5, 0.0, 3.0e-3])  # exact in bf16 for the first three
     draws = 20_000
     out = torch.empty(draws, 64, dtype=torch.bfloat16)
-    round_stochastically(master.expand(draws, 64).contiguous(), out, generator)
+    round_stochastically(master.expand(draws, 64).contiguous(), out, seed=3)
     lower, upper = _neighbours(master)
     got = out.float()
     assert bool(((got == lower) | (got == upper)).all())
@@ -52,11 +52,11 @@ def test_each_draw_is_a_neighbour_and_the_mean_is_the_master():
 def test_inf_nan_and_chunks():
     master = torch.tensor([float("inf"), float("-inf"), float("nan"), 1.0 + 2.0**-10])
     out = torch.empty(4, dtype=torch.bfloat16)
-    round_stochastically(master, out, torch.Generator().manual_seed(1))
+    round_stochastically(master, out, seed=1)
     assert out[0] == float("inf") and out[1] == float("-inf") and bool(out[2].isnan())
     big = torch.full((5_000_000,), 1.0 + 2.0**-9)  # halfway: more than one chunk
     rounded = torch.empty(big.shape, dtype=torch.bfloat16)
-    round_stochastically(big, rounded, torch.Generator().manual_seed(2))
+    round_stochastically(big, rounded, seed=2)
     assert abs(float(rounded.float().mean()) - (1.0 + 2.0**-9)) < 1e-5
 
 
@@ -124,3 +124,24 @@ def bf16_args(tmp: Path, run_dir: Path) -> list[str]:
 def test_a_bf16_run_killed_then_resumed_rounds_as_the_uninterrupted_one(tmp_path, tmp_path_factory):
     _, resumed = killed_resumed_as_uninterrupted(tmp_path, tmp_path_factory, bf16_args, "update:3")
     assert "weights rounded stochastically" in resumed.stderr
+
+
+def test_the_rounding_is_the_high_half_of_the_pattern_plus_the_seeds_draws(monkeypatch):
+    """Bit for bit against numpy: the bf16 pattern is the high 16 bits of the float32 pattern
+    plus 16 bits of PCG64DXSM(seed)'s draws in element order (four per 64-bit draw), across
+    chunks (eight of 4 here, the last a partial one) as in one piece."""
+    import numpy as np
+
+    from tepo_cli.runtime import weight_rounding
+
+    master = torch.randn(29, generator=torch.Generator().manual_seed(5)) * 0.05
+    master[:3] = torch.tensor([float("inf"), -3.0e38, -0.0])
+    bits = master.numpy().view(np.int32).astype(np.int64)
+    noise = np.random.PCG64DXSM(11).random_raw(8).view(np.uint16)[:29].astype(np.int64)
+    expected = (((bits + noise) & 0xFFFFFFFF) >> 16).astype(np.uint16).view(np.int16)
+    for chunk in (1 << 22, 4):
+        monkeypatch.setattr(weight_rounding, "CHUNK", chunk)
+        out = torch.empty(29, dtype=torch.bfloat16)
+        round_stochastically(master, out, seed=11)
+        assert np.array_equal(out.view(torch.int16).numpy(), expected)
+    assert float(out[0]) == float("inf") and float(out[2]) == 0.0

@@ -17,29 +17,39 @@ exactly as the uninterrupted one would. `model.weight_rounding=nearest` keeps De
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import numpy as np
 import torch
 
-CHUNK = 1 << 22  # elements rounded at a time: bounds the int32 temporaries to 16 MiB each
-_LOW_BITS = 1 << 16  # the float32 bits below bf16's mantissa
+CHUNK = 1 << 22  # elements rounded at a time: bounds the int32 noise buffer to 16 MiB
+_HIGH_HALF = 1 if sys.byteorder == "little" else 0  # the int16 half of a float32 bf16 keeps
 
 
-def round_stochastically(
-    master: torch.Tensor, out: torch.Tensor, generator: torch.Generator
-) -> None:
+def round_stochastically(master: torch.Tensor, out: torch.Tensor, seed: int) -> None:
     """`out` (bf16) = `master` (float32) rounded to one of its two bf16 neighbours, the upper
-    with probability (master - lower) / (upper - lower): adding 16 uniform random low bits to the
-    float32 pattern and cutting them off. Sign-magnitude floats make this round the magnitude,
-    so it is unbiased for either sign; inf stays inf and NaN stays NaN."""
-    flat_master, flat_out = master.reshape(-1), out.view(-1)
+    with probability (master - lower) / (upper - lower): 16 uniform random bits added to the low
+    half of the float32 pattern, whose high half is then the bf16 value. Sign-magnitude floats
+    make this round the magnitude, so it is unbiased for either sign; inf stays inf and NaN NaN.
+
+    The bits come from numpy's PCG64DXSM seeded by `seed`, four elements per 64-bit draw, in
+    element order: on a 2-core CPU torch.randint's one 32-bit Mersenne-twister draw per element
+    and the masking and float-to-bf16 passes took twice as long
+    (scripts/bench_weight_rounding.py)."""
+    flat_master = master.reshape(-1).view(torch.int32)
+    flat_out = out.view(-1).view(torch.int16)
+    draws = np.random.PCG64DXSM(seed)
+    noise_buffer = torch.empty(
+        min(CHUNK, flat_master.numel()), dtype=torch.int32, device=out.device
+    )
     for start in range(0, flat_master.numel(), CHUNK):
-        bits = flat_master[start : start + CHUNK].view(torch.int32)
-        noise = torch.randint(
-            0, _LOW_BITS, bits.shape, dtype=torch.int32, device=bits.device, generator=generator
-        )
-        rounded = (bits + noise).bitwise_and_(-_LOW_BITS).view(torch.float32)
-        flat_out[start : start + CHUNK].copy_(rounded)
+        pattern = flat_master[start : start + CHUNK]
+        count = pattern.numel()
+        bits = draws.random_raw(-(-count // 4)).view(np.uint16)[:count]
+        noise = noise_buffer[:count]
+        noise.copy_(torch.from_numpy(bits)).add_(pattern)
+        flat_out[start : start + count].copy_(noise.view(torch.int16)[_HIGH_HALF::2])
 
 
 def _pairs(optimizer: Any) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any] | None:
@@ -98,9 +108,8 @@ def round_weights(engine: Any, seed: int) -> None:
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     for index, (low, high) in enumerate(pairs):
-        generator = torch.Generator(device=high.device)
-        generator.manual_seed(_draw_seed(seed, int(engine.global_steps), rank, index))
-        round_stochastically(high.data, low.data, generator)
+        draw = _draw_seed(seed, int(engine.global_steps), rank, index)
+        round_stochastically(high.data, low.data, draw)
     if gather is not None:
         gather()
 
