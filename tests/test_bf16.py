@@ -205,6 +205,7 @@ def test_bf16_mtp_warmup_steps_float32_masters(compose_config, tiny_model, tiny_
     several small updates move them."""
     from tepo_cli.benchmarks import build_task
     from tepo_cli.mtp.warmup import warm_up, warmup_stream_seed
+    from tepo_cli.rollout import build_backend
     from tepo_cli.train.sampling import training_sampling
     from tepo_cli.train.setup import build_policy
 
@@ -231,7 +232,10 @@ def test_bf16_mtp_warmup_steps_float32_masters(compose_config, tiny_model, tiny_
     assert all(torch.equal(w, torch.ones_like(w)) for w in norms)
     stream = build_task(cfg.benchmark).train_stream(warmup_stream_seed(cfg.seed))
     sampling = training_sampling(cfg)
-    warm_up(cfg, policy, tiny_tokenizer, stream, lambda record: None, RunHooks(), sampling)
+    def backend():
+        return build_backend(cfg.rollout, policy.lm, tiny_tokenizer, True, torch.device("cpu"))
+
+    warm_up(cfg, policy, tiny_tokenizer, stream, lambda record: None, RunHooks(), sampling, backend)
     assert all(p.dtype == torch.bfloat16 for p in policy.mtp.parameters())
     moved = sum(int((w != 1.0).sum()) for w in norms)
     assert moved > 0

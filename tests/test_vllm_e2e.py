@@ -189,3 +189,45 @@ def test_without_vllm_rollout_vllm_is_refused_before_any_model_loads(tmp_path):
         assert "rollout=vllm" in message[0]
         written = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
         assert not written & {"config.yaml", "metrics.jsonl", "samples.jsonl", "status.json"}
+
+
+# A plugin that counts the prompts of each vllm.LLM.generate call, in call order.
+GENERATE_COUNTER = """
+import json, os
+import vllm
+
+_generate = vllm.LLM.generate
+
+
+def counted(self, prompts, *args, **kwargs):
+    with open(os.path.join(os.environ["TEPO_TEST_RECORD_DIR"], "calls.jsonl"), "a") as out:
+        out.write(json.dumps(len(prompts)) + "\\n")
+    return _generate(self, prompts, *args, **kwargs)
+
+
+vllm.LLM.generate = counted
+"""
+
+
+@needs_vllm
+def test_mpo_warmup_samples_the_policys_answers_with_the_vllm_engine(tmp_path):
+    """`algo.mtp.warmup.data=samples` under rollout=vllm: the warm-up's 3 batches (steps 0–2,
+    2 prompts × 2 answers each) come from the run's engine, after its own one-prompt start-up
+    request and before the RL step's prompts."""
+    run_dir, record_dir = tmp_path / "run", tmp_path / "records"
+    record_dir.mkdir()
+    (tmp_path / "generate_counter.py").write_text(GENERATE_COUNTER)
+    args = [*train_args(tmp_path, run_dir), "trainer.max_steps=1", "algo=mpo", "k=2"]
+    args += ["algo.mtp.warmup.data=samples", "algo.mtp.warmup.steps=2"]
+    args += ["algo.mtp.warmup.batch_size=4", "rollout.n=2", "trainer.prompts_per_step=3"]
+    args += [f"plugins=[{tmp_path / 'generate_counter.py'}]", "trainer.eval_before=false"]
+    args += ["trainer.eval_after=false"]
+    env = dict(os.environ, TEPO_TEST_RECORD_DIR=str(record_dir))
+    result = tepo("train", *args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    calls = records(record_dir, "calls.jsonl")
+    assert calls == [1, 2, 2, 2, 3]
+    warmup = [m["mtp_warmup_step"] for m in records(run_dir) if "mtp_warmup_step" in m]
+    assert warmup == [0, 2]  # its records: the first and the last batch
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["mtp_warmup_source"] == "samples" and summary["mtp_warmup_steps"] == 2

@@ -9,6 +9,7 @@ modules (torch, the stack) only when called."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tepo_cli.config.schema import TrainConfig
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from tepo_cli.models.policy import Attach, Policy
-    from tepo_cli.rollout.backend import Sampling
+    from tepo_cli.rollout.backend import RolloutBackend, Sampling
     from tepo_cli.runtime.hooks import RunHooks
     from tepo_cli.runtime.metrics import RunLog
 
@@ -71,9 +72,10 @@ class MtpHook:
         log: RunLog | None,
         hooks: RunHooks,
         sampling: Sampling,
+        backend: Callable[[], RolloutBackend],
     ) -> dict[str, Any]:
         """The warm-up on its own problem stream (`train_stream(seed)`, the task's), each record
-        to `log`; returns its summary."""
+        to `log`, sampling (data=samples) with `backend()`, the run's; returns its summary."""
         from tepo_cli.mtp.warmup import console_line, warm_up, warmup_stream_seed
 
         stream = train_stream(warmup_stream_seed(self.cfg.seed))
@@ -82,7 +84,7 @@ class MtpHook:
             if log is not None:
                 log.before_training(record, console_line(record))
 
-        return warm_up(self.cfg, policy, tokenizer, stream, emit, hooks, sampling)
+        return warm_up(self.cfg, policy, tokenizer, stream, emit, hooks, sampling, backend)
 
     def step_note(self, record: dict[str, Any], vocab: int) -> str | None:
         """The line, once a process, for the first step whose modules predicted the policy's own

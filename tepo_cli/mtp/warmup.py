@@ -1,8 +1,9 @@
 """The MTP modules' warm-up before RL: the backbone frozen, only the modules train (§1.5).
 
 L_MTP = Σ_n α_n · NLL_n on text — the benchmark's reference solutions when it has them (GSM8K,
-MATH, code), otherwise the policy's own sampled completions (the embedded arithmetic task) — with
-its own AdamW (over float32 master weights when the model is bf16). It runs once, before the
+MATH, code), otherwise the policy's own sampled completions (the embedded arithmetic task), drawn
+by the run's rollout back-end (vLLM's engine under rollout=vllm: the backbone is frozen, so the
+engine's weights are the warm-up's) — with its own AdamW (over float32 master weights when the model is bf16). It runs once, before the
 first RL step, never on resume (a checkpoint holds the warmed-up modules), on its own problem
 stream and its own random-number state, so the RL steps that follow draw exactly what they would
 without it. Every rank runs the same warm-up; rank 0's
@@ -29,8 +30,7 @@ from tepo_cli.kernels.argmax import token_argmax
 from tepo_cli.models.policy import Policy
 from tepo_cli.mtp.prediction_loss import mtp_prediction_loss, mtp_present
 from tepo_cli.mtp.warmup_size import warmup_size
-from tepo_cli.rollout.backend import Sampling
-from tepo_cli.rollout.hf import generate
+from tepo_cli.rollout.backend import RolloutBackend, Sampling
 from tepo_cli.runtime.hooks import RunHooks
 from tepo_cli.runtime.master_weights import MasterAdamW
 
@@ -56,12 +56,13 @@ def warm_up(
     emit: Emit,
     hooks: RunHooks,
     sampling: Sampling,
+    backend: Callable[[], RolloutBackend],
 ) -> dict[str, Any]:
     """Train the MTP modules for `mtp.warmup.steps` steps (auto: as warmup_size.py sizes it;
     `tepo train` settles it at start); returns the summary (steps, seconds, per-depth NLL and
     top-1 agreement before and after). Zero steps draw nothing: the modules stay as built (the
     step-0 measurement alone costs a batch: 16 sampled answers with data=samples, drawn with the
-    training steps' `sampling`)."""
+    training steps' `sampling` from `backend()`, the run's back-end, built when first called)."""
     stack = policy.attached
     assert stack is not None
     settings = cfg.algo.mtp.warmup
@@ -76,7 +77,7 @@ def warm_up(
     with _only_modules_train(policy), _own_random_state(cfg.seed):
         optimizer = MasterAdamW(params, lr=settings.lr, weight_decay=0.0)  # float32 masters
         for step in range(0, size.steps + 1):
-            batch = _batch(cfg, policy, tokenizer, stream, source, sampling)
+            batch = _batch(cfg, policy, tokenizer, stream, source, sampling, backend)
             with torch.no_grad():
                 hidden = policy.backbone_hidden(batch)
             mtp_logp, depth_hidden = stack.score(
@@ -112,13 +113,14 @@ def _batch(
     stream: Iterator[Problem],
     source: str,
     sampling: Sampling,
+    backend: Callable[[], RolloutBackend],
 ) -> SequenceBatch:
     size = cfg.algo.mtp.warmup.batch_size
     if source == "samples":
         prompts_needed = -(-size // cfg.rollout.n)
         problems = [next(stream) for _ in range(prompts_needed)]
         prompts = [render_prompt(tokenizer, cfg.benchmark, p.question) for p in problems]
-        rollout = generate(policy.lm, tokenizer, prompts, sampling, policy.share_prompts)
+        rollout = backend().generate(prompts, sampling)
         return SequenceBatch.from_rollout(rollout.take(torch.arange(size, device="cpu")))
     problems = [next(stream) for _ in range(size)]
     return SequenceBatch.from_rollout(_solutions_rollout(cfg, tokenizer, problems, policy))

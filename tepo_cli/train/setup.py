@@ -4,11 +4,13 @@ DeepSpeed engines, and — with `resume` — the newest good checkpoint's weight
 The order matters for exact resume and for memory: the checkpoint is chosen before the engines
 exist (the warm-up runs only on a fresh start, and the engines' optimizers start from the
 warmed-up modules); the rollout engine is built after the checkpoint is loaded, from the resumed
-weights.
+weights, or before the warm-up where the warm-up samples the policy's answers with it (a fresh start:
+its frozen backbone is step 1's).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from pathlib import Path
@@ -76,25 +78,25 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
     resume_from = choose_checkpoint(cfg, run_dir, topo)
     log = RunLog(run_dir, cfg.trainer.max_steps, cfg.trainer.progress) if topo.is_main else None
     summary = _first_summary(run_dir, data, model_sizes(model, critic), allocator)
+    rollout_backend = functools.cache(  # model.lm is the engine's module's lm
+        lambda: build_backend(cfg.rollout, model.lm, tokenizer, model.share_prompts, topo.device)
+    )
     feature = feature_of(cfg)
     if feature is not None and resume_from is None:
-        sampling = training_sampling(cfg)
-        summary.update(feature.warm_up(model, tokenizer, task.train_stream, log, hooks, sampling))
+        args = (model, tokenizer, task.train_stream, log, hooks, training_sampling(cfg))
+        summary.update(feature.warm_up(*args, rollout_backend))
     engine, critic_engine = _engines(cfg, model, critic, topo)
     generator = torch.Generator().manual_seed(cfg.seed)
     state, rank_state = TrainerState(summary=summary), RankState()
     if resume_from is not None:
         state, rank_state = checkpoint.load(engine, resume_from, topo, critic_engine)
         _say_resumed(resume_from, state, topo)
-    backend = build_backend(
-        cfg.rollout, engine.module.lm, tokenizer, model.share_prompts, topo.device
-    )
+    backend = rollout_backend()
     state.summary.update(tf32=tf32, rollout_engine=backend.settings())
     _note_machine(state, topo)
     prompts = open_prompts(cfg, task.train_stream, topo, state, rank_state)
     if rank_state.rng:
         restore_rng(rank_state.rng, generator)
-    models = Models(engine, critic_engine, reference)
     run = Run(
         cfg,
         run_dir,
@@ -103,7 +105,7 @@ def setup_run(cfg: TrainConfig, run_dir: Path, topo: Topology, hooks: RunHooks) 
         task,
         reward,
         sampler,
-        models,
+        Models(engine, critic_engine, reference),
         backend,
         prompts,
         generator,
