@@ -232,6 +232,7 @@ def test_bf16_mtp_warmup_steps_float32_masters(compose_config, tiny_model, tiny_
     assert all(torch.equal(w, torch.ones_like(w)) for w in norms)
     stream = build_task(cfg.benchmark).train_stream(warmup_stream_seed(cfg.seed))
     sampling = training_sampling(cfg)
+
     def backend():
         return build_backend(cfg.rollout, policy.lm, tiny_tokenizer, True, torch.device("cpu"))
 

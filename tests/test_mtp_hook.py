@@ -119,6 +119,7 @@ def test_the_run_says_once_when_the_modules_predict_worse_than_a_uniform_guess(
     assert "the backbone's own: 0.3)" in line and "d3" not in line
     assert "for 30 steps on the benchmark's reference solutions" in line  # auto: min(30, 640 // 16)
     assert "algo.mtp.warmup.data=samples" in line and "algo.future=exact" in line
+    assert "own answers, sampled by rollout=vllm;" in line  # word_math's back-end
     assert hook.step_note(bad, 49_152) is None  # once
     tiny = MtpHook.of(load_train_config(compose_config("train", ["algo=mpo", "model=tiny"])))
     assert tiny is not None

@@ -113,10 +113,12 @@ def _worse_than_uniform_line(
     if steps == 0:
         warmed = "were not warmed up (algo.mtp.warmup.steps=0)"
     elif warmup_source(cfg) == "solutions":
+        backend = cfg.rollout.backend
+        faster = "" if backend == "vllm" else " (rollout=vllm samples faster)"
         warmed = (
             f"were warmed up for {steps} steps on the benchmark's reference solutions, which "
             "need not be how the policy writes: algo.mtp.warmup.data=samples warms them up on its "
-            "own answers (generated with hf, slower)"
+            f"own answers, sampled by rollout={backend}{faster}"
         )
     else:
         warmed = f"were warmed up for {steps} steps on the policy's own answers"
