@@ -126,3 +126,19 @@ def test_the_run_says_once_when_the_modules_predict_worse_than_a_uniform_guess(
     tiny.settle()
     said = tiny.step_note(bad, 49_152)
     assert said is not None and "were not warmed up (algo.mtp.warmup.steps=0)" in said
+
+
+def test_the_line_names_the_rl_updates_for_modules_warmed_up_on_samples(compose_config) -> None:
+    """Measured on word_math (docs/results/mtp_warmup/): modules warmed up on the policy's own
+    answers start under ln V, then the RL loss that trains them made them worse step by step;
+    frozen after the warm-up they stayed near their start."""
+    for trainable in (True, False):
+        overrides = ["recipe=word_math", "algo=mpo", "algo.mtp.warmup.data=samples"]
+        overrides.append(f"algo.mtp.trainable={str(trainable).lower()}")
+        hook = MtpHook.of(load_train_config(compose_config("train", overrides)))
+        assert hook is not None
+        hook.settle()
+        line = hook.step_note({"step": 14, "mtp_nll_d4": 10.9, "mtp_nll_d5": 11.6}, 49_152)
+        assert line is not None and "ln V = 10.8: d4 10.9, d5 11.6)" in line
+        assert "warmed up for 30 steps on the policy's own answers" in line
+        assert ("algo.mtp.trainable=false keeps them as warmed up" in line) is trainable

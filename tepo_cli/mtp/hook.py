@@ -122,6 +122,11 @@ def _worse_than_uniform_line(
         )
     else:
         warmed = f"were warmed up for {steps} steps on the policy's own answers"
+        if cfg.algo.mtp.trainable:
+            warmed += (
+                " and are then trained by the RL loss, which on word_math made them worse step by "
+                "step (docs/results/mtp_warmup/): algo.mtp.trainable=false keeps them as warmed up"
+            )
     return (
         f"tepo train: step {record['step']}: MPO's MTP modules predicted the policy's own tokens "
         f"worse than a uniform guess over its {vocab:,} tokens (negative log-likelihood in nats, "
