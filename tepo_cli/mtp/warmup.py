@@ -2,12 +2,12 @@
 
 L_MTP = Σ_n α_n · NLL_n on text — the benchmark's reference solutions when it has them (GSM8K,
 MATH, code), otherwise the policy's own sampled completions (the embedded arithmetic task), drawn
-by the run's rollout back-end (vLLM's engine under rollout=vllm: the backbone is frozen, so the
-engine's weights are the warm-up's) — with its own AdamW (over float32 master weights when the model is bf16). It runs once, before the
-first RL step, never on resume (a checkpoint holds the warmed-up modules), on its own problem
-stream and its own random-number state, so the RL steps that follow draw exactly what they would
-without it. Every rank runs the same warm-up; rank 0's
-result is then broadcast, so the ranks start RL with identical modules.
+by the run's rollout back-end (under rollout=vllm its engine: the backbone is frozen, so the
+engine holds the weights the warm-up samples from) — with its own AdamW (over float32 master
+weights when the model is bf16). It runs once, before the first RL step, never on resume (a
+checkpoint holds the warmed-up modules), on its own problem stream and its own random-number
+state, so the RL steps that follow draw exactly what they would without it. Every rank runs the
+same warm-up; rank 0's result is then broadcast, so the ranks start RL with identical modules.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ DeepSpeed engines, and — with `resume` — the newest good checkpoint's weight
 The order matters for exact resume and for memory: the checkpoint is chosen before the engines
 exist (the warm-up runs only on a fresh start, and the engines' optimizers start from the
 warmed-up modules); the rollout engine is built after the checkpoint is loaded, from the resumed
-weights, or before the warm-up where the warm-up samples the policy's answers with it (a fresh start:
-its frozen backbone is step 1's).
+weights, or, on a fresh start whose warm-up samples the policy's answers with it, before the
+warm-up (the backbone it then holds stays frozen until step 1).
 """
 
 from __future__ import annotations
