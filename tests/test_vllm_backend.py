@@ -266,6 +266,20 @@ def test_engine_leaves_the_process_as_it_found_it(engine_and_model):
     assert after["set_num_threads"] is before["set_num_threads"]
 
 
+def test_the_engine_keeps_no_traceback_of_its_importer_alive(engine_and_model):
+    """vLLM keeps exceptions of optional imports as module globals (torchcodec's, which
+    `make install-vllm` removes on the CPU); their tracebacks would keep every frame that was on
+    the stack when vLLM was first imported alive, with its locals (kept_tracebacks.py)."""
+    kept = [
+        value
+        for name, module in list(sys.modules.items())
+        if name.partition(".")[0] == "vllm" and module is not None
+        for value in vars(module).values()
+        if isinstance(value, BaseException)
+    ]
+    assert all(error.__traceback__ is None for error in kept)
+
+
 def test_too_long_a_request_names_the_knob(engine_and_model):
     backend, _, _, _ = engine_and_model
     with pytest.raises(RunError, match=r"rollout\.engine\.max_model_len=256"):

@@ -43,6 +43,7 @@ from tepo_cli.core.rollout_record import Rollout
 from tepo_cli.envs.episodes import SampledTurn
 from tepo_cli.rollout.backend import Sampling, eos_ids
 from tepo_cli.rollout.cpu_sleep import release_kv_cache, release_weights
+from tepo_cli.rollout.kept_tracebacks import drop_kept_tracebacks
 from tepo_cli.rollout.stop_rule import cut_at_stop
 from tepo_cli.rollout.vllm_line_end import continue_to_line_end
 from tepo_cli.rollout.vllm_model import engine_length, policy_weights, write_model_config
@@ -327,6 +328,7 @@ def _engine(
             engine = LLM(**arguments)
         except Exception as error:
             raise RunError(_cannot_run(lm, error)) from error
+    drop_kept_tracebacks("vllm")  # else they keep the caller's frames alive (kept_tracebacks.py)
     if placement is not None and torch.cuda.is_available():
         check_device(engine, torch.device("cuda", placement.local_rank))
     return engine
