@@ -5,8 +5,8 @@ keeps torchcodec's, which `make install-vllm` removes on the CPU). A traceback h
 passed through, and a frame its caller: every frame on the stack that first imported the package
 stays alive, with its locals, for the rest of the process. MPO's warm-up builds the engine when it
 first samples, so its frame was on that stack and its optimizer outlived it: float32 masters and
-AdamW moments of the MTP modules, 1.1 GB on the default job (docs/results/mtp_warmup/index.md).
-The exceptions stay, type and message; only what they passed through is let go.
+AdamW moments of the modules it trains, 1.1 GB on the default job (docs/patches.md links the
+figures). The exceptions stay, type and message; only what they passed through is let go.
 """
 
 from __future__ import annotations
