@@ -15,6 +15,9 @@
 # fall), and both of KL-Cov's primaries are gated on it, so they read "untestable" whatever its
 # runs show; dapo100 is what issue #52 still waits for. A KL-Cov run stopped with a checkpoint
 # resumes when the queue reaches it; no run's settings changed (claims100/log.md).
+# claims100_mpo left the queue 2026-12-03 (session 37) with its seeds 10-12 in both arms: a K = 5
+# run of seed 13 needs longer than a session, and the machine is replaced between sessions
+# (claims100_mpo/protocol.md, deviation 2).
 #
 #     setsid nohup bash docs/results/claims100/queue.sh > /tmp/claims100.log 2>&1 &
 set -euo pipefail
@@ -22,7 +25,7 @@ results=$(cd "$(dirname "$0")/.." && pwd)
 main=$(cd "$results/../.." && pwd)
 export COMMIT=${COMMIT-1} WORKTREE=${WORKTREE:-$main/../claims100-code}
 for entry in claims100: precision/dapo100: claims100_klcov:^kl_cov_ claims100_gspo:^gspo_ \
-    claims100_mpo: claims100_beta0:^grpo_beta0_; do
+    claims100_beta0:^grpo_beta0_; do
     name=${entry%%:*} only=${entry#*:}
     echo "== queue: $name $(date -u +%FT%TZ)"
     bash "$main/scripts/protocol_run.sh" "$results/$name/protocol.yaml" ${only:+--only "$only"} "$@"
