@@ -26,7 +26,8 @@ commands:
             train a pre-registered experiment's runs in order, resumable (--time-limit MIN:
             stop in time, with a checkpoint); --status: how far they are, no outcome read
             (`tepo protocol run --help`); `tepo protocol power PROTOCOL.yaml --from DIR`:
-            what its runs per arm can detect, at the spread of runs made earlier
+            what its runs per arm can detect, at the spread of runs made earlier; `tepo protocol
+            stop PROTOCOL.yaml --seeds S,... --reason TEXT`: end it early after whole seeds
 
 examples:
   tepo train                                   # embedded default: SmolLM2-135M + arithmetic, CPU
@@ -93,6 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         from tepo_cli.eval.report.design_power import main as power_main
 
         sys.exit(power_main(overrides[1:]))
+    if command == "protocol" and overrides[:1] == ["stop"]:
+        from tepo_cli.protocol.stop import main as stop_main
+
+        sys.exit(stop_main(overrides[1:]))
     if command == "protocol":  # its own flags (--dry-run included): before _take_flags
         from tepo_cli.protocol.protocol_runner import main as protocol_main
 

@@ -1,5 +1,6 @@
-"""`tepo protocol`'s arguments: `run` (what it trains, where, and the modes beside training) and
-`power` (what the protocol's seeds can detect, from runs made earlier: eval/report/design_power.py)."""
+"""`tepo protocol`'s arguments: `run` (what it trains, where, and the modes beside training),
+`power` (what the protocol's seeds can detect, from runs made earlier: eval/report/design_power.py)
+and `stop` (an early end after whole seeds, journaled: protocol/stop.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ POWER_USAGE = (
     "tepo protocol power PROTOCOL.yaml --from DIR [--from DIR ...] [--effect CLAIM=VALUE ...] "
     "[--markdown]"
 )
+RESULTS_HELP = "the published records and journal.jsonl (default runs/ beside the protocol file)"
+STOP_USAGE = "tepo protocol stop PROTOCOL.yaml --seeds S,S,... --reason TEXT [--results-dir DIR]"
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,12 @@ class Options:
 
 
 def parser() -> argparse.ArgumentParser:
-    """`tepo protocol`'s arguments (its commands, `run` and `power`)."""
+    """`tepo protocol`'s arguments (its commands: `run`, `power` and `stop`)."""
     parser = argparse.ArgumentParser(
         prog="tepo protocol",
         description="Pre-registered experiments (docs/guides/protocols.md).",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,power}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,power,stop}")
     run = commands.add_parser(
         "run",
         usage=USAGE,
@@ -63,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
         "--results-dir",
         type=Path,
         metavar="DIR",
-        help="the published records and journal.jsonl (default runs/ beside the protocol file)",
+        help=RESULTS_HELP,
     )
     run.add_argument("--only", metavar="REGEX", help="only the runs whose name matches REGEX")
     run.add_argument(
@@ -75,7 +78,38 @@ def parser() -> argparse.ArgumentParser:
         "checkpoint; no run starts once it is spent; exit 143, the same command resumes",
     )
     _add_modes(run)
-    _add_power(commands.add_parser(
+    _add_power(commands)
+    _add_stop(commands)
+    return parser
+
+
+def _add_stop(commands: argparse._SubParsersAction) -> None:
+    stop = commands.add_parser(
+        "stop",
+        usage=STOP_USAGE,
+        help="end the experiment early after whole seeds, as a journaled deviation",
+        description=(
+            "Declare, before reading any outcome, that the experiment ends with --seeds: each "
+            "arm's run of every kept seed finished and published. Journaled with --reason; then "
+            "`tepo protocol run` trains no run of the other seeds and `tepo report --protocol` "
+            "compares the kept ones, every table labelled with the stop."
+        ),
+    )
+    stop.add_argument("protocol", type=Path, metavar="PROTOCOL.yaml")
+    stop.add_argument(
+        "--seeds", type=_seeds, required=True, metavar="S,S,...", help="the seeds kept"
+    )
+    stop.add_argument("--reason", required=True, help="why, in one sentence (journaled)")
+    stop.add_argument(
+        "--results-dir",
+        type=Path,
+        metavar="DIR",
+        help=RESULTS_HELP,
+    )
+
+
+def _add_power(commands: argparse._SubParsersAction) -> None:
+    power = commands.add_parser(
         "power",
         usage=POWER_USAGE,
         help="what the protocol's runs can detect, at the spread of runs made earlier",
@@ -84,13 +118,9 @@ def parser() -> argparse.ArgumentParser:
             "its runs per arm find with 80 % power at the claim's level, at the seed-to-seed "
             "spread of the finished runs under --from (pooled within their groups); with "
             "--effect, the power at that difference and the runs per arm for 80 %. For "
-            "protocol.md's \"what the design can see\" (docs/guides/protocols.md)."
+            'protocol.md\'s "what the design can see" (docs/guides/protocols.md).'
         ),
-    ))  # fmt: skip
-    return parser
-
-
-def _add_power(power: argparse.ArgumentParser) -> None:
+    )
     power.add_argument("protocol", type=Path, metavar="PROTOCOL.yaml")
     power.add_argument(
         "--from",
@@ -118,6 +148,11 @@ def _add_power(power: argparse.ArgumentParser) -> None:
 def parse_power(argv: list[str]) -> argparse.Namespace:
     """`tepo protocol power`'s command line (the words after `power`)."""
     return parser().parse_args(["power", *argv])
+
+
+def parse_stop(argv: list[str]) -> argparse.Namespace:
+    """`tepo protocol stop`'s command line (the words after `stop`)."""
+    return parser().parse_args(["stop", *argv])
 
 
 def parse(argv: list[str]) -> Options:
@@ -186,3 +221,10 @@ def _steps(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps (1 or more)")
     return int(text)
+
+
+def _seeds(text: str) -> list[int]:
+    parts = text.split(",")
+    if not all(part.strip().lstrip("-").isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of seeds (integers, S,S,...)")
+    return [int(part) for part in parts]

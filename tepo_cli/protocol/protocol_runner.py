@@ -37,11 +37,13 @@ from tepo_cli.core.run_status import effective_state
 from tepo_cli.protocol.arguments import Options, parse
 from tepo_cli.protocol.journal import (
     EXPERIMENT,
+    JOURNAL,
     Checkout,
     CpuShare,
     Journal,
     code_checkout,
     file_digest,
+    read_entries,
     tries_by_run,
 )
 from tepo_cli.protocol.pilot import run_pilots
@@ -56,6 +58,7 @@ from tepo_cli.protocol.run_progress import (
     step_records,
 )
 from tepo_cli.protocol.spec import Protocol, Run, load_protocol, published_dir
+from tepo_cli.protocol.stop import declared_stop
 from tepo_cli.runtime.time_limit import TimeLimit
 
 # What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
@@ -81,6 +84,7 @@ def run_protocol(options: Options) -> int:
     reused = reused_runs(protocol, options.protocol)
     runs_dir = options.runs_dir or Path("multirun") / protocol.name
     results_dir = options.results_dir or published_dir(options.protocol)
+    runs = _not_stopped(protocol, runs, results_dir)
     if options.list_only:
         for name, overrides in runs:
             source = (
@@ -165,6 +169,17 @@ def _one(protocol: Protocol, name: str) -> Run:
             "Nothing was run."
         )
     return runs[name]
+
+
+def _not_stopped(protocol: Protocol, runs: list[Run], results_dir: Path) -> list[Run]:
+    """The runs an early stop (protocol/stop.py) has not dropped; the dropped ones are named."""
+    stop = declared_stop([read_entries(results_dir / JOURNAL)], protocol)
+    if stop is None:
+        return runs
+    dropped = stop.dropped_runs(protocol)
+    named = ", ".join(run.name for run in runs if run.name in dropped) or "none selected"
+    print(f"== {stop.label}; not trained: {named}", flush=True)
+    return [run for run in runs if run.name not in dropped]
 
 
 def _selected(protocol: Protocol, only: str | None) -> list[Run]:

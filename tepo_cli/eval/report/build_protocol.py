@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -19,9 +20,10 @@ from tepo_cli.eval.report.run_history import (
     reused_journals,
     run_histories,
 )
-from tepo_cli.eval.report.runs import find_runs, load_run
+from tepo_cli.eval.report.runs import Run, find_runs, load_run
 from tepo_cli.protocol.reuse import reused_runs
-from tepo_cli.protocol.spec import load_protocol
+from tepo_cli.protocol.spec import Protocol, load_protocol
+from tepo_cli.protocol.stop import declared_stop
 
 MARKDOWN = "report_protocol.md"
 CSV = "report_protocol.csv"
@@ -47,7 +49,9 @@ def build_protocol_report(
     table is labelled as an interim look. `seeds`: the comparisons over those registered seeds
     only (a subset a deviation declares, e.g. the seeds whose arms trained on one machine), every
     table labelled so; it too waits for every registered run. A reused arm's runs (`reuse:`)
-    that `root` lacks are read where the protocol they come from published them."""
+    that `root` lacks are read where the protocol they come from published them. An early stop
+    its journal declares (`tepo protocol stop`) makes the kept seeds' runs the ones it waits for
+    and compares, every table labelled with the stop; the dropped runs' tries stay in the history."""
     protocol = load_protocol(protocol_path)
     check(protocol, protocol_path)
     if not root.is_dir():
@@ -55,14 +59,13 @@ def build_protocol_report(
             f"{root} is not a directory. Give the directory holding the protocol's runs "
             "({arm}_seed{seed}/, as `tepo protocol run` writes them). Nothing was written."
         )
-    run_dirs = find_runs(root)
-    runs = [load_run(path, root) for path in run_dirs]
-    here = {path.name for path in run_dirs}
     every_reused = reused_runs(protocol, protocol_path)
-    reused = {name: path for name, path in every_reused.items()
-              if name not in here and path.is_dir()}  # fmt: skip
-    runs += [load_run(path, path.parent) for path in reused.values()]
+    runs, journals = _runs_and_journals(root, protocol, every_reused)
+    stop = declared_stop(journals, protocol)
+    registered = [run.name for run in protocol.runs()]
+    protocol = stop.applied(protocol) if stop else protocol
     report = protocol_report(protocol, runs, protocol_path, seeds)
+    report.stopped = stop.label if stop else ""
     if not any(report.arms.values()) and not report.unfinished:
         raise ConfigError(
             f"no run of protocol {protocol.name!r} under {root}: its runs are directories named "
@@ -72,8 +75,6 @@ def build_protocol_report(
         raise ConfigError(_not_yet(protocol.name, protocol_path, report, every_reused))
     arms = {arm: list(runs.values()) for arm, runs in report.arms.items()}
     report.machines = setup_note([run for runs in arms.values() for run in runs], arms)
-    journals = read_journals(root, run_dirs) + reused_journals(reused, set(protocol.reuse))
-    registered = [run.name for run in protocol.runs()]
     report.history = run_histories(journals, registered, protocol.commit)
     report.deviations = experiment_events(journals)
     report.registration = registration(protocol_path, journals)
@@ -88,6 +89,20 @@ def build_protocol_report(
     if console is not None:
         render_protocol.print_protocol(console, report)
     return report, [out / MARKDOWN, out / CSV, out / RUNS_CSV, *images]
+
+
+def _runs_and_journals(
+    root: Path, protocol: Protocol, every_reused: dict[str, Path]
+) -> tuple[list[Run], list[list[dict[str, Any]]]]:
+    """The runs under `root` and the reused ones it lacks, and the journals beside them."""
+    run_dirs = find_runs(root)
+    runs = [load_run(path, root) for path in run_dirs]
+    here = {path.name for path in run_dirs}
+    reused = {name: path for name, path in every_reused.items()
+              if name not in here and path.is_dir()}  # fmt: skip
+    runs += [load_run(path, path.parent) for path in reused.values()]
+    journals = read_journals(root, run_dirs) + reused_journals(reused, set(protocol.reuse))
+    return runs, journals
 
 
 def _not_yet(

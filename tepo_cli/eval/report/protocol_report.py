@@ -97,6 +97,7 @@ class ProtocolReport:
     registered: int = 0  # the runs the protocol declares
     finished: int = 0  # of those, the finished ones (every seed's, whatever `subset`)
     subset: tuple[int, ...] = ()  # the seeds compared when not all (--seeds): not registered
+    stopped: str = ""  # an early stop's label (protocol/stop.py): fewer seeds, declared
     machines: str | None = None  # several machines, or a group in two precisions (machines.py)
     columns: list[str] = field(default_factory=list)  # per-run columns: claim (metric)
     per_run: list[RunValues] = field(default_factory=list)  # finished runs, registered order
@@ -116,11 +117,13 @@ class ProtocolReport:
     @property
     def label(self) -> str:
         """'' for the registered analysis; else what every table of another look carries: one
-        before the end (interim), or over some of the seeds (a subset a deviation declares)."""
+        before the end (interim), or over some of the seeds (a subset a deviation declares), and
+        the early stop that left the registered analysis fewer seeds."""
         looks = [f"INTERIM, {self.runs_in}"] if self.runs_in else []
         if self.subset:
             looks.append(f"SUBSET, seeds {', '.join(map(str, self.subset))} of the registered")
-        return f"{'; '.join(looks)}: not the registered analysis" if looks else ""
+        other = f"{'; '.join(looks)}: not the registered analysis" if looks else ""
+        return "; ".join(part for part in (self.stopped, other) if part)
 
 
 def match_runs(

@@ -32,6 +32,8 @@ EXPERIMENT_EVENTS = {
     "evaluated, only its seconds and memory read (--pilot; exit {exit_code})",
     "rerun": "{of_run} trained again from its published overrides until step {steps} at "
     "commit {at} and compared with its records (--rerun): {outcome}",
+    "stop": "the experiment stopped early, keeping seeds {seeds} and dropping {dropped} in every "
+    "arm (`tepo protocol stop`): {reason}",
 }
 NONE = "—"
 
