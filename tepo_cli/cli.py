@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(power_main(overrides[1:]))
     if command == "protocol" and overrides[:1] == ["stop"]:
-        from tepo_cli.protocol.stop import main as stop_main
+        from tepo_cli.protocol.early_stop import main as stop_main
 
         sys.exit(stop_main(overrides[1:]))
     if command == "protocol":  # its own flags (--dry-run included): before _take_flags

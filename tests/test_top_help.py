@@ -30,8 +30,8 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
         ("report", lambda: [report_parser()], {"--protocol"}),  # a protocol's verdicts
         (
             "protocol",
-            lambda: [_subcommand(protocol_parser(), name) for name in ("run", "power")],
-            {"--status", "--from"},
+            lambda: [_subcommand(protocol_parser(), name) for name in ("run", "power", "stop")],
+            {"--status", "--from", "--seeds"},
         ),
     ],
 )

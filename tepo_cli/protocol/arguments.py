@@ -1,6 +1,6 @@
 """`tepo protocol`'s arguments: `run` (what it trains, where, and the modes beside training),
 `power` (what the protocol's seeds can detect, from runs made earlier: eval/report/design_power.py)
-and `stop` (an early end after whole seeds, journaled: protocol/stop.py)."""
+and `stop` (an early end after whole seeds, journaled: protocol/early_stop.py)."""
 
 from __future__ import annotations
 

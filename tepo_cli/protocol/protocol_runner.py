@@ -35,6 +35,7 @@ from tepo_cli.core.run_dir import (
 )
 from tepo_cli.core.run_status import effective_state
 from tepo_cli.protocol.arguments import Options, parse
+from tepo_cli.protocol.early_stop import declared_stop
 from tepo_cli.protocol.journal import (
     EXPERIMENT,
     JOURNAL,
@@ -58,7 +59,6 @@ from tepo_cli.protocol.run_progress import (
     step_records,
 )
 from tepo_cli.protocol.spec import Protocol, Run, load_protocol, published_dir
-from tepo_cli.protocol.stop import declared_stop
 from tepo_cli.runtime.time_limit import TimeLimit
 
 # What a run leaves that the results need (the same list scripts/word_math_claims.sh publishes).
@@ -172,7 +172,7 @@ def _one(protocol: Protocol, name: str) -> Run:
 
 
 def _not_stopped(protocol: Protocol, runs: list[Run], results_dir: Path) -> list[Run]:
-    """The runs an early stop (protocol/stop.py) has not dropped; the dropped ones are named."""
+    """The runs an early stop (protocol/early_stop.py) has not dropped; names the dropped."""
     stop = declared_stop([read_entries(results_dir / JOURNAL)], protocol)
     if stop is None:
         return runs

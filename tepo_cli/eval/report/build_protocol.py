@@ -21,9 +21,9 @@ from tepo_cli.eval.report.run_history import (
     run_histories,
 )
 from tepo_cli.eval.report.runs import Run, find_runs, load_run
+from tepo_cli.protocol.early_stop import declared_stop
 from tepo_cli.protocol.reuse import reused_runs
 from tepo_cli.protocol.spec import Protocol, load_protocol
-from tepo_cli.protocol.stop import declared_stop
 
 MARKDOWN = "report_protocol.md"
 CSV = "report_protocol.csv"

@@ -97,7 +97,7 @@ class ProtocolReport:
     registered: int = 0  # the runs the protocol declares
     finished: int = 0  # of those, the finished ones (every seed's, whatever `subset`)
     subset: tuple[int, ...] = ()  # the seeds compared when not all (--seeds): not registered
-    stopped: str = ""  # an early stop's label (protocol/stop.py): fewer seeds, declared
+    stopped: str = ""  # an early stop's label (protocol/early_stop.py): fewer seeds, declared
     machines: str | None = None  # several machines, or a group in two precisions (machines.py)
     columns: list[str] = field(default_factory=list)  # per-run columns: claim (metric)
     per_run: list[RunValues] = field(default_factory=list)  # finished runs, registered order

@@ -1,5 +1,5 @@
-"""`tepo protocol stop` (tepo_cli/protocol/stop.py) on the fake sweep of test_report_protocol.py,
-seed 12 never trained: the stop is refused until it keeps whole finished seeds and says why;
+"""`tepo protocol stop` (tepo_cli/protocol/early_stop.py) on the fake sweep of
+test_report_protocol.py, seed 12 never trained: the stop is refused until it keeps whole finished seeds and says why;
 then the report compares the kept seeds (10, 11) without --interim, every table labelled, and
 the runner trains no run of the dropped seed.
 
@@ -16,9 +16,9 @@ from test_report_protocol import _welch_p, protocol, write_run
 from tepo_cli.cli import main as tepo
 from tepo_cli.core.errors import ConfigError
 from tepo_cli.eval.report.build_protocol import build_protocol_report
+from tepo_cli.protocol.early_stop import stop_experiment
 from tepo_cli.protocol.journal import JOURNAL
 from tepo_cli.protocol.protocol_runner import main as run_main
-from tepo_cli.protocol.stop import stop_experiment
 
 REASON = "seed 12 needs longer than the machine is kept."
 
