@@ -1,7 +1,7 @@
 """`tepo protocol stop` (tepo_cli/protocol/early_stop.py) on the fake sweep of
-test_report_protocol.py, seed 12 never trained: the stop is refused until it keeps whole finished seeds and says why;
-then the report compares the kept seeds (10, 11) without --interim, every table labelled, and
-the runner trains no run of the dropped seed.
+test_report_protocol.py, seed 12 never trained: the stop is refused until it keeps whole finished
+seeds and says why; then the report compares the kept seeds (10, 11) without --interim, every
+table labelled, and the runner trains no run of the dropped seed.
 
 Seeds 10, 11: eval_auc tepo .45 .47, grpo .30 .31 (Welch, one-sided greater), the numbers
 test_a_partial_sweep_reports_n_as_it_is_and_names_what_is_missing checks as an interim look."""
