@@ -39,6 +39,14 @@ def stop_lines(root):
     return [line for line in lines if line["event"] == "stop"]
 
 
+def stop_command(path, root, seeds: str) -> int:
+    """`tepo protocol stop` from the command line: its exit code."""
+    with pytest.raises(SystemExit) as ended:
+        tepo(["protocol", "stop", str(path), "--seeds", seeds, "--reason", REASON,
+              "--results-dir", str(root)])  # fmt: skip
+    return ended.value.code
+
+
 @pytest.mark.parametrize(
     ("seeds", "reason", "says"),
     [
@@ -97,10 +105,7 @@ def test_after_a_stop_the_report_compares_the_kept_seeds_as_registered(two_seeds
 
 def test_the_runner_trains_no_run_of_a_dropped_seed(two_seeds, capsys):
     root, path = two_seeds
-    with pytest.raises(SystemExit) as ended:
-        tepo(["protocol", "stop", str(path), "--seeds", "10,11", "--reason", REASON,
-              "--results-dir", str(root)])  # fmt: skip
-    assert ended.value.code == 0
+    assert stop_command(path, root, "10,11") == 0
     assert "STOPPED EARLY at seeds 10, 11 of the registered 10, 11, 12" in capsys.readouterr().out
     assert run_main(["run", str(path), "--results-dir", str(root), "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
@@ -112,10 +117,7 @@ def test_the_runner_trains_no_run_of_a_dropped_seed(two_seeds, capsys):
 
 def test_a_stop_the_command_refuses_exits_2_with_one_paragraph(two_seeds, capsys):
     root, path = two_seeds
-    with pytest.raises(SystemExit) as ended:
-        tepo(["protocol", "stop", str(path), "--seeds", "10,12", "--reason", REASON,
-              "--results-dir", str(root)])  # fmt: skip
-    assert ended.value.code == 2
+    assert stop_command(path, root, "10,12") == 2
     error = capsys.readouterr().err
     assert error.startswith("tepo protocol stop: --seeds 10,12: a stop keeps whole seeds")
     assert error.count("\n") == 1 and stop_lines(root) == []

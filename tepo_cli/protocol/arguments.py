@@ -100,12 +100,7 @@ def _add_stop(commands: argparse._SubParsersAction) -> None:
         "--seeds", type=_seeds, required=True, metavar="S,S,...", help="the seeds kept"
     )
     stop.add_argument("--reason", required=True, help="why, in one sentence (journaled)")
-    stop.add_argument(
-        "--results-dir",
-        type=Path,
-        metavar="DIR",
-        help=RESULTS_HELP,
-    )
+    stop.add_argument("--results-dir", type=Path, metavar="DIR", help=RESULTS_HELP)
 
 
 def _add_power(commands: argparse._SubParsersAction) -> None:
