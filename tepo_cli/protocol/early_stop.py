@@ -77,7 +77,7 @@ def stop_experiment(
     kept = [seed for seed in registered if seed in seeds]
     where = f"--seeds {','.join(map(str, seeds))}"
     if earlier is not None:
-        raise ConfigError(f"{protocol.name} already stopped: {earlier.label}. Nothing written.")
+        raise ConfigError(f"{protocol.name} already stopped: {earlier.label}. Nothing was written.")
     if foreign or not kept or len(kept) == len(registered) or not reason.strip():
         raise ConfigError(
             f"{where} --reason {reason!r}: a stop keeps some, not all, of the seeds "
